@@ -1,0 +1,220 @@
+"""The one place that turns config files (TOML) into typed settings.
+
+Every error names the file and the key, and nothing starts on a config it does not understand.
+"""
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CONTROLLER_SOCKET = "/run/hai/controller.sock"
+DEFAULT_AGENT_SOCKET = "/run/hai/agent.sock"
+
+
+class ConfigError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class SimulatedGpus:
+    count: int = 8
+    model: str = "Simulated H100 80GB"
+    memory_mb: int = 81920
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    name: str
+    socket: str = DEFAULT_AGENT_SOCKET
+    spool: str = "/var/spool/hai"
+    gpu_backend: str = "auto"  # auto | nvml | simulated
+    simulated: SimulatedGpus = field(default_factory=SimulatedGpus)
+    allow_root_jobs: bool = False
+    poll_interval: float = 0.2  # how often the spool is checked for runs that ended
+    log_level: str = "INFO"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    address: str  # host the SSH link connects to; also MASTER_ADDR when this node holds rank 0
+    transport: str = "ssh"  # ssh | local
+    port: int = 22
+    agent_socket: str = DEFAULT_AGENT_SOCKET
+    partitions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SshConfig:
+    user: str = "root"
+    key: str = "/etc/hai/id_ed25519"
+    known_hosts: str = "/etc/hai/known_hosts"
+    connect_timeout: float = 10.0
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    socket: str = DEFAULT_CONTROLLER_SOCKET
+    database: str = "sqlite:////var/lib/hai/hai.db"
+    state_dir: str = "/var/lib/hai"
+    tick_seconds: float = 1.0
+    admins: tuple[str, ...] = ("root",)
+    partitions: tuple[str, ...] = ("gpu",)
+    default_partition: str = "gpu"
+    ssh: SshConfig = field(default_factory=SshConfig)
+    nodes: tuple[NodeConfig, ...] = ()
+    log_level: str = "INFO"
+
+
+_TYPES: dict[type, str] = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
+                           list: "a list"}
+
+
+class _Section:
+    """Reads one TOML table, checking types and refusing keys it does not know."""
+
+    def __init__(self, path: str, where: str, data: Any) -> None:
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: [{where}] must be a table")
+        self.path, self.where, self.data = path, where, dict(data)
+
+    def get(self, key: str, typ: type, default: Any) -> Any:
+        if key not in self.data:
+            return default
+        value = self.data.pop(key)
+        ok = isinstance(value, typ) and not (typ in (int, float) and isinstance(value, bool))
+        if typ is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            raise ConfigError(f"{self.path}: {self.where}.{key} must be {_TYPES[typ]}, got {value!r}")
+        return value
+
+    def strings(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+        value = self.get(key, list, None)
+        if value is None:
+            return default
+        if not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{self.path}: {self.where}.{key} must be a list of strings")
+        return tuple(value)
+
+    def done(self) -> None:
+        if self.data:
+            raise ConfigError(f"{self.path}: unknown key(s) in [{self.where}]: {', '.join(sorted(self.data))}")
+
+
+def _read_toml(path: str | os.PathLike) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+
+
+def _positive(path: str, key: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{path}: {key} must be positive, got {value}")
+
+
+def load_agent_config(path: str | os.PathLike) -> AgentConfig:
+    path = str(path)
+    doc = _Section(path, "top level", _read_toml(path))
+    a = _Section(path, "agent", doc.get("agent", dict, {}))
+    g = _Section(path, "gpus", doc.get("gpus", dict, {}))
+    doc.done()
+    name = a.get("name", str, os.uname().nodename.split(".")[0])
+    cfg = AgentConfig(
+        name=name,
+        socket=a.get("socket", str, DEFAULT_AGENT_SOCKET),
+        spool=a.get("spool", str, "/var/spool/hai"),
+        allow_root_jobs=a.get("allow_root_jobs", bool, False),
+        poll_interval=a.get("poll_interval", float, 0.2),
+        log_level=a.get("log_level", str, "INFO"),
+        gpu_backend=g.get("backend", str, "auto"),
+        simulated=SimulatedGpus(
+            count=g.get("simulated_count", int, 8),
+            model=g.get("simulated_model", str, SimulatedGpus.model),
+            memory_mb=g.get("simulated_memory_mb", int, SimulatedGpus.memory_mb),
+        ),
+    )
+    a.done()
+    g.done()
+    if cfg.gpu_backend not in ("auto", "nvml", "simulated"):
+        raise ConfigError(f"{path}: gpus.backend must be auto, nvml or simulated, got {cfg.gpu_backend!r}")
+    if cfg.simulated.count < 0:
+        raise ConfigError(f"{path}: gpus.simulated_count must be >= 0")
+    _positive(path, "agent.poll_interval", cfg.poll_interval)
+    return cfg
+
+
+def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
+    path = str(path)
+    doc = _Section(path, "top level", _read_toml(path))
+    c = _Section(path, "controller", doc.get("controller", dict, {}))
+    s = _Section(path, "ssh", doc.get("ssh", dict, {}))
+    raw_nodes = doc.get("nodes", list, [])
+    doc.done()
+    partitions = c.strings("partitions", ("gpu",))
+    if not partitions:
+        raise ConfigError(f"{path}: controller.partitions must name at least one partition")
+    nodes = []
+    for i, raw in enumerate(raw_nodes):
+        n = _Section(path, f"nodes[{i}]", raw)
+        name = n.get("name", str, None)
+        if not name:
+            raise ConfigError(f"{path}: nodes[{i}].name is required")
+        node = NodeConfig(
+            name=name,
+            address=n.get("address", str, "127.0.0.1"),
+            transport=n.get("transport", str, "ssh"),
+            port=n.get("port", int, 22),
+            agent_socket=n.get("agent_socket", str, DEFAULT_AGENT_SOCKET),
+            partitions=n.strings("partitions", partitions),
+        )
+        n.done()
+        if node.transport not in ("ssh", "local"):
+            raise ConfigError(f"{path}: nodes[{i}].transport must be ssh or local, got {node.transport!r}")
+        for p in node.partitions:
+            if p not in partitions:
+                raise ConfigError(f"{path}: nodes[{i}].partitions names unknown partition {p!r}")
+        nodes.append(node)
+    names = [n.name for n in nodes]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{path}: node names must be unique")
+    cfg = ControllerConfig(
+        socket=c.get("socket", str, DEFAULT_CONTROLLER_SOCKET),
+        database=c.get("database", str, "sqlite:////var/lib/hai/hai.db"),
+        state_dir=c.get("state_dir", str, "/var/lib/hai"),
+        tick_seconds=c.get("tick_seconds", float, 1.0),
+        admins=c.strings("admins", ("root",)),
+        partitions=partitions,
+        default_partition=c.get("default_partition", str, partitions[0]),
+        log_level=c.get("log_level", str, "INFO"),
+        ssh=SshConfig(
+            user=s.get("user", str, "root"),
+            key=s.get("key", str, "/etc/hai/id_ed25519"),
+            known_hosts=s.get("known_hosts", str, "/etc/hai/known_hosts"),
+            connect_timeout=s.get("connect_timeout", float, 10.0),
+        ),
+        nodes=tuple(nodes),
+    )
+    c.done()
+    s.done()
+    if cfg.default_partition not in partitions:
+        raise ConfigError(f"{path}: controller.default_partition {cfg.default_partition!r} is not in partitions")
+    _positive(path, "controller.tick_seconds", cfg.tick_seconds)
+    return cfg
+
+
+def client_socket() -> str:
+    """Where the CLI finds the controller: $HAI_CONTROLLER, else the default path."""
+    return os.environ.get("HAI_CONTROLLER") or DEFAULT_CONTROLLER_SOCKET
+
+
+def resolve(base: str | os.PathLike, value: str) -> str:
+    """Relative paths in a config file are relative to the file's directory."""
+    return str((Path(base).parent / value).resolve()) if not os.path.isabs(value) else value

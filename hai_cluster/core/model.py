@@ -1,0 +1,123 @@
+"""Frozen data shared by the scheduler, the controller, the simulator and the CLI.
+
+Nothing here does I/O. `JobSpec` is what a submission asks for (built by core.jobscript and
+validated there); `Snapshot` is everything `decide()` may look at.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Mapping
+
+from .states import JobState
+
+DEFAULT_GRACE_SECONDS = 60
+DEFAULT_OUTPUT = "hai-%j.out"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated job request. Times in seconds, memory in MiB."""
+    script: str  # full text of the batch script (for --wrap a generated one)
+    workdir: str  # absolute path; the job starts there (-D, default: submit dir)
+    name: str = "script"
+    script_args: tuple[str, ...] = ()
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 1
+    mem_mb: int | None = None  # per node
+    time_limit: int | None = None  # seconds; None = partition's / unlimited
+    partition: str | None = None
+    stdout: str | None = None  # pattern; None -> hai-%j.out in workdir
+    stderr: str | None = None  # pattern; None -> same file as stdout
+    environment: Mapping[str, str] = field(default_factory=dict)
+    signal: int | None = None  # --signal: number sent signal_time s before the limit and on preemption
+    signal_time: int = 60
+    grace: int = DEFAULT_GRACE_SECONDS  # seconds between the signal and SIGKILL
+    priority: str = "normal"
+    requeue: bool = True
+    hold: bool = False
+    checkpoint_dir: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["script_args"] = list(self.script_args)
+        d["environment"] = dict(self.environment)
+        return d
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> "JobSpec":
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown job spec fields: {sorted(unknown)}")
+        kw = dict(d)
+        if "script_args" in kw:
+            kw["script_args"] = tuple(kw["script_args"])
+        if "environment" in kw:
+            kw["environment"] = dict(kw["environment"])
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    uuid: str
+    name: str
+    memory_mb: int
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node as the scheduler sees it. `used_gpus` are indices held by active runs."""
+    name: str
+    gpus: tuple[GpuInfo, ...]
+    cpus: int
+    mem_mb: int
+    partitions: tuple[str, ...] = ()
+    state: str = "up"  # up | drain | down (administrative / health)
+    responding: bool = True
+    used_gpus: frozenset[int] = frozenset()
+    used_cpus: int = 0
+    used_mem_mb: int = 0
+
+    @property
+    def schedulable(self) -> bool:
+        return self.state == "up" and self.responding
+
+    @property
+    def free_gpus(self) -> tuple[int, ...]:
+        return tuple(g.index for g in self.gpus if g.index not in self.used_gpus)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job as the scheduler sees it (pending or holding resources)."""
+    id: int
+    user: str
+    state: JobState
+    submit_time: float
+    nodes: int
+    gpus_per_node: int
+    cpus_per_task: int = 1
+    mem_mb: int | None = None
+    partition: str | None = None
+    priority: str = "normal"
+    hold: bool = False
+    restart_count: int = 0
+    attained_gpu_seconds: float = 0.0
+    run_start: float | None = None  # start of the current run, if any
+    nodelist: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: float
+    jobs: tuple[JobView, ...]
+    nodes: tuple[NodeView, ...]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each rank of a gang goes: rank i runs on nodes[i] with gpus[i]."""
+    nodes: tuple[str, ...]
+    gpus: tuple[tuple[int, ...], ...]
