@@ -37,6 +37,7 @@ class JobSpec:
     requeue: bool = True
     hold: bool = False
     checkpoint_dir: str | None = None
+    submit_dir: str | None = None  # where hsubmit ran (SLURM_SUBMIT_DIR); workdir when unknown
 
     def to_wire(self) -> dict[str, Any]:
         d = asdict(self)

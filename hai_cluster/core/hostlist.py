@@ -1,0 +1,147 @@
+"""Slurm hostlist syntax: "node[01-04,07],gpu1" <-> a list of host names (pure, no I/O).
+
+A range keeps the width of its lower bound, so "[08-10]" gives 08 09 10 and "[8-10]" gives
+8 9 10. Several bracket groups in one name multiply ("r[1-2]n[1-2]" -> r1n1 r1n2 r2n1 r2n2).
+`compress` only collapses a name's trailing number, like Slurm ("n1-ib" stays as it is).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from itertools import product
+from typing import Iterable
+
+MAX_HOSTS = 65536  # Slurm's MAX_RANGE: a typo like n[1-1000000000] must not eat the memory
+
+_LITERAL = re.compile(r"[A-Za-z0-9._-]+")
+_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+_TRAILING_NUMBER = re.compile(r"(.*?)([0-9]+)")
+
+
+def expand(text: str) -> list[str]:
+    """Expand a hostlist expression into names, in the order written (duplicates kept)."""
+    if not text.strip():
+        return []
+    names: list[str] = []
+    for item in _split_top_level(text):
+        names.extend(_expand_item(item, text))
+        if len(names) > MAX_HOSTS:
+            raise ValueError(f"hostlist {text!r}: more than {MAX_HOSTS} hosts")
+    return names
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas outside brackets, checking that brackets pair up and do not nest."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            if depth:
+                raise ValueError(f"hostlist {text!r}: nested '[' at position {i}")
+            depth = 1
+        elif ch == "]":
+            if not depth:
+                raise ValueError(f"hostlist {text!r}: ']' without '[' at position {i}")
+            depth = 0
+        elif ch == "," and not depth:
+            items.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"hostlist {text!r}: '[' is never closed")
+    items.append(text[start:])
+    return [item.strip() for item in items]
+
+
+def _expand_item(item: str, text: str) -> list[str]:
+    if not item:
+        raise ValueError(f"hostlist {text!r}: empty host name")
+    # re.split with a group alternates literal, bracket body, literal, ...
+    pieces = re.split(r"\[([^\]]*)\]", item)
+    choices: list[list[str]] = []
+    for i, piece in enumerate(pieces):
+        if i % 2:
+            choices.append(_expand_ranges(piece, text))
+        elif piece:
+            if not _LITERAL.fullmatch(piece):
+                raise ValueError(f"hostlist {text!r}: invalid character in {piece!r}")
+            choices.append([piece])
+    count = 1
+    for c in choices:
+        count *= len(c)
+    if count > MAX_HOSTS:
+        raise ValueError(f"hostlist {text!r}: more than {MAX_HOSTS} hosts")
+    return ["".join(parts) for parts in product(*choices)]
+
+
+def _expand_ranges(body: str, text: str) -> list[str]:
+    out: list[str] = []
+    for part in body.split(","):
+        m = _RANGE.fullmatch(part.strip())
+        if not m:
+            raise ValueError(f"hostlist {text!r}: invalid range {part!r} "
+                             f"(expected N or N-M with digits only)")
+        lo_text, hi_text = m.group(1), m.group(2) or m.group(1)
+        lo, hi = int(lo_text), int(hi_text)
+        if hi < lo:
+            raise ValueError(f"hostlist {text!r}: range {part!r} goes backwards")
+        if hi - lo >= MAX_HOSTS:
+            raise ValueError(f"hostlist {text!r}: more than {MAX_HOSTS} hosts")
+        width = len(lo_text)
+        out.extend(str(n).zfill(width) for n in range(lo, hi + 1))
+    return out
+
+
+@dataclass
+class _Run:
+    lo: int
+    hi: int
+    width: int  # zero-padding width, taken from the first name of the run
+
+    def text(self) -> str:
+        lo = str(self.lo).zfill(self.width)
+        return lo if self.lo == self.hi else f"{lo}-{str(self.hi).zfill(self.width)}"
+
+
+def sort_key(name: str) -> tuple[str, int, int]:
+    """Hostlist order: by prefix, then numerically by the trailing number, then by width."""
+    m = _TRAILING_NUMBER.fullmatch(name)
+    if not m:
+        return (name, -1, 0)
+    return (m.group(1), int(m.group(2)), len(m.group(2)))
+
+
+def compress(names: Iterable[str]) -> str:
+    """Inverse of expand: unique names, sorted by prefix and number, ranges collapsed."""
+    plain: set[str] = set()
+    numbered: dict[str, list[str]] = {}  # prefix -> digit strings
+    for name in set(names):
+        if not _LITERAL.fullmatch(name):  # "a,b" or "n[1]" would expand to something else
+            raise ValueError(f"host name {name!r} cannot be written in a hostlist "
+                             f"(allowed: letters, digits, '.', '_', '-')")
+        m = _TRAILING_NUMBER.fullmatch(name)
+        if m:
+            numbered.setdefault(m.group(1), []).append(m.group(2))
+        else:
+            plain.add(name)
+    groups: list[tuple[str, int, str]] = [(p, -1, p) for p in plain]
+    for prefix, digit_strings in numbered.items():
+        runs = _runs(digit_strings)
+        body = ",".join(r.text() for r in runs)
+        single = len(runs) == 1 and runs[0].lo == runs[0].hi
+        groups.append((prefix, runs[0].lo, prefix + body if single else f"{prefix}[{body}]"))
+    return ",".join(text for _, _, text in sorted(groups))
+
+
+def _runs(digit_strings: list[str]) -> list[_Run]:
+    """Greedy runs of consecutive numbers; a number joins a run only if the run's padding
+    writes it exactly as given, so "9" and "09" never share a run."""
+    runs: list[_Run] = []
+    for d in sorted(digit_strings, key=lambda d: (int(d), len(d))):
+        n = int(d)
+        for run in runs:
+            if run.hi == n - 1 and str(n).zfill(run.width) == d:
+                run.hi = n
+                break
+        else:
+            # A zero-padded name fixes the width; an unpadded one pads nothing.
+            runs.append(_Run(n, n, len(d) if d.startswith("0") else 1))
+    return sorted(runs, key=lambda r: (r.lo, r.width))

@@ -1,0 +1,92 @@
+"""The environment a job's script starts with on one node (pure, no I/O).
+
+The user's exported environment comes first; the job's own variables are laid over it. Any
+variable this module manages but does not set for this run (say CUDA_VISIBLE_DEVICES for a
+job without GPUs) is removed from the user's environment, because a value exported from the
+submit host (or from a job that submitted this one) describes some other allocation.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from .hostlist import compress
+
+PORT_BASE = 10000
+PORT_SPAN = 20000  # ports 10000-29999: below Linux's default ephemeral range (32768+)
+
+_MANAGED = frozenset({
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HAI_PARTITION", "HAI_TIME_LIMIT",
+    "SLURM_JOB_PARTITION", "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS",
+})
+
+
+def master_port(job_id: int) -> int:
+    """The rendezvous port for torch.distributed: the same on every node of a job without any
+    coordination, and different for jobs whose ids are less than 20000 apart."""
+    return PORT_BASE + job_id % PORT_SPAN
+
+
+def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, user: str,
+                    partition: str | None, nodelist: Sequence[str], rank: int, node: str,
+                    gpus: Sequence[int], cpus_per_task: int, restart_count: int,
+                    checkpoint_dir: str, submit_dir: str, master_addr: str,
+                    time_limit: int | None) -> dict[str, str]:
+    """Environment for the script instance of rank `rank`, running on `node` with `gpus`.
+
+    WORLD_SIZE is nnodes * max(1, GPUs on the node): the number of processes `torchrun
+    --nproc-per-node=gpu` starts in all, one per GPU (one per node for CPU-only jobs).
+    HAI_TIME_LIMIT is the limit in seconds, absent when there is none. CUDA_VISIBLE_DEVICES
+    is left unset for a job without GPUs, as Slurm does. HAI_NODELIST is sorted, as Slurm's
+    SLURM_JOB_NODELIST is, so it need not list nodes in rank order; MASTER_ADDR is rank 0's.
+    """
+    nnodes = len(nodelist)
+    if not 0 <= rank < nnodes:
+        raise ValueError(f"rank {rank} is outside a job of {nnodes} nodes")
+    hosts = compress(nodelist)
+    gpu_list = ",".join(str(g) for g in gpus)
+    env = {k: v for k, v in base_env.items() if k not in _MANAGED}
+    env.update({
+        "HAI_JOB_ID": str(job_id),
+        "HAI_JOB_NAME": job_name,
+        "HAI_NODELIST": hosts,
+        "HAI_NNODES": str(nnodes),
+        "HAI_NODE_RANK": str(rank),
+        "HAI_GPUS_ON_NODE": str(len(gpus)),
+        "HAI_RESTART_COUNT": str(restart_count),
+        "HAI_CHECKPOINT_DIR": checkpoint_dir,
+        "HAI_SUBMIT_DIR": submit_dir,
+        # torchrun / torch.distributed
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port(job_id)),
+        "WORLD_SIZE": str(nnodes * max(1, len(gpus))),
+        "NNODES": str(nnodes),
+        "NODE_RANK": str(rank),
+        # Slurm's names, so existing sbatch scripts run unchanged
+        "SLURM_JOB_ID": str(job_id),
+        "SLURM_JOBID": str(job_id),
+        "SLURM_JOB_NAME": job_name,
+        "SLURM_JOB_NODELIST": hosts,
+        "SLURM_NODELIST": hosts,
+        "SLURM_NNODES": str(nnodes),
+        "SLURM_JOB_NUM_NODES": str(nnodes),
+        "SLURM_NODEID": str(rank),
+        "SLURM_PROCID": str(rank),  # the script runs once per node: one task per node
+        "SLURM_LOCALID": "0",
+        "SLURM_RESTART_COUNT": str(restart_count),
+        "SLURM_SUBMIT_DIR": submit_dir,
+        "SLURM_CPUS_PER_TASK": str(cpus_per_task),
+        "SLURM_JOB_USER": user,
+        "SLURMD_NODENAME": node,
+    })
+    if partition is not None:
+        env["HAI_PARTITION"] = partition
+        env["SLURM_JOB_PARTITION"] = partition
+    if time_limit is not None:
+        env["HAI_TIME_LIMIT"] = str(time_limit)
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = gpu_list
+        # nvidia-smi numbers GPUs in PCI bus order; CUDA's default (fastest first) may not.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["SLURM_GPUS_ON_NODE"] = str(len(gpus))
+        env["SLURM_JOB_GPUS"] = gpu_list
+    return env

@@ -1,0 +1,76 @@
+"""Time limits, durations and memory sizes in Slurm's text formats (pure, no I/O).
+
+`parse_time_limit` reads sbatch's `-t` forms; `format_duration` writes squeue's TIME column.
+Like Slurm's time_str2secs, fields are not range-checked ("1:90" is 150 s), but unlike
+sbatch we keep seconds instead of rounding up to whole minutes: our scheduler works in seconds.
+"""
+from __future__ import annotations
+
+import re
+
+_UNLIMITED = {"unlimited", "infinite", "-1"}  # "-1" is Slurm's spelling of INFINITE too
+_FIELD = r"([0-9]+)"  # ASCII digits only: \d would accept other scripts' digits
+_DAYS_FORM = re.compile(rf"{_FIELD}-{_FIELD}(?::{_FIELD}(?::{_FIELD})?)?")
+_CLOCK_FORM = re.compile(rf"{_FIELD}(?::{_FIELD}(?::{_FIELD})?)?")
+_SIZE = re.compile(r"([0-9]+)([kmgt]?)(b?)", re.IGNORECASE)
+_SIZE_FACTOR_KIB = {"k": 1, "": 1024, "m": 1024, "g": 1024**2, "t": 1024**3}
+
+_TIME_FORMS = ('expected minutes, minutes:seconds, hours:minutes:seconds, days-hours, '
+               'days-hours:minutes, days-hours:minutes:seconds, or UNLIMITED')
+
+
+def parse_time_limit(text: str) -> int | None:
+    """sbatch -t value -> seconds; None for no limit ("0", "UNLIMITED", "INFINITE", "-1")."""
+    s = text.strip()
+    if s.lower() in _UNLIMITED:
+        return None
+    if s.startswith("-"):
+        raise ValueError(f"invalid time limit {text!r}: must not be negative")
+    if m := _DAYS_FORM.fullmatch(s):
+        d, h, mi, sec = (int(g or 0) for g in m.groups())
+        total = ((d * 24 + h) * 60 + mi) * 60 + sec
+    elif m := _CLOCK_FORM.fullmatch(s):
+        parts = [int(g) for g in m.groups() if g is not None]
+        if len(parts) == 3:
+            h, mi, sec = parts
+        else:  # "minutes" or "minutes:seconds"
+            h, mi, sec = 0, parts[0], parts[1] if len(parts) == 2 else 0
+        total = (h * 60 + mi) * 60 + sec
+    else:
+        raise ValueError(f"invalid time limit {text!r}: {_TIME_FORMS}")
+    return total or None  # sbatch: a limit of zero means no limit
+
+
+def format_duration(seconds: int | float) -> str:
+    """squeue's TIME column: "M:SS", "H:MM:SS" or "D-HH:MM:SS" (fractions are dropped)."""
+    if seconds < 0:
+        raise ValueError(f"negative duration: {seconds}")
+    total = int(seconds)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+    if hours:
+        return f"{hours}:{minutes:02d}:{secs:02d}"
+    return f"{minutes}:{secs:02d}"
+
+
+def format_limit(seconds: int | None) -> str:
+    """squeue's TIME_LIMIT column: "UNLIMITED" for no limit, else like format_duration."""
+    return "UNLIMITED" if seconds is None else format_duration(seconds)
+
+
+def parse_size_mb(text: str) -> int:
+    """--mem value -> MiB, rounded up. Integer with an optional K/M/G/T suffix (default M);
+    a trailing B is allowed after the suffix ("32GB"), as Slurm's str_to_mbytes does."""
+    if text.strip().startswith("-"):
+        raise ValueError(f"invalid memory size {text!r}: must not be negative")
+    m = _SIZE.fullmatch(text.strip())
+    if not m or (m.group(3) and not m.group(2)):
+        raise ValueError(f"invalid memory size {text!r}: expected a positive integer "
+                         f"with an optional K, M, G or T suffix (default M)")
+    kib = int(m.group(1)) * _SIZE_FACTOR_KIB[m.group(2).lower()]
+    if kib == 0:
+        raise ValueError(f"invalid memory size {text!r}: must be greater than zero")
+    return -(-kib // 1024)  # ceiling division

@@ -1,0 +1,39 @@
+"""Priority-then-FIFO policy with gang placement (Slurm's sched/builtin behaviour).
+
+Jobs are considered in order of priority class, then submit time. The first job that cannot
+start blocks the jobs behind it in the same partition (reason `Priority`), so a large job is
+never starved by a stream of small ones; it shows `Resources` itself.
+"""
+from __future__ import annotations
+
+from ..core.model import Snapshot
+from ..core.states import JobState
+from .placement import place, reserve
+from .plan import Plan, Start, Wait
+
+PRIORITY_RANK = {"urgent": 0, "high": 1, "normal": 2, "low": 3}
+
+
+def decide(snapshot: Snapshot) -> Plan:
+    nodes = {n.name: n for n in snapshot.nodes}
+    pending = sorted(
+        (j for j in snapshot.jobs if j.state == JobState.PENDING),
+        key=lambda j: (PRIORITY_RANK.get(j.priority, 2), j.submit_time, j.id),
+    )
+    blocked: set[str | None] = set()
+    actions = []
+    for job in pending:
+        if job.hold:
+            actions.append(Wait(job.id, "JobHeldUser"))
+            continue
+        if job.partition in blocked:
+            actions.append(Wait(job.id, "Priority"))
+            continue
+        placement = place(job, nodes)
+        if placement is None:
+            blocked.add(job.partition)
+            actions.append(Wait(job.id, "Resources"))
+            continue
+        reserve(job, placement, nodes)
+        actions.append(Start(job.id, placement, "first in priority order that fits"))
+    return Plan(tuple(actions))

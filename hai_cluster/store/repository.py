@@ -1,0 +1,294 @@
+"""Reads and writes of the job table. Synchronous; the controller runs it on one worker thread.
+
+Writes that act on a decision re-check it inside the transaction (the job is still pending with
+the version the policy saw, the GPUs are still free), so a stale plan can never double-book.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from sqlalchemy import Engine, delete, func, insert, select, update
+
+from ..core.model import GpuInfo, JobSpec, JobView, NodeView, Placement, Snapshot
+from ..core.outcome import combine, job_state_after
+from ..core.states import ACTIVE_STATES, JobState
+from .schema import gpus, jobs, nodes, run_ranks, runs
+
+ACTIVE = [s.value for s in ACTIVE_STATES]
+
+
+@dataclass(frozen=True)
+class RankRef:
+    job_id: int
+    attempt: int
+    rank: int
+    node: str
+    gpus: tuple[int, ...]
+    state: str  # starting | running
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """What the controller must do after a rank's end was recorded."""
+    recorded: bool  # False: the rank was unknown or already ended (a duplicate report)
+    run_state: JobState | None = None  # set when the whole run has ended
+    job_state: JobState | None = None
+    stop_ranks: tuple[RankRef, ...] = ()  # other ranks still alive after a failure
+
+
+def _row(r) -> dict:
+    return dict(r._mapping)
+
+
+class Repository:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # ---- submission and user actions -------------------------------------------------------
+    def submit(self, spec: JobSpec, *, user: str, uid: int, gid: int, partition: str, now: float) -> int:
+        with self.engine.begin() as c:
+            res = c.execute(insert(jobs).values(
+                name=spec.name, user=user, uid=uid, gid=gid, partition=partition,
+                state=JobState.PENDING.value, reason="None", priority=spec.priority, submit_time=now,
+                nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
+                mem_mb=spec.mem_mb, time_limit=spec.time_limit, hold=spec.hold, spec=spec.to_wire(),
+                restart_count=0, attempts=0, nodelist="", attained_gpu_seconds=0.0, version=1))
+            return int(res.inserted_primary_key[0])
+
+    def cancel_pending(self, job_id: int, now: float) -> bool:
+        with self.engine.begin() as c:
+            res = c.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.state == JobState.PENDING.value)
+                            .values(state=JobState.CANCELLED.value, end_time=now, reason="None",
+                                    version=jobs.c.version + 1))
+            return res.rowcount == 1
+
+    def request_end(self, job_id: int, request: str) -> bool:
+        """Ask a running job to end (the agents are told by the controller; the run's end finishes it)."""
+        with self.engine.begin() as c:
+            res = c.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.state.in_(ACTIVE))
+                            .values(end_request=request, state=JobState.COMPLETING.value,
+                                    version=jobs.c.version + 1))
+            return res.rowcount == 1
+
+    # ---- scheduling ----------------------------------------------------------------------
+    def load_snapshot(self, now: float) -> Snapshot:
+        with self.engine.connect() as c:
+            job_rows = c.execute(select(jobs).where(jobs.c.state.in_([JobState.PENDING.value] + ACTIVE))).all()
+            node_rows = c.execute(select(nodes)).all()
+            gpu_rows = c.execute(select(gpus).order_by(gpus.c.node, gpus.c.index)).all()
+            live = c.execute(select(run_ranks).where(run_ranks.c.state != "ended")).all()
+        used: dict[str, list] = {}
+        for r in live:
+            used.setdefault(r.node, []).append(r)
+        node_gpus: dict[str, list[GpuInfo]] = {}
+        for g in gpu_rows:
+            node_gpus.setdefault(g.node, []).append(GpuInfo(g.index, g.uuid, g.name, g.memory_mb))
+        node_views = tuple(
+            NodeView(
+                name=n.name, gpus=tuple(node_gpus.get(n.name, ())), cpus=n.cpus, mem_mb=n.mem_mb,
+                partitions=tuple(n.partitions), state=n.state, responding=n.responding,
+                used_gpus=frozenset(i for r in used.get(n.name, ()) for i in r.gpus),
+                used_cpus=sum(r.cpus for r in used.get(n.name, ())),
+                used_mem_mb=sum(r.mem_mb for r in used.get(n.name, ())),
+            )
+            for n in node_rows
+        )
+        job_views = tuple(self._job_view(j) for j in job_rows)
+        return Snapshot(now=now, jobs=job_views, nodes=node_views)
+
+    @staticmethod
+    def _job_view(j) -> JobView:
+        return JobView(
+            id=j.id, user=j.user, state=JobState(j.state), submit_time=j.submit_time, nodes=j.nodes,
+            gpus_per_node=j.gpus_per_node, cpus_per_task=j.cpus_per_task, mem_mb=j.mem_mb,
+            partition=j.partition, priority=j.priority, hold=j.hold, restart_count=j.restart_count,
+            attained_gpu_seconds=j.attained_gpu_seconds, run_start=j.start_time,
+            nodelist=tuple(x for x in j.nodelist.split(",") if x))
+
+    def set_reasons(self, reasons: Mapping[int, str]) -> None:
+        if not reasons:
+            return
+        with self.engine.begin() as c:
+            for job_id, reason in reasons.items():
+                c.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.state == JobState.PENDING.value,
+                                             jobs.c.reason != reason).values(reason=reason))
+
+    def start_run(self, job_id: int, placement: Placement, now: float) -> dict | None:
+        """Record a run of a pending job on `placement`. None if the decision no longer holds."""
+        with self.engine.begin() as c:
+            job = c.execute(select(jobs).where(jobs.c.id == job_id)).first()
+            if job is None or job.state != JobState.PENDING.value or job.hold:
+                return None
+            node_rows = {n.name: n for n in c.execute(select(nodes).where(nodes.c.name.in_(placement.nodes)))}
+            busy = {(r.node, g) for r in c.execute(select(run_ranks.c.node, run_ranks.c.gpus).where(
+                run_ranks.c.node.in_(placement.nodes), run_ranks.c.state != "ended")) for g in r.gpus}
+            for name, gpu_ids in zip(placement.nodes, placement.gpus):
+                n = node_rows.get(name)
+                if n is None or n.state != "up" or not n.responding:
+                    return None
+                if any((name, g) in busy for g in gpu_ids):
+                    return None
+            attempt = job.attempts
+            res = c.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.version == job.version).values(
+                state=JobState.RUNNING.value, reason="None", start_time=now, end_time=None,
+                attempts=attempt + 1, nodelist=",".join(placement.nodes), version=job.version + 1))
+            if res.rowcount != 1:
+                return None
+            run_id = c.execute(insert(runs).values(
+                job_id=job_id, attempt=attempt, state=JobState.RUNNING.value, start_time=now,
+                nodelist=",".join(placement.nodes), gpus=sum(len(g) for g in placement.gpus),
+            )).inserted_primary_key[0]
+            for rank, (name, gpu_ids) in enumerate(zip(placement.nodes, placement.gpus)):
+                c.execute(insert(run_ranks).values(
+                    run_id=run_id, rank=rank, node=name, gpus=list(gpu_ids), cpus=job.cpus_per_task,
+                    mem_mb=job.mem_mb or 0, state="starting", killed=False))
+            return {**_row(job), "attempt": attempt, "run_id": run_id}
+
+    # ---- what agents report --------------------------------------------------------------
+    def live_ranks(self, node: str | None = None) -> list[RankRef]:
+        q = (select(runs.c.job_id, runs.c.attempt, run_ranks.c.rank, run_ranks.c.node, run_ranks.c.gpus,
+                    run_ranks.c.state)
+             .join(runs, runs.c.id == run_ranks.c.run_id).where(run_ranks.c.state != "ended"))
+        if node is not None:
+            q = q.where(run_ranks.c.node == node)
+        with self.engine.connect() as c:
+            return [RankRef(r.job_id, r.attempt, r.rank, r.node, tuple(r.gpus), r.state) for r in c.execute(q)]
+
+    def mark_rank_running(self, job_id: int, attempt: int, node: str) -> None:
+        with self.engine.begin() as c:
+            run_id = self._run_id(c, job_id, attempt)
+            if run_id is not None:
+                c.execute(update(run_ranks).where(run_ranks.c.run_id == run_id, run_ranks.c.node == node,
+                                                  run_ranks.c.state == "starting").values(state="running"))
+
+    @staticmethod
+    def _run_id(c, job_id: int, attempt: int) -> int | None:
+        return c.execute(select(runs.c.id).where(runs.c.job_id == job_id, runs.c.attempt == attempt)).scalar()
+
+    def rank_ended(self, job_id: int, attempt: int, node: str, status: Mapping[str, Any], now: float) -> RankEnd:
+        """Record one rank's final status; when it is the last, finish the run and move the job."""
+        with self.engine.begin() as c:
+            run = c.execute(select(runs).where(runs.c.job_id == job_id, runs.c.attempt == attempt)).first()
+            if run is None:
+                return RankEnd(False)
+            res = c.execute(update(run_ranks).where(
+                run_ranks.c.run_id == run.id, run_ranks.c.node == node, run_ranks.c.state != "ended").values(
+                state="ended", exit_code=status.get("exit_code"), exit_signal=status.get("signal"),
+                reason=status.get("reason"), killed=bool(status.get("killed")), message=status.get("message"),
+                end_time=status.get("end_time") or now))
+            if res.rowcount == 0:
+                return RankEnd(False)
+            ranks = [_row(r) for r in c.execute(select(run_ranks).where(run_ranks.c.run_id == run.id)
+                                                .order_by(run_ranks.c.rank))]
+            job = c.execute(select(jobs).where(jobs.c.id == job_id)).first()
+            alive = [r for r in ranks if r["state"] != "ended"]
+            if alive:
+                failed = status.get("exit_code") != 0 or status.get("signal") or status.get("reason")
+                stop = tuple(RankRef(job_id, attempt, r["rank"], r["node"], tuple(r["gpus"]), r["state"])
+                             for r in alive) if failed else ()
+                return RankEnd(True, stop_ranks=stop)
+            outcome = combine(({"exit_code": r["exit_code"], "signal": r["exit_signal"], "reason": r["reason"],
+                                "message": r["message"]} for r in ranks), job.end_request)
+            end = max(r["end_time"] or now for r in ranks)
+            c.execute(update(runs).where(runs.c.id == run.id).values(
+                state=outcome.state.value, end_time=end, exit_code=outcome.exit_code,
+                exit_signal=outcome.signal, reason=outcome.message))
+            spec = JobSpec.from_wire(job.spec)
+            new_state = job_state_after(outcome.state, spec.requeue)
+            gpu_seconds = max(0.0, end - run.start_time) * run.gpus
+            values: dict[str, Any] = dict(
+                state=new_state.value, exit_code=outcome.exit_code, exit_signal=outcome.signal,
+                end_request=None, attained_gpu_seconds=job.attained_gpu_seconds + gpu_seconds,
+                version=job.version + 1)
+            if new_state == JobState.PENDING:
+                values.update(restart_count=job.restart_count + 1, reason="Requeued", nodelist="", start_time=None)
+            else:
+                values.update(end_time=end, reason=outcome.message or "None")
+            c.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
+            return RankEnd(True, run_state=outcome.state, job_state=new_state)
+
+    # ---- nodes ---------------------------------------------------------------------------
+    def register_nodes(self, configured: Iterable[tuple[str, str, Sequence[str]]]) -> None:
+        """Make sure every configured node has a row; all start as not responding."""
+        with self.engine.begin() as c:
+            existing = {r.name for r in c.execute(select(nodes.c.name))}
+            for name, address, partitions in configured:
+                if name in existing:
+                    c.execute(update(nodes).where(nodes.c.name == name).values(
+                        address=address, partitions=list(partitions), responding=False))
+                else:
+                    c.execute(insert(nodes).values(name=name, address=address, state="up", responding=False,
+                                                   cpus=0, mem_mb=0, partitions=list(partitions)))
+
+    def update_inventory(self, name: str, hello: Mapping[str, Any], now: float) -> None:
+        with self.engine.begin() as c:
+            c.execute(update(nodes).where(nodes.c.name == name).values(
+                cpus=int(hello["cpus"]), mem_mb=int(hello["mem_mb"]), gpu_backend=str(hello["gpu_backend"]),
+                responding=True, last_seen=now))
+            c.execute(delete(gpus).where(gpus.c.node == name))
+            for g in hello["gpus"]:
+                c.execute(insert(gpus).values(node=name, index=int(g["index"]), uuid=str(g["uuid"]),
+                                              name=str(g["name"]), memory_mb=int(g["memory_mb"])))
+
+    def set_responding(self, name: str, responding: bool, now: float) -> None:
+        with self.engine.begin() as c:
+            values: dict[str, Any] = {"responding": responding}
+            if responding:
+                values["last_seen"] = now
+            c.execute(update(nodes).where(nodes.c.name == name).values(**values))
+
+    # ---- queries for the CLI -------------------------------------------------------------
+    def jobs(self, *, ids: Sequence[int] | None = None, states: Sequence[str] | None = None,
+             users: Sequence[str] | None = None, names: Sequence[str] | None = None,
+             partitions: Sequence[str] | None = None) -> list[dict]:
+        q = select(jobs).order_by(jobs.c.id)
+        if ids:
+            q = q.where(jobs.c.id.in_(list(ids)))
+        if states:
+            q = q.where(jobs.c.state.in_(list(states)))
+        if users:
+            q = q.where(jobs.c.user.in_(list(users)))
+        if names:
+            q = q.where(jobs.c.name.in_(list(names)))
+        if partitions:
+            q = q.where(jobs.c.partition.in_(list(partitions)))
+        with self.engine.connect() as c:
+            return [_row(r) for r in c.execute(q)]
+
+    def job(self, job_id: int) -> dict | None:
+        with self.engine.connect() as c:
+            r = c.execute(select(jobs).where(jobs.c.id == job_id)).first()
+            return _row(r) if r else None
+
+    def runs(self, *, job_ids: Sequence[int] | None = None, users: Sequence[str] | None = None) -> list[dict]:
+        q = (select(runs, jobs.c.name, jobs.c.user, jobs.c.partition, jobs.c.state.label("job_state"))
+             .join(jobs, jobs.c.id == runs.c.job_id).order_by(runs.c.job_id, runs.c.attempt))
+        if job_ids:
+            q = q.where(runs.c.job_id.in_(list(job_ids)))
+        if users:
+            q = q.where(jobs.c.user.in_(list(users)))
+        with self.engine.connect() as c:
+            return [_row(r) for r in c.execute(q)]
+
+    def nodes(self) -> list[dict]:
+        with self.engine.connect() as c:
+            rows = [_row(r) for r in c.execute(select(nodes).order_by(nodes.c.name))]
+            gpu_count = dict(c.execute(select(gpus.c.node, func.count()).group_by(gpus.c.node)).all())
+            live = c.execute(select(run_ranks.c.node, run_ranks.c.gpus, run_ranks.c.cpus)
+                             .where(run_ranks.c.state != "ended")).all()
+        for r in rows:
+            mine = [x for x in live if x.node == r["name"]]
+            r["gpus_total"] = gpu_count.get(r["name"], 0)
+            r["gpus_alloc"] = sum(len(x.gpus) for x in mine)
+            r["cpus_alloc"] = sum(x.cpus for x in mine)
+            r["jobs"] = len(mine)
+        return rows
+
+    def open_jobs_with_end_request(self) -> list[dict]:
+        with self.engine.connect() as c:
+            return [_row(r) for r in c.execute(select(jobs.c.id, jobs.c.end_request).where(
+                jobs.c.end_request.is_not(None), jobs.c.state.in_(ACTIVE)))]
+
+
+__all__ = ["Repository", "RankRef", "RankEnd"]

@@ -1,0 +1,102 @@
+"""The job table and its neighbours, as SQLAlchemy Core tables.
+
+Every schema change is an Alembic migration in migrations/versions; a test checks that the
+migrations build exactly these tables.
+"""
+from __future__ import annotations
+
+from sqlalchemy import (JSON, Boolean, Column, Float, ForeignKey, Index, Integer, MetaData, String,
+                        Table, Text, UniqueConstraint)
+
+metadata = MetaData()
+
+jobs = Table(
+    "jobs", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(200), nullable=False),
+    Column("user", String(64), nullable=False),
+    Column("uid", Integer, nullable=False),
+    Column("gid", Integer, nullable=False),
+    Column("partition", String(64), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("reason", String(200), nullable=False, default="None"),
+    Column("priority", String(16), nullable=False, default="normal"),
+    Column("submit_time", Float, nullable=False),
+    Column("start_time", Float),
+    Column("end_time", Float),
+    Column("nodes", Integer, nullable=False),
+    Column("gpus_per_node", Integer, nullable=False),
+    Column("cpus_per_task", Integer, nullable=False),
+    Column("mem_mb", Integer),
+    Column("time_limit", Integer),
+    Column("hold", Boolean, nullable=False, default=False),
+    Column("spec", JSON, nullable=False),
+    Column("restart_count", Integer, nullable=False, default=0),
+    Column("attempts", Integer, nullable=False, default=0),  # runs started so far
+    Column("exit_code", Integer),
+    Column("exit_signal", Integer),
+    Column("nodelist", String(1000), nullable=False, default=""),
+    Column("end_request", String(16)),  # cancel: the user asked the running job to end
+    Column("attained_gpu_seconds", Float, nullable=False, default=0.0),
+    Column("version", Integer, nullable=False, default=1),
+    Index("ix_jobs_state", "state"),
+)
+
+# One row per attempt of a job (sacct shows a requeued job the same way).
+runs = Table(
+    "runs", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("start_time", Float, nullable=False),
+    Column("end_time", Float),
+    Column("exit_code", Integer),
+    Column("exit_signal", Integer),
+    Column("nodelist", String(1000), nullable=False),
+    Column("gpus", Integer, nullable=False),
+    Column("reason", String(200)),
+    UniqueConstraint("job_id", "attempt", name="uq_runs_job_attempt"),
+)
+
+# One row per rank (node) of a run; a rank that has not ended holds its GPUs.
+run_ranks = Table(
+    "run_ranks", metadata,
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    Column("rank", Integer, primary_key=True),
+    Column("node", String(64), nullable=False),
+    Column("gpus", JSON, nullable=False),
+    Column("cpus", Integer, nullable=False),
+    Column("mem_mb", Integer, nullable=False, default=0),
+    Column("state", String(16), nullable=False),  # starting | running | ended
+    Column("exit_code", Integer),
+    Column("exit_signal", Integer),
+    Column("reason", String(32)),
+    Column("killed", Boolean, nullable=False, default=False),
+    Column("message", Text),
+    Column("end_time", Float),
+    Index("ix_run_ranks_node_state", "node", "state"),
+)
+
+nodes = Table(
+    "nodes", metadata,
+    Column("name", String(64), primary_key=True),
+    Column("address", String(255), nullable=False),
+    Column("state", String(16), nullable=False, default="up"),  # up | drain | down
+    Column("reason", String(200)),
+    Column("responding", Boolean, nullable=False, default=False),
+    Column("cpus", Integer, nullable=False, default=0),
+    Column("mem_mb", Integer, nullable=False, default=0),
+    Column("gpu_backend", String(16)),
+    Column("partitions", JSON, nullable=False),
+    Column("last_seen", Float),
+)
+
+gpus = Table(
+    "gpus", metadata,
+    Column("node", String(64), ForeignKey("nodes.name", ondelete="CASCADE"), primary_key=True),
+    Column("index", Integer, primary_key=True),
+    Column("uuid", String(128), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("memory_mb", Integer, nullable=False),
+)

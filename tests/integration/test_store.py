@@ -1,0 +1,108 @@
+"""The store against both databases: migrations up and down, submit, start, end, requeue."""
+import pytest
+from sqlalchemy import inspect
+
+from hai_cluster.core.model import JobSpec, Placement
+from hai_cluster.core.states import JobState
+from hai_cluster.store.engine import current_revision, downgrade, make_engine, upgrade
+from hai_cluster.store.repository import Repository
+from hai_cluster.store.schema import metadata
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def engine(request, tmp_path):
+    url = f"sqlite:///{tmp_path}/hai.db" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+    eng = make_engine(url)
+    upgrade(eng)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def repo(engine):
+    r = Repository(engine)
+    r.register_nodes([("a", "10.0.0.1", ["gpu"]), ("b", "10.0.0.2", ["gpu"])])
+    for name in ("a", "b"):
+        r.update_inventory(name, {"cpus": 8, "mem_mb": 1000, "gpu_backend": "simulated",
+                                  "gpus": [{"index": i, "uuid": f"{name}{i}", "name": "sim", "memory_mb": 10}
+                                           for i in range(2)]}, now=1.0)
+    return r
+
+
+def spec(**kw):
+    return JobSpec(script="#!/bin/sh\ntrue\n", workdir="/tmp", **kw)
+
+
+def test_migrations_match_the_schema_and_go_down_and_up(engine):
+    assert current_revision(engine) == "0001"
+    insp = inspect(engine)
+    for table in metadata.sorted_tables:
+        assert {c["name"] for c in insp.get_columns(table.name)} == {c.name for c in table.columns}
+    downgrade(engine, "base")
+    assert not [t for t in inspect(engine).get_table_names() if t != "alembic_version"]
+    upgrade(engine)
+    assert current_revision(engine) == "0001"
+
+
+def test_snapshot_reflects_allocations(repo):
+    a = repo.submit(spec(gpus_per_node=2), user="u", uid=1000, gid=1000, partition="gpu", now=10)
+    repo.submit(spec(gpus_per_node=1), user="u", uid=1000, gid=1000, partition="gpu", now=11)
+    started = repo.start_run(a, Placement(("a",), ((0, 1),)), now=12)
+    assert started["attempt"] == 0 and started["state"] == "PENDING"  # the row as it was
+    snap = repo.load_snapshot(now=13)
+    nodes = {n.name: n for n in snap.nodes}
+    assert nodes["a"].used_gpus == {0, 1} and nodes["b"].used_gpus == frozenset()
+    assert {j.id: j.state for j in snap.jobs}[a] == JobState.RUNNING
+
+
+def test_start_is_rechecked_against_current_state(repo):
+    a = repo.submit(spec(gpus_per_node=1), user="u", uid=1, gid=1, partition="gpu", now=1)
+    b = repo.submit(spec(gpus_per_node=1), user="u", uid=1, gid=1, partition="gpu", now=2)
+    assert repo.start_run(a, Placement(("a",), ((0,),)), now=3) is not None
+    assert repo.start_run(a, Placement(("b",), ((0,),)), now=3) is None  # no longer pending
+    assert repo.start_run(b, Placement(("a",), ((0,),)), now=3) is None  # GPU taken
+    repo.set_responding("b", False, now=3)
+    assert repo.start_run(b, Placement(("b",), ((1,),)), now=3) is None  # node not responding
+    assert repo.start_run(b, Placement(("a",), ((1,),)), now=3) is not None
+
+
+def test_gang_run_ends_when_every_rank_has_ended(repo):
+    j = repo.submit(spec(nodes=2, gpus_per_node=1), user="u", uid=1, gid=1, partition="gpu", now=1)
+    repo.start_run(j, Placement(("a", "b"), ((0,), (0,))), now=2)
+    repo.mark_rank_running(j, 0, "a")
+    first = repo.rank_ended(j, 0, "a", {"exit_code": 0, "signal": None, "reason": None, "end_time": 5}, now=5)
+    assert first.recorded and first.run_state is None and first.stop_ranks == ()
+    assert repo.rank_ended(j, 0, "a", {"exit_code": 0}, now=6).recorded is False  # duplicate report
+    last = repo.rank_ended(j, 0, "b", {"exit_code": 0, "signal": None, "reason": None, "end_time": 7}, now=7)
+    assert last.run_state == JobState.COMPLETED and last.job_state == JobState.COMPLETED
+    job = repo.job(j)
+    assert job["state"] == "COMPLETED" and job["attained_gpu_seconds"] == pytest.approx(10.0)
+    assert repo.live_ranks() == []
+
+
+def test_failed_rank_asks_to_stop_peers_and_node_fail_requeues(repo):
+    j = repo.submit(spec(nodes=2), user="u", uid=1, gid=1, partition="gpu", now=1)
+    repo.start_run(j, Placement(("a", "b"), ((), ())), now=2)
+    res = repo.rank_ended(j, 0, "a", {"exit_code": 3}, now=3)
+    assert [r.node for r in res.stop_ranks] == ["b"]
+    res = repo.rank_ended(j, 0, "b", {"exit_code": None, "signal": 15, "reason": "cancel"}, now=4)
+    assert res.run_state == JobState.FAILED and repo.job(j)["exit_code"] == 3
+    k = repo.submit(spec(), user="u", uid=1, gid=1, partition="gpu", now=5)
+    repo.start_run(k, Placement(("a",), ((),)), now=6)
+    res = repo.rank_ended(k, 0, "a", {"reason": "lost"}, now=7)
+    assert res.run_state == JobState.NODE_FAIL and res.job_state == JobState.PENDING
+    job = repo.job(k)
+    assert job["restart_count"] == 1 and job["reason"] == "Requeued"
+    assert repo.start_run(k, Placement(("a",), ((),)), now=8)["attempt"] == 1
+    assert [r["state"] for r in repo.runs(job_ids=[k])] == ["NODE_FAIL", "RUNNING"]
+
+
+def test_cancel_paths(repo):
+    p = repo.submit(spec(), user="u", uid=1, gid=1, partition="gpu", now=1)
+    assert repo.cancel_pending(p, now=2) and repo.job(p)["state"] == "CANCELLED"
+    assert not repo.cancel_pending(p, now=3)
+    r = repo.submit(spec(), user="u", uid=1, gid=1, partition="gpu", now=1)
+    repo.start_run(r, Placement(("a",), ((),)), now=2)
+    assert repo.request_end(r, "cancel") and repo.job(r)["state"] == "COMPLETING"
+    res = repo.rank_ended(r, 0, "a", {"exit_code": 0}, now=4)  # even a clean exit after cancel
+    assert res.job_state == JobState.CANCELLED

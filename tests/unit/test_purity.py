@@ -1,0 +1,29 @@
+"""The scheduling core stays pure: importing it must not pull in anything that does I/O,
+and the CLI must not import the heavy server libraries."""
+import subprocess
+import sys
+
+import pytest
+
+IO_MODULES = ["asyncio", "sqlalchemy", "asyncssh", "pynvml", "psutil", "socket", "subprocess"]
+
+
+def loaded_after(imports: str) -> set[str]:
+    code = f"import sys; {imports}; print('\\n'.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
+@pytest.mark.parametrize("module", ["hai_cluster.scheduling", "hai_cluster.core.model",
+                                    "hai_cluster.core.jobscript", "hai_cluster.core.resources",
+                                    "hai_cluster.core.outcome", "hai_cluster.core.jobenv"])
+def test_core_and_scheduling_import_no_io(module):
+    loaded = loaded_after(f"import {module}")
+    assert not [m for m in IO_MODULES if m in loaded]
+
+
+@pytest.mark.parametrize("module", ["hai_cluster.cli.hqueue", "hai_cluster.cli.hsubmit", "hai_cluster.cli.hcancel",
+                                    "hai_cluster.cli.hinfo", "hai_cluster.cli.hacct", "hai_cluster.cli.hcontrol"])
+def test_cli_does_not_import_server_libraries(module):
+    loaded = loaded_after(f"import {module}")
+    assert not [m for m in ("sqlalchemy", "asyncssh", "asyncio", "pynvml", "alembic") if m in loaded]
