@@ -1,0 +1,74 @@
+# Shared by scripts/test and scripts/quickstart: root, system packages, the virtualenv.
+# Source it from the repository root; it sets: repo, as_root (array), venv.
+
+repo=$(pwd)
+if [ "$(id -u)" -eq 0 ]; then
+    as_root=()
+elif command -v sudo >/dev/null 2>&1; then
+    as_root=(sudo)
+else
+    echo "$0: needs root, or sudo to become root" >&2
+    exit 1
+fi
+
+# ensure_packages PKG...: apt-get install whatever is missing (apt-get update only then).
+ensure_packages() {
+    local missing=() p
+    for p in "$@"; do
+        if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+            missing+=("$p")
+        fi
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "$0: installing ${missing[*]}" >&2
+        "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+        "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+    fi
+}
+
+# ensure_venv SPEC: .venv with `pip install -e SPEC`, skipped when nothing changed since last time.
+# The system interpreter comes first: the CLI and jobs run as unprivileged users, who must be able
+# to execute the venv's python (an interpreter under /root, e.g. from pyenv, is not).
+py_ok() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; }
+ensure_venv() {
+    local spec=$1 python= candidate base stamp want
+    if [ -n "${PYTHON:-}" ] && ! py_ok "$PYTHON"; then
+        echo "$0: PYTHON=$PYTHON is not a Python >= 3.11" >&2
+        exit 1
+    fi
+    for candidate in ${PYTHON:-} /usr/bin/python3 /usr/bin/python3.11 python3; do
+        if py_ok "$candidate"; then python=$candidate; break; fi
+    done
+    if [ -z "$python" ]; then
+        echo "$0: need Python >= 3.11 (set PYTHON=...)" >&2
+        exit 1
+    fi
+    base=$("$python" -c 'import os, sys; print(os.path.realpath(sys.executable))')
+    venv=$repo/.venv
+    stamp=$venv/.hai-install-stamp
+    if ! py_ok "$venv/bin/python" || [ "$(sed -n 's/^executable = //p' "$venv/pyvenv.cfg" 2>/dev/null)" != "$base" ]; then
+        echo "$0: creating $venv with $base" >&2
+        rm -rf "$venv"
+        "$python" -m venv "$venv"
+    fi
+    want=$( { echo "$repo $base $spec"; cat setup.cfg; cat pyproject.toml 2>/dev/null || true; } | sha256sum | cut -d' ' -f1)
+    if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+        echo "$0: installing $spec into $venv" >&2
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$spec"
+        echo "$want" > "$stamp"
+    fi
+}
+
+# ensure_reachable: jobs and the CLI run as other users, who need to reach the checkout (its
+# sources, the venv). Add the traverse bit (not read) to any ancestor directory that lacks it.
+ensure_reachable() {
+    local d=$repo
+    while [ "$d" != "/" ]; do
+        case "$(stat -c %A "$d")" in
+            *x|*t) ;;
+            *) echo "$0: allowing other users to traverse $d (chmod o+x)" >&2
+               "${as_root[@]}" chmod o+x "$d" ;;
+        esac
+        d=$(dirname "$d")
+    done
+}

@@ -1,0 +1,1 @@
+"""Test infrastructure: network namespaces, private sshd and PostgreSQL, and pytest fixtures."""
