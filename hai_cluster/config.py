@@ -34,6 +34,7 @@ class AgentConfig:
     simulated: SimulatedGpus = field(default_factory=SimulatedGpus)
     allow_root_jobs: bool = False
     poll_interval: float = 0.2  # how often the spool is checked for runs that ended
+    launch_timeout: float = 30.0  # how long start_run waits for the shepherd to report the launch
     log_level: str = "INFO"
 
 
@@ -120,6 +121,9 @@ def _positive(path: str, key: str, value: float) -> None:
         raise ConfigError(f"{path}: {key} must be positive, got {value}")
 
 
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def load_agent_config(path: str | os.PathLike) -> AgentConfig:
     path = str(path)
     doc = _Section(path, "top level", _read_toml(path))
@@ -129,10 +133,11 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
     name = a.get("name", str, os.uname().nodename.split(".")[0])
     cfg = AgentConfig(
         name=name,
-        socket=a.get("socket", str, DEFAULT_AGENT_SOCKET),
-        spool=a.get("spool", str, "/var/spool/hai"),
+        socket=resolve(path, a.get("socket", str, DEFAULT_AGENT_SOCKET)),
+        spool=resolve(path, a.get("spool", str, "/var/spool/hai")),
         allow_root_jobs=a.get("allow_root_jobs", bool, False),
         poll_interval=a.get("poll_interval", float, 0.2),
+        launch_timeout=a.get("launch_timeout", float, 30.0),
         log_level=a.get("log_level", str, "INFO"),
         gpu_backend=g.get("backend", str, "auto"),
         simulated=SimulatedGpus(
@@ -148,6 +153,9 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
     if cfg.simulated.count < 0:
         raise ConfigError(f"{path}: gpus.simulated_count must be >= 0")
     _positive(path, "agent.poll_interval", cfg.poll_interval)
+    _positive(path, "agent.launch_timeout", cfg.launch_timeout)
+    if cfg.log_level not in _LOG_LEVELS:
+        raise ConfigError(f"{path}: agent.log_level must be one of {', '.join(_LOG_LEVELS)}, got {cfg.log_level!r}")
     return cfg
 
 

@@ -1,0 +1,162 @@
+"""hai-agent: the per-node root daemon. Serves RPCs on a Unix socket and watches the spool.
+
+Shutting down (SIGTERM/SIGINT) closes the socket and leaves every job running: jobs belong to
+their shepherds, and the next agent picks them up from the spool.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import stat
+import struct
+import sys
+
+import click
+import psutil
+
+from ..config import AgentConfig, ConfigError, load_agent_config
+from ..transport.rpc import ConnectionLost, RpcConnection
+from .gpus import GpuError, inventory
+from .runs import RunTable
+from .service import build_table
+
+log = logging.getLogger("hai_cluster.agent.daemon")  # not __main__ under -m
+
+PUSH_TIMEOUT = 5.0  # a controller that does not read its socket must not stall the poll loop
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.gpu_backend, self.gpus = inventory(cfg)
+        self.cpus = os.cpu_count() or 1
+        self.mem_mb = psutil.virtual_memory().total // (1024 * 1024)
+        self.runs = RunTable(cfg.spool, cfg.launch_timeout)
+        self.table = build_table(self)
+        self.connections: set[RpcConnection] = set()
+
+    async def on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        pid, uid, _ = _peer_credentials(writer)
+        name = f"pid {pid} uid {uid}"
+        if uid not in (0, os.getuid()):  # the socket is 0600; refuse anyway if that was loosened
+            log.warning("refusing connection from %s", name)
+            writer.close()
+            return
+        conn = RpcConnection(reader, writer, table=self.table, context=name, name=name)
+        self.connections.add(conn)
+        log.info("connection from %s", name)
+        try:
+            await conn.run()
+        finally:
+            self.connections.discard(conn)
+            await conn.close()
+            log.info("connection from %s closed: %s", name, conn.close_reason)
+
+    async def push(self, name: str, body: dict) -> None:
+        async def one(conn: RpcConnection) -> None:
+            try:
+                await asyncio.wait_for(conn.push(name, body), PUSH_TIMEOUT)
+            except (ConnectionLost, asyncio.TimeoutError) as exc:
+                log.warning("could not push %s to %s: %s", name, conn.name, exc)
+        await asyncio.gather(*(one(c) for c in list(self.connections)))
+
+    async def watch_spool(self) -> None:
+        while True:
+            try:
+                for status in self.runs.poll():
+                    log.info("job %s.%s ended: exit_code=%s signal=%s reason=%s", status.job_id,
+                             status.attempt, status.exit_code, status.signal, status.reason)
+                    await self.push("run_exited", status.to_wire())
+            except Exception:  # a broken spool entry must not stop the watch for all the others
+                log.exception("spool poll failed")
+            await asyncio.sleep(self.cfg.poll_interval)
+
+
+def _peer_credentials(writer: asyncio.StreamWriter) -> tuple[int, int, int]:
+    sock = writer.get_extra_info("socket")
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return struct.unpack("3i", creds)
+    except (OSError, AttributeError):
+        return -1, -1, -1
+
+
+def bind_socket(path: str) -> socket.socket:
+    """A 0600 listening socket at path. A stale socket is removed; a live agent's is not."""
+    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    if os.path.lexists(path):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise ConfigError(f"{path} exists and is not a socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError:
+            os.unlink(path)  # nobody listens: left over from an agent that died
+        else:
+            raise ConfigError(f"another agent is already serving {path}")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # no window in which the socket exists with a looser mode
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(64)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(cfg: AgentConfig) -> None:
+    agent = Agent(cfg)
+    log.info("node %s: %d cpu(s), %d MiB, %d %s GPU(s)", cfg.name, agent.cpus, agent.mem_mb,
+             len(agent.gpus), agent.gpu_backend)
+    sock = bind_socket(cfg.socket)  # first: a second agent must not touch the spool
+    agent.runs.setup()
+    agent.runs.rebuild()
+    server = await asyncio.start_unix_server(agent.on_client, sock=sock)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    watcher = asyncio.create_task(agent.watch_spool())
+    log.info("serving on %s", cfg.socket)
+    try:
+        await stop.wait()
+        log.info("shutting down; running jobs stay with their shepherds")
+    finally:
+        watcher.cancel()
+        server.close()
+        for conn in list(agent.connections):
+            await conn.close()
+        try:
+            os.unlink(cfg.socket)
+        except FileNotFoundError:
+            pass
+
+
+@click.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="agent TOML config file")
+def main(config_path: str) -> None:
+    """Run the hai node agent."""
+    try:
+        cfg = load_agent_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    logging.basicConfig(stream=sys.stderr, level=cfg.log_level,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if os.geteuid() != 0:
+        log.warning("not running as root: jobs can only run as uid %d", os.geteuid())
+    try:
+        asyncio.run(serve(cfg))
+    except (ConfigError, GpuError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+if __name__ == "__main__":
+    main()

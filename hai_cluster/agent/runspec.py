@@ -1,0 +1,178 @@
+"""What the controller asks the agent to run (RunSpec) and what the agent reports back (RunStatus).
+
+Both cross the wire as msgpack maps and sit in the spool as JSON. RunSpec.from_wire checks every
+field, because the agent runs as root and must refuse what it does not understand rather than
+half-run it. Light imports only: the shepherd imports this module on every job start.
+"""
+from __future__ import annotations
+
+import os
+import signal as _signal
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+REASONS = ("cancel", "preempt", "requeue", "node_fail", "timeout", "launch_failed", "lost")
+TERMINATE_REASONS = ("cancel", "preempt", "node_fail", "requeue")
+
+
+class SpecError(ValueError):
+    """A field of a RunSpec (or of a request body) is missing, extra or of the wrong type."""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _no_nul(where: str, s: str) -> str:
+    # execve and open() cannot take NUL bytes; refuse them here instead of failing the launch
+    if "\0" in s:
+        raise SpecError(f"{where} contains a NUL character")
+    return s
+
+
+def _abs_path(where: str, v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise SpecError(f"{where} must be a non-empty string")
+    if not os.path.isabs(v):
+        raise SpecError(f"{where} must be an absolute path, got {v!r}")
+    return _no_nul(where, v)
+
+
+def valid_signal(where: str, v: Any) -> int:
+    if not _is_int(v) or not 1 <= v < _signal.NSIG:
+        raise SpecError(f"{where} must be a signal number between 1 and {_signal.NSIG - 1}, got {v!r}")
+    return v
+
+
+def check_keys(where: str, body: Any, required: tuple[str, ...]) -> dict:
+    """The body must be a map with exactly these keys."""
+    if not isinstance(body, dict):
+        raise SpecError(f"{where} must be a map, got {type(body).__name__}")
+    missing = [k for k in required if k not in body]
+    if missing:
+        raise SpecError(f"{where} lacks field(s): {', '.join(missing)}")
+    extra = sorted(str(k) for k in body if k not in required)
+    if extra:
+        raise SpecError(f"{where} has unknown field(s): {', '.join(extra)}")
+    return body
+
+
+def nonneg_int(where: str, v: Any) -> int:
+    if not _is_int(v) or v < 0:
+        raise SpecError(f"{where} must be a non-negative integer, got {v!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    job_id: int
+    attempt: int
+    rank: int
+    user: str
+    uid: int
+    gid: int
+    script: str
+    script_args: tuple[str, ...]
+    workdir: str
+    stdout: str
+    stderr: str | None
+    environment: Mapping[str, str]
+    time_limit: int | None
+    signal: int | None
+    signal_time: int
+    grace: int
+    checkpoint_dir: str | None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.job_id, self.attempt)
+
+    @classmethod
+    def from_wire(cls, d: Any) -> "RunSpec":
+        names = tuple(f for f in cls.__dataclass_fields__)
+        check_keys("spec", d, names)
+        for k in ("job_id", "attempt", "rank", "uid", "gid", "signal_time", "grace"):
+            nonneg_int(f"spec.{k}", d[k])
+        if not isinstance(d["user"], str) or not d["user"]:
+            raise SpecError("spec.user must be a non-empty string")
+        _no_nul("spec.user", d["user"])
+        script = d["script"]
+        if not isinstance(script, str) or not script.startswith("#!"):
+            raise SpecError("spec.script must be the script text, starting with #!")
+        args = d["script_args"]
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise SpecError("spec.script_args must be a list of strings")
+        for a in args:
+            _no_nul("spec.script_args", a)
+        env = d["environment"]
+        if not isinstance(env, dict):
+            raise SpecError("spec.environment must be a map of strings to strings")
+        for k, v in env.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise SpecError("spec.environment must be a map of strings to strings")
+            if not k or "=" in k:
+                raise SpecError(f"spec.environment has an invalid variable name {k!r}")
+            _no_nul(f"spec.environment[{k}]", k + v)
+        tl = d["time_limit"]
+        if tl is not None and (not _is_int(tl) or tl <= 0):
+            raise SpecError(f"spec.time_limit must be a positive integer or null, got {tl!r}")
+        if d["signal"] is not None:
+            valid_signal("spec.signal", d["signal"])
+        return cls(
+            job_id=d["job_id"], attempt=d["attempt"], rank=d["rank"], user=d["user"],
+            uid=d["uid"], gid=d["gid"], script=script, script_args=tuple(args),
+            workdir=_abs_path("spec.workdir", d["workdir"]),
+            stdout=_abs_path("spec.stdout", d["stdout"]),
+            stderr=None if d["stderr"] is None else _abs_path("spec.stderr", d["stderr"]),
+            environment=dict(env), time_limit=tl, signal=d["signal"], signal_time=d["signal_time"],
+            grace=d["grace"],
+            checkpoint_dir=None if d["checkpoint_dir"] is None
+            else _abs_path("spec.checkpoint_dir", d["checkpoint_dir"]),
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["script_args"] = list(self.script_args)
+        d["environment"] = dict(self.environment)
+        return d
+
+
+@dataclass
+class RunStatus:
+    job_id: int
+    attempt: int
+    rank: int
+    state: str = "running"  # running | ended
+    pid: int | None = None
+    start_time: float = 0.0
+    end_time: float | None = None
+    exit_code: int | None = None  # None when the main process was killed by a signal
+    signal: int | None = None  # the signal that killed the main process
+    reason: str | None = None
+    killed: bool = False  # SIGKILL was needed after the grace period
+    message: str | None = None
+
+    @classmethod
+    def for_spec(cls, spec: RunSpec, **kw: Any) -> "RunStatus":
+        return cls(job_id=spec.job_id, attempt=spec.attempt, rank=spec.rank, **kw)
+
+    @property
+    def ended(self) -> bool:
+        return self.state == "ended"
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_disk(cls, d: Any) -> "RunStatus":
+        """Read a status.json (always a final status); raises SpecError if it is not one of ours."""
+        if not isinstance(d, dict):
+            raise SpecError("status is not a map")
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        try:
+            st = cls(**known)
+        except TypeError as exc:
+            raise SpecError(f"status lacks fields: {exc}") from None
+        if st.state != "ended" or (st.reason is not None and st.reason not in REASONS):
+            raise SpecError(f"status has state {st.state!r} / reason {st.reason!r}")
+        return st

@@ -1,0 +1,115 @@
+"""The agent's RPC methods. Each one checks its body completely before touching anything: the
+agent is root, and a malformed request must end as a RequestError, never as a half-done action.
+"""
+from __future__ import annotations
+
+import logging
+import pwd
+import socket
+import time
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from ..transport.rpc import RequestError, RpcTable
+from .runs import RunError
+from .runspec import TERMINATE_REASONS, RunSpec, SpecError, check_keys, nonneg_int, valid_signal
+
+if TYPE_CHECKING:
+    from .daemon import Agent
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = 1
+
+
+def _empty(method: str, body: Any) -> None:
+    if body is not None and body != {}:
+        check_keys(f"{method} body", body, ())
+
+
+def _run_key(method: str, body: Any, *more: str) -> tuple[tuple[int, int], dict]:
+    check_keys(f"{method} body", body, ("job_id", "attempt", *more))
+    return (nonneg_int("job_id", body["job_id"]), nonneg_int("attempt", body["attempt"])), body
+
+
+def _checked(fn: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
+    async def wrapper(body: Any, ctx: Any) -> Any:
+        try:
+            return await fn(body, ctx)
+        except (SpecError, RunError) as exc:
+            raise RequestError(str(exc)) from None
+    return wrapper
+
+
+def check_user(agent: "Agent", spec: RunSpec) -> None:
+    node = agent.cfg.name
+    if spec.uid == 0 and not agent.cfg.allow_root_jobs:
+        raise RequestError(f"refusing to run job {spec.job_id} as uid 0 (root): root jobs are disabled "
+                           f"on node {node} (set agent.allow_root_jobs = true to allow them)")
+    try:
+        pw = pwd.getpwuid(spec.uid)
+    except KeyError:
+        raise RequestError(f"uid {spec.uid} does not exist on node {node}") from None
+    if pw.pw_name != spec.user:
+        raise RequestError(f"uid {spec.uid} is user {pw.pw_name!r} on node {node}, not {spec.user!r}")
+
+
+def build_table(agent: "Agent") -> RpcTable:
+    table = RpcTable()
+    runs = agent.runs
+
+    async def hello(body: Any, ctx: Any) -> dict:
+        check_keys("hello body", body, ("controller",))
+        if not isinstance(body["controller"], str):
+            raise SpecError("hello.controller must be a string")
+        log.info("hello from controller %r (%s)", body["controller"], ctx)
+        return {"node": agent.cfg.name, "hostname": socket.gethostname(), "protocol": PROTOCOL,
+                "cpus": agent.cpus, "mem_mb": agent.mem_mb, "gpu_backend": agent.gpu_backend,
+                "gpus": [asdict(g) for g in agent.gpus], "runs": runs.statuses()}
+
+    async def start_run(body: Any, ctx: Any) -> dict:
+        check_keys("start_run body", body, ("spec",))
+        spec = RunSpec.from_wire(body["spec"])
+        check_user(agent, spec)
+        log.info("start_run job %s.%s rank %d as %s (uid %d)", spec.job_id, spec.attempt, spec.rank,
+                 spec.user, spec.uid)
+        started, status = await runs.start(spec)
+        log.info("job %s.%s: %s, state %s%s", spec.job_id, spec.attempt,
+                 "started" if started else "already known", status.state,
+                 f" ({status.reason}: {status.message})" if status.reason else "")
+        return {"started": started, "status": status.to_wire()}
+
+    async def terminate_run(body: Any, ctx: Any) -> dict:
+        key, body = _run_key("terminate_run", body, "reason")
+        if body["reason"] not in TERMINATE_REASONS:
+            raise SpecError(f"terminate_run.reason must be one of {', '.join(TERMINATE_REASONS)}, "
+                            f"got {body['reason']!r}")
+        found = runs.terminate(key, body["reason"])
+        log.info("terminate_run job %s.%s (%s): %s", *key, body["reason"], "found" if found else "unknown")
+        return {"found": found}
+
+    async def signal_run(body: Any, ctx: Any) -> dict:
+        key, body = _run_key("signal_run", body, "signal")
+        sig = valid_signal("signal_run.signal", body["signal"])
+        delivered = runs.signal(key, sig)
+        log.info("signal_run job %s.%s signal %d: %s", *key, sig, "delivered" if delivered else "not delivered")
+        return {"delivered": delivered}
+
+    async def list_runs(body: Any, ctx: Any) -> dict:
+        _empty("list_runs", body)
+        return {"runs": runs.statuses()}
+
+    async def forget_run(body: Any, ctx: Any) -> dict:
+        key, _ = _run_key("forget_run", body)
+        forgotten = runs.forget(key)
+        if forgotten:
+            log.info("forgot job %s.%s", *key)
+        return {"forgotten": forgotten}
+
+    async def ping(body: Any, ctx: Any) -> dict:
+        _empty("ping", body)
+        return {"time": time.time()}
+
+    for fn in (hello, start_run, terminate_run, signal_run, list_runs, forget_run, ping):
+        table.add(fn.__name__, _checked(fn))
+    return table

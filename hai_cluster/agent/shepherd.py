@@ -1,0 +1,325 @@
+"""One shepherd per job run (like slurmstepd): `python -m hai_cluster.agent.shepherd RUN_DIR`.
+
+The agent starts it; it double-forks and calls setsid so that it is nobody's child and outlives the
+agent (SIGKILL, restart, systemd with KillMode=process). It forks the job (jobproc.exec_job), tells
+the agent over the pipe named by $HAI_REPORT_FD whether the job started, then supervises it alone:
+time limit, terminate requests, cleanup of the process group, and the final status.json.
+
+Terminate requests: the agent writes terminate.json and sends SIGUSR1. The signal only wakes us;
+the file is the request, and it is re-read every CONTROL_RECHECK seconds, so a signal lost in an
+agent crash between the write and the kill costs at most that delay.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import selectors
+import signal
+import sys
+import time
+from pathlib import Path
+
+from . import spool
+from .jobproc import exec_job
+from .runspec import TERMINATE_REASONS, RunSpec, RunStatus
+
+log = logging.getLogger("hai.shepherd")
+
+CONTROL_RECHECK = 1.0
+CLEANUP_TIMEOUT = 10.0
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def daemonize() -> None:
+    if os.fork() > 0:
+        os._exit(0)  # the agent reaps this one at once
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)  # the session leader goes: we can never reacquire a terminal
+    os.chdir("/")
+    os.umask(0o022)
+
+
+def become_subreaper() -> None:
+    # Orphans of the job re-parent to us, not to PID 1: we reap them (no zombies where PID 1 does
+    # not) and can kill those that left the job's process group.
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        log.warning("could not become a child subreaper; orphans of the job go to PID 1")
+
+
+class Shepherd:
+    def __init__(self, run_dir: Path, report_fd: int | None) -> None:
+        self.dir = run_dir
+        self.report_fd = report_fd
+        self.spec = RunSpec.from_wire(spool.read_json(run_dir / spool.SPEC))
+        self.pid: int | None = None  # the job's main process, also its pgid
+        self.start_time = time.time()
+        self.start_mono = time.monotonic()
+        self.wait_status: int | None = None
+        self.launch_error: str | None = None
+        self.reason: str | None = None
+        self.kill_at: float | None = None
+        self.killed = False
+        self.warn_at: float | None = None
+        self.limit_at: float | None = None
+        self.next_control_check = 0.0
+        self.sel = selectors.DefaultSelector()
+
+    # -- reporting to the agent --
+
+    def report(self, event: dict) -> None:
+        if self.report_fd is None:
+            return
+        try:
+            os.write(self.report_fd, (json.dumps(event) + "\n").encode())
+        except OSError:  # the agent died meanwhile: it reads the spool when it comes back
+            pass
+        os.close(self.report_fd)
+        self.report_fd = None
+
+    def finish(self, status: RunStatus) -> None:
+        spool.write_json_atomic(self.dir / spool.STATUS, status.to_wire())
+        log.info("job %s.%s ended: exit_code=%s signal=%s reason=%s killed=%s", self.spec.job_id,
+                 self.spec.attempt, status.exit_code, status.signal, status.reason, status.killed)
+        self.report({"event": "ended"})
+
+    # -- signals --
+
+    def install_signals(self) -> None:
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)  # C handler writes the signal number: select() wakes up
+        for sig in (signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: None)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        self.sel.register(wake_r, selectors.EVENT_READ, "wake")
+
+    def drain_wakeups(self, fd: int) -> set[int]:
+        got: set[int] = set()
+        try:
+            while data := os.read(fd, 512):
+                got.update(data)
+        except BlockingIOError:
+            pass
+        return got
+
+    # -- the job --
+
+    def signal_job(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:  # the child has not called setsid yet: only it exists
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def begin_terminate(self, reason: str) -> None:
+        if self.reason is not None:
+            return  # the first terminate (or the time limit) wins; its grace is not restarted
+        self.reason = reason
+        sig = signal.SIGTERM
+        if reason in ("preempt", "requeue") and self.spec.signal is not None:
+            sig = self.spec.signal
+        log.info("terminating job %s.%s (%s): signal %d, grace %d s", self.spec.job_id,
+                 self.spec.attempt, reason, sig, self.spec.grace)
+        self.signal_job(signal.SIGCONT)  # a stopped job must run to handle the signal
+        self.signal_job(sig)
+        self.kill_at = time.monotonic() + self.spec.grace
+
+    def read_terminate(self) -> str | None:
+        try:
+            req = spool.read_json(self.dir / spool.TERMINATE)
+        except ValueError:
+            log.error("unreadable terminate request; treating it as cancel")
+            return "cancel"
+        if req is None:
+            return None
+        reason = req.get("reason") if isinstance(req, dict) else None
+        return reason if reason in TERMINATE_REASONS else "cancel"
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.pid:
+                self.wait_status = status
+
+    def on_exec_pipe(self, fd: int, buf: bytearray) -> None:
+        data = os.read(fd, 4096)
+        if data:
+            buf += data
+            return
+        self.sel.unregister(fd)
+        os.close(fd)
+        if buf:
+            self.launch_error = buf.decode(errors="replace")
+            log.error("launch failed: %s", self.launch_error)
+        else:
+            log.info("job %s.%s started: pid %d", self.spec.job_id, self.spec.attempt, self.pid)
+            self.report({"event": "started", "pid": self.pid, "start_time": self.start_time,
+                         "shepherd_pid": os.getpid()})
+
+    def timers(self, now: float) -> None:
+        if self.warn_at is not None and now >= self.warn_at:
+            self.warn_at = None
+            if self.reason is None:  # already being terminated: the warning would only confuse it
+                log.info("sending signal %d before the time limit", self.spec.signal)
+                self.signal_job(self.spec.signal)
+        if self.limit_at is not None and now >= self.limit_at:
+            self.limit_at = None
+            self.begin_terminate("timeout")
+        if self.kill_at is not None and now >= self.kill_at and self.wait_status is None:
+            self.kill_at = None
+            log.info("grace period over: SIGKILL to the job's process group")
+            self.killed = True
+            self.signal_job(signal.SIGKILL)
+
+    def supervise(self, exec_r: int) -> None:
+        buf = bytearray()
+        self.sel.register(exec_r, selectors.EVENT_READ, "exec")
+        while self.wait_status is None:
+            now = time.monotonic()
+            deadlines = [d for d in (self.warn_at, self.limit_at, self.kill_at) if d is not None]
+            timeout = min([CONTROL_RECHECK, *(d - now for d in deadlines)])
+            woke: set[int] = set()
+            for key, _ in self.sel.select(max(timeout, 0)):
+                if key.data == "wake":
+                    woke |= self.drain_wakeups(key.fd)
+                else:
+                    self.on_exec_pipe(key.fd, buf)
+            self.reap()
+            now = time.monotonic()
+            if woke & {signal.SIGTERM, signal.SIGINT}:
+                self.begin_terminate("node_fail")  # the node is going down around us
+            if signal.SIGUSR1 in woke or now >= self.next_control_check:
+                self.next_control_check = now + CONTROL_RECHECK
+                reason = self.read_terminate()
+                if reason is not None:
+                    self.begin_terminate(reason)
+            self.timers(now)
+        # the main process is gone; the exec pipe is at EOF or holds the launch error
+        while exec_r in self.sel.get_map():
+            self.on_exec_pipe(exec_r, buf)
+
+    def cleanup(self) -> None:
+        """Kill what is left of the job: its process group, and orphans that left the group."""
+        deadline = time.monotonic() + CLEANUP_TIMEOUT
+        while True:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            for child in spool.children_of(os.getpid()):
+                try:
+                    os.kill(child, signal.SIGKILL)
+                except OSError:
+                    pass
+            self.reap()
+            if not spool.group_members(self.pid) and not spool.children_of(os.getpid()):
+                return
+            if time.monotonic() > deadline:
+                log.warning("processes of the job survive SIGKILL (uninterruptible sleep?)")
+                return
+            time.sleep(0.05)
+
+    def status(self) -> RunStatus:
+        st = RunStatus.for_spec(self.spec, state="ended", pid=self.pid, start_time=self.start_time,
+                                end_time=time.time(), reason=self.reason, killed=self.killed)
+        if self.launch_error is not None:
+            st.pid, st.reason, st.message = None, "launch_failed", self.launch_error
+        elif self.wait_status is not None:
+            if os.WIFSIGNALED(self.wait_status):
+                st.signal = os.WTERMSIG(self.wait_status)
+            else:
+                st.exit_code = os.waitstatus_to_exitcode(self.wait_status)
+        return st
+
+    def run(self) -> int:
+        spec = self.spec
+        me = os.getpid()
+        become_subreaper()
+        self.install_signals()
+        # only now: the agent signals the recorded pid, and SIGUSR1 would kill us before this
+        spool.write_json_atomic(self.dir / spool.SHEPHERD, {"pid": me, "starttime": spool.proc_starttime(me)})
+        reason = self.read_terminate()
+        if reason is not None:  # terminated while we were starting: do not start the job at all
+            self.finish(RunStatus.for_spec(spec, state="ended", start_time=self.start_time,
+                                           end_time=time.time(), reason=reason,
+                                           message="terminated before the job started"))
+            return 0
+        try:
+            groups = os.getgrouplist(spec.user, spec.gid)
+        except (KeyError, OSError) as exc:
+            self.launch_error = f"looking up the groups of user {spec.user} failed: {exc}"
+            self.finish(self.status())
+            return 0
+        script = str(self.dir / spool.SCRIPT)
+        exec_r, exec_w = os.pipe()  # both CLOEXEC: exec success closes exec_w in the child
+        pid = os.fork()
+        if pid == 0:
+            os.close(exec_r)
+            exec_job(spec, script, groups, exec_w)
+        os.close(exec_w)
+        self.pid = pid
+        self.start_time, self.start_mono = time.time(), time.monotonic()
+        spool.write_json_atomic(self.dir / spool.JOB, {"pid": pid, "starttime": spool.proc_starttime(pid),
+                                                       "start_time": self.start_time})
+        if spec.time_limit is not None:
+            self.limit_at = self.start_mono + spec.time_limit
+            if spec.signal is not None and spec.signal_time > 0:
+                self.warn_at = self.start_mono + max(0, spec.time_limit - spec.signal_time)
+        self.next_control_check = time.monotonic() + CONTROL_RECHECK
+        self.supervise(exec_r)
+        self.cleanup()
+        self.finish(self.status())
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not os.path.isabs(args[0]):
+        print("usage: python -m hai_cluster.agent.shepherd /ABSOLUTE/RUN_DIR", file=sys.stderr)
+        return 2
+    fd = os.environ.pop("HAI_REPORT_FD", None)
+    report_fd = int(fd) if fd and fd.isdigit() else None
+    daemonize()
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s shepherd[%(process)d] %(levelname)s %(message)s")
+    run_dir = Path(args[0])
+    try:
+        shepherd = Shepherd(run_dir, report_fd)
+    except Exception as exc:  # no usable spec: leave a status so the run is not a mystery
+        log.exception("cannot read the run's spec")
+        _fallback_status(run_dir, f"shepherd cannot read the spec: {exc}")
+        return 1
+    try:
+        return shepherd.run()
+    except Exception as exc:
+        log.exception("shepherd failed")
+        if shepherd.pid is not None:
+            shepherd.signal_job(signal.SIGKILL)
+        st = shepherd.status()
+        st.reason, st.message = "lost", f"shepherd failed: {exc}"
+        shepherd.finish(st)
+        return 1
+
+
+def _fallback_status(run_dir: Path, message: str) -> None:
+    key = spool.parse_run_dir_name(run_dir.name) or (0, 0)
+    st = RunStatus(job_id=key[0], attempt=key[1], rank=0, state="ended", start_time=time.time(),
+                   end_time=time.time(), reason="launch_failed", message=message)
+    spool.write_json_atomic(run_dir / spool.STATUS, st.to_wire())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""The on-disk spool shared by the agent and its shepherds, and process identity checks.
+
+    <spool>/runs/<job_id>.<attempt>/
+        spec.json       the RunSpec (root, 0600; the environment may hold secrets)
+        script          the job script (owned by the job's user, 0500)
+        shepherd.json   {pid, starttime} of the shepherd, written before the job starts
+        job.json        {pid, starttime, start_time} of the job's main process (= its pgid)
+        terminate.json  {reason, time}: a terminate request from the agent (first one wins)
+        status.json     the final RunStatus, written once by the shepherd (or by the agent: lost)
+        shepherd.log    the shepherd's own stderr
+
+The run dir is 0711 so the job's user can reach its script without listing anything. Every JSON
+file is written to a temp name and renamed, so a reader sees all of it or none of it. A pid alone
+is never trusted: it is paired with the process start time from /proc, because pids are reused.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+RUNS = "runs"
+SPEC = "spec.json"
+SCRIPT = "script"
+SHEPHERD = "shepherd.json"
+JOB = "job.json"
+TERMINATE = "terminate.json"
+STATUS = "status.json"
+SHEPHERD_LOG = "shepherd.log"
+SHEPHERD_MODULE = "hai_cluster.agent.shepherd"
+
+
+def runs_dir(spool: str | os.PathLike) -> Path:
+    return Path(spool) / RUNS
+
+
+def run_dir_name(job_id: int, attempt: int) -> str:
+    return f"{job_id}.{attempt}"
+
+
+def parse_run_dir_name(name: str) -> tuple[int, int] | None:
+    parts = name.split(".")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any, mode: int = 0o600) -> None:
+    path = str(path)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, json.dumps(obj, sort_keys=True).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """The decoded file, or None if it does not exist. Garbage raises ValueError."""
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except FileNotFoundError:
+        return None
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (which may hold spaces and parens)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return data.rsplit(")", 1)[1].split()
+
+
+def proc_starttime(pid: int) -> int | None:
+    """Start time (clock ticks since boot) of a live, non-zombie process; None otherwise."""
+    f = _stat_fields(pid)
+    if f is None or f[0] in ("Z", "X"):
+        return None
+    return int(f[19])
+
+
+def same_process(pid: Any, starttime: Any) -> bool:
+    return isinstance(pid, int) and pid > 0 and starttime is not None and proc_starttime(pid) == starttime
+
+
+def is_shepherd(pid: int, run_dir: str | os.PathLike) -> bool:
+    """True if pid is a live shepherd for exactly this run dir (not a reused pid)."""
+    if proc_starttime(pid) is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    if argv and argv[-1] == "":
+        argv.pop()
+    return argv[-3:] == ["-m", SHEPHERD_MODULE, str(run_dir)]
+
+
+def _pids() -> list[int]:
+    return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+
+
+def recorded_shepherd(run_dir: str | os.PathLike) -> int | None:
+    """The live shepherd named in shepherd.json. Only this one may be sent SIGUSR1: it writes the
+    file after installing its handlers."""
+    try:
+        rec = read_json(Path(run_dir) / SHEPHERD)
+    except ValueError:
+        rec = None
+    if isinstance(rec, dict) and isinstance(rec.get("pid"), int) and is_shepherd(rec["pid"], run_dir):
+        return rec["pid"]
+    return None
+
+
+def find_shepherd(run_dir: str | os.PathLike) -> int | None:
+    """The live shepherd of a run (for liveness): the recorded one, else, since it may not have
+    written shepherd.json yet, by scanning /proc (a read per process: only the fallback)."""
+    pid = recorded_shepherd(run_dir)
+    if pid is not None:
+        return pid
+    for pid in _pids():
+        if is_shepherd(pid, run_dir):
+            return pid
+    return None
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in a process group. Zombies are skipped: where nobody reaps
+    orphans they linger, but they run no code and hold no GPU."""
+    out = []
+    for pid in _pids():
+        f = _stat_fields(pid)
+        if f is not None and f[0] not in ("Z", "X") and f[2] == str(pgid):
+            out.append(pid)
+    return out
+
+
+def children_of(ppid: int) -> list[int]:
+    out = []
+    for pid in _pids():
+        f = _stat_fields(pid)
+        if f is not None and f[1] == str(ppid):
+            out.append(pid)
+    return out
