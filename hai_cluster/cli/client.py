@@ -1,0 +1,64 @@
+"""A small synchronous client for the controller socket. Imports nothing heavy: the CLI must
+start fast (no asyncio, SQLAlchemy or asyncssh here)."""
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from ..config import client_socket
+from ..protocol import messages
+from ..protocol.codec import FrameDecoder, ProtocolError, encode_frame
+
+
+class ClientError(Exception):
+    """A request failed: the controller said no, or could not be reached."""
+
+
+class ControllerClient:
+    def __init__(self, path: str | None = None, timeout: float = 60.0) -> None:
+        self.path = path or client_socket()
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._decoder = FrameDecoder()
+        self._next_id = 1
+
+    def _connect(self) -> socket.socket:
+        if self._sock is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(self.path)
+            except OSError as exc:
+                sock.close()
+                raise ClientError(f"cannot reach the controller at {self.path}: {exc.strerror or exc} "
+                                  "(is hai-controller running? HAI_CONTROLLER names its socket)") from None
+            self._sock = sock
+        return self._sock
+
+    def call(self, method: str, body: Any = None) -> Any:
+        sock = self._connect()
+        rid = self._next_id
+        self._next_id += 1
+        try:
+            sock.sendall(encode_frame(messages.request(rid, method, body)))
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    raise ClientError("the controller closed the connection")
+                for raw in self._decoder.feed(data):
+                    msg = messages.parse_message(raw)
+                    if isinstance(msg, messages.Response) and msg.id == rid:
+                        if not msg.ok:
+                            raise ClientError(msg.error)
+                        return msg.body
+        except socket.timeout:
+            raise ClientError(f"no answer from the controller within {self.timeout:.0f} s") from None
+        except ProtocolError as exc:
+            raise ClientError(f"bad reply from the controller: {exc}") from None
+        except OSError as exc:
+            raise ClientError(f"connection to the controller failed: {exc}") from None
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

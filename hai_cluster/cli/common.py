@@ -1,0 +1,54 @@
+"""What every command shares: reaching the controller, failing clearly, printing tables."""
+from __future__ import annotations
+
+import sys
+from typing import Any, NoReturn, Sequence
+
+from .client import ClientError, ControllerClient
+
+
+def fail(prog: str, message: str, code: int = 1) -> NoReturn:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def call(prog: str, method: str, body: Any = None) -> Any:
+    client = ControllerClient()
+    try:
+        return client.call(method, body)
+    except ClientError as exc:
+        fail(prog, str(exc))
+    finally:
+        client.close()
+
+
+def split_list(values: Sequence[str] | None) -> list[str] | None:
+    """Slurm-style comma lists, also given as repeated options."""
+    if not values:
+        return None
+    return [v for value in values for v in value.split(",") if v]
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, header: bool = True,
+                right: Sequence[int] = ()) -> None:
+    """A rich table on a terminal, plain aligned columns when piped (for scripts and grep)."""
+    cells = [[str(c) for c in row] for row in rows]
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.table import Table
+        table = Table(box=None, show_header=header, header_style="bold", pad_edge=False)
+        for i, h in enumerate(headers):
+            table.add_column(h, justify="right" if i in right else "left", no_wrap=True)
+        for row in cells:
+            table.add_row(*row)
+        Console().print(table)
+        return
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        return " ".join(v.rjust(w) if i in right else v.ljust(w)
+                        for i, (v, w) in enumerate(zip(values, widths))).rstrip()
+    if header:
+        print(line(headers))
+    for row in cells:
+        print(line(row))

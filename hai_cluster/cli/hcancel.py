@@ -1,0 +1,61 @@
+"""hcancel: cancel or signal jobs, like scancel."""
+from __future__ import annotations
+
+import signal as signals
+import sys
+
+import click
+
+from .common import call, fail, split_list
+
+
+def parse_signal(text: str) -> int:
+    t = text.strip().upper()
+    if t.isdigit():
+        return int(t)
+    name = t if t.startswith("SIG") else "SIG" + t
+    try:
+        return int(signals.Signals[name])
+    except KeyError:
+        raise click.BadParameter(f"invalid signal {text!r}") from None
+
+
+@click.command(context_settings={"help_option_names": ["--help"]})
+@click.argument("job_ids", nargs=-1)
+@click.option("-u", "--user", "users", multiple=True, help="cancel these users' jobs")
+@click.option("--me", is_flag=True, help="cancel my jobs")
+@click.option("-t", "--state", "states", multiple=True, help="only jobs in these states (e.g. PENDING)")
+@click.option("-n", "--name", "names", multiple=True, help="only jobs with these names")
+@click.option("-p", "--partition", "partitions", multiple=True, help="only jobs in these partitions")
+@click.option("-s", "--signal", "sig", help="send this signal instead of cancelling")
+@click.option("-Q", "--quiet", is_flag=True, help="do not report errors")
+def main(job_ids, users, me, states, names, partitions, sig, quiet):
+    """Cancel jobs (or send them a signal)."""
+    body: dict = {}
+    try:
+        ids = [int(x) for x in split_list(job_ids) or []]
+    except ValueError:
+        fail("hcancel", f"Invalid job id specified: {' '.join(job_ids)}")
+    if ids:
+        body["ids"] = ids
+    if me:
+        import getpass
+        body["users"] = [getpass.getuser()]
+    elif users:
+        body["users"] = split_list(users)
+    for key, values in (("states", states), ("names", names), ("partitions", partitions)):
+        if values:
+            body[key] = split_list(values)
+    if sig:
+        try:
+            body["signal"] = parse_signal(sig)
+        except click.BadParameter as exc:
+            fail("hcancel", exc.message)
+    if len(body) == (1 if sig else 0):
+        fail("hcancel", "No job identification provided")
+    reply = call("hcancel", "cancel", body)
+    if reply["errors"]:
+        if not quiet:
+            for err in reply["errors"]:
+                print(f"hcancel: error: {err}", file=sys.stderr)
+        sys.exit(1)

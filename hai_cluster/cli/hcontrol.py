@@ -1,0 +1,79 @@
+"""hcontrol: look at and act on single jobs and nodes, like scontrol."""
+from __future__ import annotations
+
+import datetime
+
+import click
+
+from ..core.timefmt import format_duration, format_limit
+from .common import call, fail
+from .hinfo import node_state
+from .jobfields import elapsed, nodelist
+
+
+def _time(t) -> str:
+    return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S") if t else "Unknown"
+
+
+def job_lines(job: dict, now: float) -> list[str]:
+    spec = job["spec"]
+    pairs = [
+        [("JobId", job["id"]), ("JobName", job["name"])],
+        [("UserId", f"{job['user']}({job['uid']})"), ("GroupId", job["gid"])],
+        [("Priority", job["priority"]), ("Partition", job["partition"])],
+        [("JobState", job["state"]), ("Reason", job["reason"] or "None"), ("Hold", job["hold"])],
+        [("Restarts", job["restart_count"]), ("ExitCode", f"{job['exit_code'] or 0}:{job['exit_signal'] or 0}")],
+        [("RunTime", format_duration(elapsed(job, now))), ("TimeLimit", format_limit(job["time_limit"]))],
+        [("SubmitTime", _time(job["submit_time"])), ("StartTime", _time(job["start_time"])),
+         ("EndTime", _time(job["end_time"]))],
+        [("NodeList", nodelist(job) or "(null)"), ("NumNodes", job["nodes"]),
+         ("CPUsPerTask", job["cpus_per_task"]), ("MinMemoryNode", f"{job['mem_mb'] or 0}M")],
+        [("TresPerNode", f"gres/gpu:{job['gpus_per_node']}")],
+        [("WorkDir", spec["workdir"])],
+        [("StdOut", spec.get("stdout") or "hai-%j.out")],
+        [("Requeue", int(bool(spec.get("requeue", True)))), ("GraceTime", spec.get("grace"))],
+        [("GPUSeconds", f"{job['attained_gpu_seconds']:.0f}")],
+    ]
+    lines = [" ".join(f"{k}={v}" for k, v in row) for row in pairs]
+    for run in job["runs"]:
+        lines.append(f"Run={run['attempt']} State={run['state']} NodeList={run['nodelist']} "
+                     f"ExitCode={run['exit_code'] or 0}:{run['exit_signal'] or 0}"
+                     + (f" Reason={run['reason']}" if run.get("reason") else ""))
+    return lines
+
+
+@click.group(context_settings={"help_option_names": ["--help"]})
+def main():
+    """Show and control jobs and nodes."""
+
+
+@main.group()
+def show():
+    """Show a job or nodes in key=value form."""
+
+
+@show.command("job")
+@click.argument("job_id")
+def show_job(job_id):
+    try:
+        jid = int(job_id)
+    except ValueError:
+        fail("hcontrol", f"Invalid job id specified: {job_id}")
+    reply = call("hcontrol", "show_job", {"job_id": jid})
+    for line in job_lines(reply["job"], reply["now"]):
+        print(("   " if not line.startswith("JobId") else "") + line)
+
+
+@show.command("node")
+@click.argument("name", required=False)
+def show_node(name):
+    reply = call("hcontrol", "nodes", {})
+    nodes = [n for n in reply["nodes"] if name is None or n["name"] == name]
+    if name and not nodes:
+        fail("hcontrol", f"Node {name} not found")
+    for n in nodes:
+        print(f"NodeName={n['name']} Arch=x86_64 State={node_state(n).upper()} Partitions={','.join(n['partitions'])}")
+        print(f"   CPUTot={n['cpus']} CPUAlloc={n['cpus_alloc']} RealMemory={n['mem_mb']}")
+        print(f"   Gres=gpu:{n['gpus_total']} GresUsed=gpu:{n['gpus_alloc']} GpuBackend={n['gpu_backend'] or '-'}")
+        reason = n["reason"] or (reply["links"].get(n["name"]) if not n["responding"] else None)
+        print(f"   Address={n['address']} Reason={reason or 'None'}")

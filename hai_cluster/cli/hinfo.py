@@ -1,0 +1,62 @@
+"""hinfo: node and partition state, like sinfo, with GPUs."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from ..core.hostlist import compress
+from .common import call, print_table
+
+
+def node_state(n: dict) -> str:
+    """sinfo's words: down, drain, idle, mix, alloc; '*' marks a node that is not responding."""
+    if n["state"] in ("down", "drain"):
+        base = n["state"]
+    elif n["gpus_alloc"] == 0 and n["jobs"] == 0:
+        base = "idle"
+    elif (n["gpus_total"] and n["gpus_alloc"] >= n["gpus_total"]) or (n["cpus"] and n["cpus_alloc"] >= n["cpus"]):
+        base = "alloc"
+    else:
+        base = "mix"
+    return base if n["responding"] else base + "*"
+
+
+@click.command(context_settings={"help_option_names": ["--help"]})
+@click.option("-N", "--Node", "per_node", is_flag=True, help="one line per node")
+@click.option("-h", "--noheader", is_flag=True, help="no header line")
+@click.option("-p", "--partition", "partition", help="only this partition")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def main(per_node, noheader, partition, as_json):
+    """Show nodes, their state and their GPUs."""
+    reply = call("hinfo", "nodes", {})
+    nodes = [n for n in reply["nodes"] if not partition or partition in n["partitions"]]
+    for n in nodes:
+        n["state_text"] = node_state(n)
+        n["link_error"] = reply["links"].get(n["name"])
+    if as_json:
+        json.dump({"nodes": nodes}, sys.stdout, indent=2, default=str)
+        print()
+        return
+    if per_node:
+        rows = [[n["name"], ",".join(n["partitions"]), n["state_text"], n["cpus"],
+                 f"{n['gpus_alloc']}/{n['gpus_total']}", n["gpu_backend"] or "-",
+                 n["reason"] or (n["link_error"] if not n["responding"] else "") or "none"]
+                for n in nodes]
+        print_table(["NODELIST", "PARTITION", "STATE", "CPUS", "GPUS(A/T)", "GPU_BACKEND", "REASON"], rows,
+                    header=not noheader, right=[3, 4])
+        return
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for n in nodes:
+        for p in n["partitions"] or ["-"]:
+            if partition and p != partition:
+                continue
+            groups.setdefault((p, n["state_text"]), []).append(n)
+    rows = []
+    for (p, state), members in sorted(groups.items()):
+        alloc = sum(m["gpus_alloc"] for m in members)
+        total = sum(m["gpus_total"] for m in members)
+        rows.append([p, "up", len(members), state, f"{alloc}/{total}", compress([m["name"] for m in members])])
+    print_table(["PARTITION", "AVAIL", "NODES", "STATE", "GPUS(A/T)", "NODELIST"], rows,
+                header=not noheader, right=[2, 4])

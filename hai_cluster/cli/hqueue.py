@@ -1,0 +1,75 @@
+"""hqueue: list jobs, like squeue."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import click
+
+from .common import call, fail, print_table, split_list
+from .jobfields import DEFAULT_FORMAT, FIELDS, LONG_FORMAT, RIGHT
+
+_SPEC = re.compile(r"%(\.?)(\d*)([A-Za-z])")
+
+
+def parse_format(fmt: str) -> list[tuple[str, str]]:
+    """squeue -o: '%i %.9P %j' -> [(letter, header)]. Widths are accepted; columns size themselves."""
+    cols = []
+    for _dot, _width, letter in _SPEC.findall(fmt):
+        if letter not in FIELDS:
+            raise click.BadParameter(f"unknown field %{letter} (known: {''.join(sorted(FIELDS))})")
+        cols.append(letter)
+    if not cols:
+        raise click.BadParameter(f"no fields in format {fmt!r}")
+    return cols
+
+
+@click.command(context_settings={"help_option_names": ["--help"]})
+@click.option("-u", "--user", "users", multiple=True, help="only these users' jobs (comma list)")
+@click.option("--me", is_flag=True, help="only my jobs")
+@click.option("-j", "--jobs", "job_ids", multiple=True, help="only these job ids (comma list)")
+@click.option("-t", "--states", "states", multiple=True, help="states (names or codes, comma list, or 'all')")
+@click.option("-p", "--partition", "partitions", multiple=True, help="only these partitions")
+@click.option("-n", "--name", "names", multiple=True, help="only jobs with these names")
+@click.option("-l", "--long", "long_", is_flag=True, help="more columns")
+@click.option("-h", "--noheader", is_flag=True, help="no header line")
+@click.option("-o", "--format", "fmt", help="squeue-style format, e.g. '%i %j %T %R'")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def main(users, me, job_ids, states, partitions, names, long_, noheader, fmt, as_json):
+    """Show the job queue."""
+    body: dict = {}
+    if me:
+        import getpass
+        body["users"] = [getpass.getuser()]
+    elif users:
+        body["users"] = split_list(users)
+    if job_ids:
+        try:
+            body["ids"] = [int(x) for x in split_list(job_ids)]
+        except ValueError:
+            fail("hqueue", f"invalid job id in {','.join(job_ids)!r}")
+    wanted = split_list(states)
+    if wanted and [s.lower() for s in wanted] == ["all"]:
+        body["all"] = True
+    elif wanted:
+        body["states"] = wanted
+    if job_ids and not wanted:
+        body["all"] = True  # squeue -j shows a job whatever its state
+    if partitions:
+        body["partitions"] = split_list(partitions)
+    if names:
+        body["names"] = split_list(names)
+    try:
+        columns = parse_format(fmt or (LONG_FORMAT if long_ else DEFAULT_FORMAT))
+    except click.BadParameter as exc:
+        fail("hqueue", str(exc.message))
+    reply = call("hqueue", "jobs", body)
+    if as_json:
+        json.dump({"jobs": reply["jobs"]}, sys.stdout, indent=2, default=str)
+        print()
+        return
+    now = reply["now"]
+    rows = [[FIELDS[c][1](job, now) for c in columns] for job in reply["jobs"]]
+    print_table([FIELDS[c][0] for c in columns], rows, header=not noheader,
+                right=[i for i, c in enumerate(columns) if c in RIGHT])

@@ -1,0 +1,203 @@
+"""The controller's client API: what hsubmit, hqueue, hcancel, hinfo, hacct and hcontrol call.
+
+The caller's identity is the uid the kernel reports for the socket peer (SO_PEERCRED); nothing
+the client sends can change it. Bad input is answered with a specific error and changes nothing.
+"""
+from __future__ import annotations
+
+import pwd
+import signal as signals
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.jobscript import JobScriptError, parse_submission
+from ..core.model import JobView
+from ..core.resources import could_ever_fit
+from ..core.states import FINAL_STATES, JobState, parse_state
+from ..transport.rpc import RequestError, RpcTable
+from .service import Controller
+
+NOT_FINAL = [s.value for s in JobState if s not in FINAL_STATES and s not in (JobState.PREEMPTED,
+                                                                                JobState.REQUEUED)]
+
+
+@dataclass(frozen=True)
+class Caller:
+    uid: int
+    gid: int
+    pid: int
+    user: str
+    admin: bool
+
+
+def caller_from_creds(pid: int, uid: int, gid: int, admins: tuple[str, ...]) -> Caller:
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    return Caller(uid=uid, gid=gid, pid=pid, user=user, admin=uid == 0 or user in admins)
+
+
+def _expect(body: Any, key: str, typ: type | tuple, *, required: bool = False, default: Any = None) -> Any:
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a map")
+    if key not in body or body[key] is None:
+        if required:
+            raise RequestError(f"missing field {key!r}")
+        return default
+    value = body[key]
+    if not isinstance(value, typ) or isinstance(value, bool) and typ is int:
+        raise RequestError(f"field {key!r} has the wrong type")
+    return value
+
+
+def _int_list(body: Any, key: str) -> list[int] | None:
+    values = _expect(body, key, list)
+    if values is not None and not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise RequestError(f"field {key!r} must be a list of job ids")
+    return values
+
+
+def _str_list(body: Any, key: str) -> list[str] | None:
+    values = _expect(body, key, list)
+    if values is not None and not all(isinstance(v, str) for v in values):
+        raise RequestError(f"field {key!r} must be a list of strings")
+    return values
+
+
+def _public(job: dict) -> dict:
+    out = {k: v for k, v in job.items() if k != "spec"}
+    out["code"] = JobState(job["state"]).code
+    return out
+
+
+def build_api(ctl: Controller) -> RpcTable:
+    api = RpcTable()
+    repo = lambda: ctl.repo  # noqa: E731  (the store opens after the table is built)
+
+    @api.expose("ping")
+    async def ping(body, caller: Caller):
+        return {"time": time.time(), "user": caller.user, "uid": caller.uid, "admin": caller.admin}
+
+    @api.expose("submit")
+    async def submit(body, caller: Caller):
+        script = _expect(body, "script", str)
+        option_args = _str_list(body, "option_args") or []
+        script_args = _str_list(body, "script_args") or []
+        cwd = _expect(body, "cwd", str, required=True)
+        env = _expect(body, "env", dict, default={})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise RequestError("field 'env' must map strings to strings")
+        script_name = _expect(body, "script_name", str)
+        try:
+            sub = parse_submission(script, option_args, cwd=cwd, env=env, script_args=script_args,
+                                   script_name=script_name)
+        except (JobScriptError, ValueError) as exc:
+            raise RequestError(str(exc)) from None
+        spec = sub.spec
+        partition = spec.partition or ctl.cfg.default_partition
+        if partition not in ctl.cfg.partitions:
+            raise RequestError(f"invalid partition specified: {partition}")
+        snapshot = await ctl.db(repo().load_snapshot, time.time())
+        known = tuple(n for n in snapshot.nodes if n.cpus > 0)  # nodes whose inventory we have seen
+        if known:
+            view = JobView(id=0, user=caller.user, state=JobState.PENDING, submit_time=0, nodes=spec.nodes,
+                           gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
+                           mem_mb=spec.mem_mb, partition=partition)
+            fit = could_ever_fit(view, known)
+            if not fit:
+                raise RequestError(f"Requested node configuration is not available: {fit.reason}")
+        job_id = await ctl.db(repo().submit, spec, user=caller.user, uid=caller.uid, gid=caller.gid,
+                              partition=partition, now=time.time())
+        ctl.wake()
+        return {"job_id": job_id}
+
+    @api.expose("jobs")
+    async def jobs(body, caller: Caller):
+        states = _str_list(body, "states")
+        try:
+            states = [parse_state(s).value for s in states] if states else None
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        if _expect(body, "all", bool, default=False):
+            states = states or None
+        else:
+            states = states or NOT_FINAL
+        rows = await ctl.db(repo().jobs, ids=_int_list(body, "ids"), states=states,
+                            users=_str_list(body, "users"), names=_str_list(body, "names"),
+                            partitions=_str_list(body, "partitions"))
+        return {"now": time.time(), "jobs": [_public(j) for j in rows]}
+
+    @api.expose("show_job")
+    async def show_job(body, caller: Caller):
+        job_id = _expect(body, "job_id", int, required=True)
+        job = await ctl.db(repo().job, job_id)
+        if job is None:
+            raise RequestError(f"Invalid job id specified: {job_id}")
+        out = _public(job)
+        out["spec"] = {k: v for k, v in job["spec"].items() if k not in ("environment", "script")}
+        out["runs"] = await ctl.db(repo().runs, job_ids=[job_id])
+        return {"now": time.time(), "job": out}
+
+    @api.expose("cancel")
+    async def cancel(body, caller: Caller):
+        ids = _int_list(body, "ids")
+        users = _str_list(body, "users")
+        states = _str_list(body, "states")
+        names = _str_list(body, "names")
+        partitions = _str_list(body, "partitions")
+        signum = _expect(body, "signal", int)
+        if not (ids or users or states or names or partitions):
+            raise RequestError("No job identification provided")
+        if signum is not None and signum not in set(signals.valid_signals()):
+            raise RequestError(f"invalid signal number {signum}")
+        try:
+            states = [parse_state(s).value for s in states] if states else NOT_FINAL
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        rows = await ctl.db(repo().jobs, ids=ids, users=users, states=states, names=names, partitions=partitions)
+        errors = []
+        found = {j["id"] for j in rows}
+        for missing in sorted(set(ids or ()) - found):
+            known = await ctl.db(repo().job, missing)
+            if known is None:
+                errors.append(f"Invalid job id specified: {missing}")
+            else:
+                errors.append(f"Kill job error on job id {missing}: Job/step already completing or completed")
+        done = []
+        for job in rows:
+            if job["user"] != caller.user and not caller.admin:
+                errors.append(f"Kill job error on job id {job['id']}: Access/permission denied")
+                continue
+            state = JobState(job["state"])
+            if signum is not None:
+                if state == JobState.PENDING:
+                    errors.append(f"Signal job error on job id {job['id']}: job is pending")
+                else:
+                    await ctl.signal_job(job["id"], signum)
+                    done.append(job["id"])
+            elif state == JobState.PENDING:
+                if await ctl.db(repo().cancel_pending, job["id"], time.time()):
+                    done.append(job["id"])
+            elif state.holds_resources:
+                await ctl.db(repo().request_end, job["id"], "cancel")
+                await ctl.end_job(job["id"], "cancel")
+                done.append(job["id"])
+        ctl.wake()
+        return {"done": done, "errors": errors}
+
+    @api.expose("nodes")
+    async def nodes(body, caller: Caller):
+        return {"now": time.time(), "nodes": await ctl.db(repo().nodes),
+                "links": {name: link.last_error for name, link in ctl.links.items()}}
+
+    @api.expose("acct")
+    async def acct(body, caller: Caller):
+        ids = _int_list(body, "ids")
+        users = _str_list(body, "users")
+        run_rows = await ctl.db(repo().runs, job_ids=ids, users=users)
+        job_rows = await ctl.db(repo().jobs, ids=ids, users=users)
+        return {"now": time.time(), "runs": run_rows, "jobs": [_public(j) for j in job_rows]}
+
+    return api

@@ -1,0 +1,40 @@
+"""Turn a started run into the per-rank RunSpec each agent receives (the agent adds nothing)."""
+from __future__ import annotations
+
+import posixpath
+from typing import Mapping, Sequence
+
+from ..core.jobenv import job_environment
+from ..core.model import JobSpec
+from ..core.patterns import resolve_output_path
+
+
+def checkpoint_dir(spec: JobSpec, job_id: int) -> str:
+    """Kept across every run of the job; by default beside the job's output, on shared storage."""
+    if spec.checkpoint_dir:
+        return spec.checkpoint_dir
+    return posixpath.join(spec.workdir, ".hai", "checkpoints", str(job_id))
+
+
+def rank_spec(job: Mapping, attempt: int, rank: int, nodelist: Sequence[str], gpus: Sequence[int],
+              addresses: Mapping[str, str]) -> dict:
+    spec = JobSpec.from_wire(job["spec"])
+    node = nodelist[rank]
+    names = dict(job_id=job["id"], job_name=job["name"], user=job["user"], node=node,
+                 restart_count=job["restart_count"])
+    stdout = resolve_output_path(spec.stdout, spec.workdir, **names)
+    stderr = resolve_output_path(spec.stderr, spec.workdir, **names) if spec.stderr else None
+    ckpt = checkpoint_dir(spec, job["id"])
+    env = job_environment(
+        spec.environment, job_id=job["id"], job_name=job["name"], user=job["user"],
+        partition=job["partition"], nodelist=nodelist, rank=rank, node=node, gpus=gpus,
+        cpus_per_task=spec.cpus_per_task, restart_count=job["restart_count"], checkpoint_dir=ckpt,
+        submit_dir=spec.submit_dir or spec.workdir, master_addr=addresses.get(nodelist[0], nodelist[0]),
+        time_limit=spec.time_limit)
+    return {
+        "job_id": job["id"], "attempt": attempt, "rank": rank, "user": job["user"], "uid": job["uid"],
+        "gid": job["gid"], "script": spec.script, "script_args": list(spec.script_args),
+        "workdir": spec.workdir, "stdout": stdout, "stderr": stderr, "environment": env,
+        "time_limit": spec.time_limit, "signal": spec.signal, "signal_time": spec.signal_time,
+        "grace": spec.grace, "checkpoint_dir": ckpt,
+    }

@@ -1,0 +1,222 @@
+"""The controller's working parts: the scheduling tick, the plan applier, and run lifecycle.
+
+All store access goes through one worker thread (`db`), so writes never race each other and the
+event loop never blocks on the database. Agents are only told to act after the store has
+recorded the decision; every agent request is idempotent, so a lost reply is simply sent again.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from ..config import ControllerConfig
+from ..scheduling import decide
+from ..store.engine import make_engine, upgrade
+from ..store.repository import RankRef, Repository
+from ..transport.rpc import ConnectionLost, RpcError
+from .dispatch import rank_spec
+from .nodes import NodeLink, NodeUnavailable
+
+log = logging.getLogger(__name__)
+
+AGENT_ERRORS = (NodeUnavailable, ConnectionLost, asyncio.TimeoutError, OSError)
+
+
+class Controller:
+    def __init__(self, cfg: ControllerConfig) -> None:
+        self.cfg = cfg
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
+        self.repo: Repository | None = None
+        self.links: dict[str, NodeLink] = {
+            n.name: NodeLink(n, cfg.ssh, on_hello=self._on_hello, on_event=self._on_event, on_lost=self._on_lost)
+            for n in cfg.nodes}
+        self.addresses = {n.name: n.address for n in cfg.nodes}
+        self._wake = asyncio.Event()
+        self._in_flight: set[tuple[int, int, str]] = set()  # start_run requests under way
+        self._told_to_end: set[tuple[int, int, str, int]] = set()  # (job, attempt, node, link generation)
+        self._tasks: list[asyncio.Task] = []
+
+    async def db(self, fn: Callable, *args, **kw) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: fn(*args, **kw))
+
+    # ---- start and stop --------------------------------------------------------------------
+    async def start(self) -> None:
+        def open_store() -> Repository:
+            engine = make_engine(self.cfg.database)
+            upgrade(engine)
+            repo = Repository(engine)
+            repo.register_nodes((n.name, n.address, n.partitions) for n in self.cfg.nodes)
+            return repo
+        self.repo = await self.db(open_store)
+        self._tasks = [asyncio.create_task(link.run(), name=f"link-{name}") for name, link in self.links.items()]
+        self._tasks.append(asyncio.create_task(self._loop(), name="scheduler"))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._executor.shutdown(wait=True)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # ---- the loop --------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.cfg.tick_seconds)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("scheduling tick failed; retrying next tick")
+
+    async def tick(self) -> None:
+        snapshot = await self.db(self.repo.load_snapshot, time.time())
+        plan = decide(snapshot)
+        await self.db(self.repo.set_reasons, {w.job_id: w.reason for w in plan.waits})
+        for start in plan.starts:
+            job = await self.db(self.repo.start_run, start.job_id, start.placement, time.time())
+            if job is None:
+                log.info("job %d: start no longer possible, re-planning next tick", start.job_id)
+                continue
+            log.info("job %d attempt %d: starting on %s (%s)", job["id"], job["attempt"],
+                     ",".join(start.placement.nodes), start.reason)
+            for rank, node in enumerate(start.placement.nodes):
+                self._spawn(self._dispatch(job, job["attempt"], rank, start.placement.nodes,
+                                           start.placement.gpus[rank]))
+        await self._retry_unfinished()
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+
+    async def _retry_unfinished(self) -> None:
+        """Re-send what may have been lost: starts never confirmed, ends never acknowledged."""
+        live = await self.db(self.repo.live_ranks)
+        ending = {j["id"]: j["end_request"] for j in await self.db(self.repo.open_jobs_with_end_request)}
+        for r in live:
+            link = self.links.get(r.node)
+            if link is None or not link.connected:
+                continue
+            if r.job_id in ending:
+                await self._tell_to_end(r, ending[r.job_id])
+            elif r.state == "starting" and (r.job_id, r.attempt, r.node) not in self._in_flight:
+                job = await self.db(self.repo.job, r.job_id)
+                nodelist = job["nodelist"].split(",")
+                self._spawn(self._dispatch(job, r.attempt, r.rank, nodelist, r.gpus))
+
+    # ---- runs --------------------------------------------------------------------------
+    async def _dispatch(self, job: dict, attempt: int, rank: int, nodelist, gpus) -> None:
+        node = nodelist[rank]
+        key = (job["id"], attempt, node)
+        if key in self._in_flight:
+            return
+        self._in_flight.add(key)
+        try:
+            spec = rank_spec(job, attempt, rank, list(nodelist), list(gpus), self.addresses)
+            reply = await self.links[node].call("start_run", {"spec": spec})
+            status = reply["status"]
+            if status.get("state") == "ended":
+                await self._run_ended(node, status)
+            else:
+                await self.db(self.repo.mark_rank_running, job["id"], attempt, node)
+        except RpcError as exc:  # the agent refused the run: it can never start there
+            log.warning("job %d: node %s refused the run: %s", job["id"], node, exc)
+            await self._run_ended(node, {"job_id": job["id"], "attempt": attempt, "rank": rank, "exit_code": None,
+                                         "signal": None, "reason": "launch_failed", "message": str(exc)})
+        except AGENT_ERRORS as exc:  # unknown whether it started: the retry pass asks again
+            log.warning("job %d: dispatch to %s not confirmed (%s); will retry", job["id"], node, exc)
+        finally:
+            self._in_flight.discard(key)
+
+    async def _tell_to_end(self, r: RankRef, reason: str) -> None:
+        link = self.links[r.node]
+        key = (r.job_id, r.attempt, r.node, link.generation)
+        if key in self._told_to_end:
+            return
+        try:
+            await link.call("terminate_run", {"job_id": r.job_id, "attempt": r.attempt, "reason": reason})
+            self._told_to_end.add(key)
+        except (RpcError, *AGENT_ERRORS) as exc:
+            log.warning("job %d: could not tell %s to end the run (%s); will retry", r.job_id, r.node, exc)
+
+    async def end_job(self, job_id: int, reason: str = "cancel") -> None:
+        for r in await self.db(self.repo.live_ranks):
+            if r.job_id == job_id:
+                await self._tell_to_end(r, reason)
+
+    async def signal_job(self, job_id: int, signum: int) -> int:
+        delivered = 0
+        for r in await self.db(self.repo.live_ranks):
+            if r.job_id == job_id:
+                try:
+                    reply = await self.links[r.node].call(
+                        "signal_run", {"job_id": r.job_id, "attempt": r.attempt, "signal": signum})
+                    delivered += bool(reply.get("delivered"))
+                except (RpcError, *AGENT_ERRORS) as exc:
+                    log.warning("job %d: signal to %s failed: %s", job_id, r.node, exc)
+        return delivered
+
+    async def _run_ended(self, node: str, status: dict) -> None:
+        job_id, attempt = int(status["job_id"]), int(status["attempt"])
+        result = await self.db(self.repo.rank_ended, job_id, attempt, node, status, time.time())
+        if result.run_state is not None:
+            log.info("job %d attempt %d: run ended %s, job now %s", job_id, attempt,
+                     result.run_state.value, result.job_state.value)
+        for peer in result.stop_ranks:
+            log.info("job %d: rank on %s failed; stopping rank on %s", job_id, node, peer.node)
+            await self._tell_to_end(peer, "cancel")
+        link = self.links.get(node)
+        if link is not None and link.connected:
+            try:  # acknowledged only after the store has the end: nothing is lost if we die before
+                await link.call("forget_run", {"job_id": job_id, "attempt": attempt})
+            except (RpcError, *AGENT_ERRORS) as exc:
+                log.info("job %d: forget_run on %s failed (%s); the agent will report it again", job_id, node, exc)
+        self.wake()
+
+    # ---- node link callbacks -----------------------------------------------------------
+    async def _on_hello(self, node: str, hello: dict) -> None:
+        now = time.time()
+        await self.db(self.repo.update_inventory, node, hello, now)
+        reported = {(int(s["job_id"]), int(s["attempt"])): s for s in hello.get("runs", [])}
+        known = {(r.job_id, r.attempt): r for r in await self.db(self.repo.live_ranks, node)}
+        for key, status in reported.items():
+            if status.get("state") == "ended":
+                await self._run_ended(node, status)
+            elif key not in known:
+                # The store is the truth: a run it does not have as live must not hold GPUs.
+                log.warning("node %s runs job %d attempt %d, which the store does not know live; ending it",
+                            node, *key)
+                try:
+                    await self.links[node].call("terminate_run", {"job_id": key[0], "attempt": key[1],
+                                                                  "reason": "cancel"})
+                except (RpcError, *AGENT_ERRORS) as exc:
+                    log.warning("could not end unknown run on %s: %s", node, exc)
+            elif known[key].state == "starting":
+                await self.db(self.repo.mark_rank_running, key[0], key[1], node)
+        for key, r in known.items():
+            if key not in reported and r.state == "running":
+                log.warning("job %d attempt %d: node %s no longer has the run; recording it lost", *key, node)
+                await self._run_ended(node, {"job_id": key[0], "attempt": key[1], "rank": r.rank,
+                                             "exit_code": None, "signal": None, "reason": "lost",
+                                             "message": f"run vanished from node {node}"})
+        self.wake()
+
+    async def _on_event(self, node: str, name: str, body: Any) -> None:
+        if name == "run_exited" and isinstance(body, dict) and "job_id" in body and "attempt" in body:
+            await self._run_ended(node, body)
+        else:
+            log.warning("node %s sent an unknown or malformed event %r", node, name)
+
+    async def _on_lost(self, node: str, reason: str) -> None:
+        log.warning("node %s not responding: %s", node, reason)
+        await self.db(self.repo.set_responding, node, False, time.time())

@@ -1,0 +1,128 @@
+"""A real cluster for end-to-end tests: a controller, agents (behind sshd in network namespaces,
+or local), and the CLI run as an ordinary user, exactly as people use it."""
+from __future__ import annotations
+
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hai_cluster.cli.client import ClientError, ControllerClient
+
+BIN = Path(sys.executable).parent
+TEST_USER = "haitest"
+OTHER_USER = "haiother"
+
+
+def ensure_user(name: str) -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True)
+        return pwd.getpwnam(name)
+
+
+def user_dir(base: Path, user: str) -> Path:
+    """A directory the user owns (job scripts, output files, checkpoints)."""
+    pw = ensure_user(user)
+    d = base / user
+    d.mkdir(parents=True, exist_ok=True)
+    os.chown(d, pw.pw_uid, pw.pw_gid)
+    return d
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Daemon:
+    """A daemon process we start, kill and restart at will (Popen or a node's popen)."""
+
+    def __init__(self, argv: list[str], log: Path, spawn=None) -> None:
+        self.argv, self.log, self._spawn = argv, log, spawn or self._local
+        self.proc: subprocess.Popen | None = None
+
+    @staticmethod
+    def _local(argv, **kw):
+        return subprocess.Popen(argv, **kw)
+
+    def start(self) -> None:
+        out = open(self.log, "ab")
+        self.proc = self._spawn(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        out.close()
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+
+
+class Cluster:
+    def __init__(self, socket: str, controller: Daemon, agents: dict[str, Daemon], workdir: Path) -> None:
+        self.socket, self.controller, self.agents, self.workdir = socket, controller, agents, workdir
+
+    def cli(self, *argv: str, user: str = TEST_USER, cwd: Path | None = None, input: str | None = None,
+            check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+        pw = ensure_user(user)
+        full_env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": pw.pw_dir, "USER": user, "LANG": "C.UTF-8",
+                    "HAI_CONTROLLER": self.socket, **(env or {})}
+        proc = subprocess.run([str(BIN / argv[0]), *argv[1:]], user=pw.pw_uid, group=pw.pw_gid,
+                              extra_groups=[], cwd=cwd or user_dir(self.workdir, user), input=input,
+                              capture_output=True, text=True, env=full_env, timeout=60)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr}{proc.stdout}")
+        return proc
+
+    def submit(self, *argv: str, user: str = TEST_USER, **kw) -> int:
+        out = self.cli("hsubmit", "--parsable", *argv, user=user, **kw).stdout
+        return int(out.strip())
+
+    def call(self, method: str, body=None):
+        client = ControllerClient(self.socket, timeout=30)
+        try:
+            return client.call(method, body)
+        finally:
+            client.close()
+
+    def job(self, job_id: int) -> dict:
+        return self.call("show_job", {"job_id": job_id})["job"]
+
+    def wait_state(self, job_id: int, *states: str, timeout: float = 60.0) -> dict:
+        def check():
+            try:
+                job = self.job(job_id)
+            except ClientError:
+                return None  # controller restarting
+            return job if job["state"] in states else None
+        return wait_for(check, timeout, 0.1, f"job {job_id} to reach {'/'.join(states)}")
+
+    def wait_nodes(self, n: int, timeout: float = 60.0) -> None:
+        def check():
+            try:
+                return sum(x["responding"] for x in self.call("nodes", {})["nodes"]) == n
+            except ClientError:
+                return False
+        wait_for(check, timeout, 0.2, f"{n} responding nodes")
+
+    def stop(self) -> None:
+        self.controller.stop()
+        for a in self.agents.values():
+            a.stop()
+
+
+def python_daemon(module: str, config: Path) -> list[str]:
+    return [sys.executable, "-m", module, "--config", str(config)]

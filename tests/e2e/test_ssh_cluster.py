@@ -1,0 +1,202 @@
+"""The walking cluster end to end: controller -> sshd (one per network namespace) -> agents,
+driven through the CLI as an ordinary user."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from .harness import OTHER_USER, TEST_USER, Cluster, Daemon, python_daemon, user_dir, wait_for
+
+GPUS_PER_NODE = 4
+
+
+@pytest.fixture(scope="module")
+def cluster(ssh_nodes):
+    # Under /tmp, readable by the test users (pytest's own tmp dirs are root-only), short for sockets.
+    base = Path(tempfile.mkdtemp(prefix="hai-e2e-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    sock_dir = base
+    agents = {}
+    node_tables = []
+    for node in ssh_nodes:
+        nd = base / node.name
+        nd.mkdir()
+        sock = sock_dir / f"{node.name}.sock"
+        (nd / "agent.toml").write_text(
+            f'[agent]\nname = "{node.name}"\nsocket = "{sock}"\nspool = "{nd}/spool"\n'
+            f'[gpus]\nbackend = "simulated"\nsimulated_count = {GPUS_PER_NODE}\n')
+        agents[node.name] = Daemon(python_daemon("hai_cluster.agent.daemon", nd / "agent.toml"),
+                                   nd / "agent.log", spawn=node.popen)
+        node_tables.append(f'[[nodes]]\nname = "{node.name}"\naddress = "{node.address}"\nport = {node.port}\n'
+                           f'agent_socket = "{sock}"\n')
+    ctl_sock = sock_dir / "controller.sock"
+    (base / "controller.toml").write_text(
+        f'[controller]\nsocket = "{ctl_sock}"\ndatabase = "sqlite:///{base}/hai.db"\nstate_dir = "{base}"\n'
+        f'tick_seconds = 0.3\n\n[ssh]\nuser = "root"\nkey = "{ssh_nodes[0].key}"\n'
+        f'known_hosts = "{ssh_nodes[0].known_hosts}"\n\n' + "\n".join(node_tables))
+    controller = Daemon(python_daemon("hai_cluster.controller.daemon", base / "controller.toml"),
+                        base / "controller.log")
+    for a in agents.values():
+        a.start()
+    controller.start()
+    c = Cluster(str(ctl_sock), controller, agents, base)
+    try:
+        c.wait_nodes(len(ssh_nodes))
+        yield c
+    finally:
+        c.call("cancel", {"states": ["PENDING", "RUNNING", "COMPLETING"]}) if controller.proc.poll() is None else None
+        c.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def write_script(cluster: Cluster, name: str, body: str, user: str = TEST_USER) -> Path:
+    d = user_dir(cluster.workdir, user)
+    path = d / name
+    path.write_text(body)
+    return path
+
+
+def test_two_node_job_gets_ranks_gpus_and_master(cluster, ssh_nodes):
+    script = write_script(cluster, "env.sh", """#!/bin/bash
+#SBATCH -N 2
+#HAI --gpus-per-node=2
+#SBATCH -o out-%j-%N.txt
+echo "rank=$HAI_NODE_RANK host=$(hostname) master=$MASTER_ADDR:$MASTER_PORT"
+echo "cvd=$CUDA_VISIBLE_DEVICES nodes=$HAI_NODELIST nn=$HAI_NNODES slurm=$SLURM_JOB_ID/$SLURM_PROCID"
+echo "user=$(id -un) arg=$1"
+""")
+    job_id = cluster.submit(str(script), "hello-arg")
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED")
+    assert job["state"] == "COMPLETED", job
+    names = sorted(n.name for n in ssh_nodes)
+    master = min(ssh_nodes, key=lambda n: n.name).address
+    for rank, name in enumerate(names):
+        text = (script.parent / f"out-{job_id}-{name}.txt").read_text()
+        assert f"rank={rank} host={name} master={master}:" in text
+        assert "cvd=0,1 " in text and f"nn=2 slurm={job_id}/{rank}" in text
+        assert f"user={TEST_USER} arg=hello-arg" in text
+    acct = cluster.cli("hacct", "-j", str(job_id), "-P", "-n").stdout.strip().splitlines()
+    assert len(acct) == 1 and "|COMPLETED|0:0|" in acct[0] and acct[0].endswith("|4")
+
+
+def test_cancel_pending_and_running(cluster):
+    pidfile = user_dir(cluster.workdir, TEST_USER) / "running.pid"
+    script = write_script(cluster, "sleep.sh", f"#!/bin/bash\necho $$ > {pidfile}\nsleep 300 & wait\n")
+    running = cluster.submit("-N", "2", f"--gpus-per-node={GPUS_PER_NODE}", str(script))
+    cluster.wait_state(running, "RUNNING")
+    pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 30, what="job pid"))
+    pending = cluster.submit("--gpus-per-node=1", "--wrap", "true")
+    job = cluster.wait_state(pending, "PENDING")
+    wait_for(lambda: cluster.job(pending)["reason"] == "Resources", 10, what="reason Resources")
+    queue = cluster.cli("hqueue").stdout
+    assert "(Resources)" in queue and f"{running}" in queue
+    cluster.cli("hcancel", str(pending))
+    assert cluster.job(pending)["state"] == "CANCELLED"
+    cluster.cli("hcancel", str(running))
+    job = cluster.wait_state(running, "CANCELLED", "FAILED", "COMPLETED")
+    assert job["state"] == "CANCELLED"
+    # The job's processes are gone (a shell on one of the nodes; both share this machine's pid space).
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 15, what="job process to end")
+    assert [r["state"] for r in job["runs"]] == ["CANCELLED"]
+
+
+def test_gpus_are_never_shared(cluster):
+    d = user_dir(cluster.workdir, TEST_USER)
+    script = write_script(cluster, "gpus.sh", "#!/bin/bash\necho \"$(hostname) $CUDA_VISIBLE_DEVICES\"\nsleep 2\n")
+    ids = [cluster.submit("--gpus-per-node=2", "-o", f"gpus-{i}.out", str(script)) for i in range(6)]
+    for j in ids:
+        assert cluster.wait_state(j, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    # Runs that overlapped in time never held the same GPU on the same node.
+    runs = {j: cluster.job(j)["runs"][0] for j in ids}
+    used = {j: (d / f"gpus-{i}.out").read_text().split() for i, j in enumerate(ids)}
+    for a in ids:
+        for b in ids:
+            if a < b and used[a][0] == used[b][0]:
+                ra, rb = runs[a], runs[b]
+                overlap = ra["start_time"] < rb["end_time"] and rb["start_time"] < ra["end_time"]
+                if overlap:
+                    assert not set(used[a][1].split(",")) & set(used[b][1].split(","))
+
+
+def test_agent_restart_keeps_the_job(cluster, ssh_nodes):
+    flag = user_dir(cluster.workdir, TEST_USER) / "go"
+    script = write_script(cluster, "waitflag.sh", f"#!/bin/bash\nwhile [ ! -e {flag} ]; do sleep 0.2; done\necho finished\n")
+    job_id = cluster.submit("-o", "agent-restart.out", str(script))
+    job = cluster.wait_state(job_id, "RUNNING")
+    node = job["nodelist"]
+    agent = cluster.agents[node]
+    agent.kill(signal.SIGKILL)
+    flag.touch()  # the job finishes while its agent is dead
+    wait_for(lambda: not any(n["responding"] for n in cluster.call("nodes", {})["nodes"] if n["name"] == node),
+             30, what="node to be seen as not responding")
+    agent.start()
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED", timeout=90)
+    assert job["state"] == "COMPLETED"
+    assert "finished" in (user_dir(cluster.workdir, TEST_USER) / "agent-restart.out").read_text()
+    flag.unlink()
+
+
+def test_controller_restart_keeps_the_job(cluster):
+    flag = user_dir(cluster.workdir, TEST_USER) / "go2"
+    script = write_script(cluster, "waitflag2.sh", f"#!/bin/bash\nwhile [ ! -e {flag} ]; do sleep 0.2; done\n")
+    job_id = cluster.submit(str(script))
+    cluster.wait_state(job_id, "RUNNING")
+    cluster.controller.kill(signal.SIGKILL)
+    flag.touch()
+    cluster.controller.start()
+    cluster.wait_nodes(2)
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED", timeout=90)
+    assert job["state"] == "COMPLETED" and len(job["runs"]) == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gpus-per-node=abc", "--wrap", "true"], "gpus-per-node"),
+    (["--gpus-per-node=9", "--wrap", "true"], "Requested node configuration is not available"),
+    (["-N", "3", "--wrap", "true"], "Requested node configuration is not available"),
+    (["--frobnicate", "--wrap", "true"], "frobnicate"),
+    (["-p", "nosuch", "--wrap", "true"], "invalid partition"),
+])
+def test_bad_submissions_change_nothing(cluster, argv, message):
+    before = len(cluster.call("jobs", {"all": True})["jobs"])
+    proc = cluster.cli("hsubmit", *argv, check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    assert len(cluster.call("jobs", {"all": True})["jobs"]) == before
+
+
+def test_unknown_directive_names_the_line(cluster):
+    script = write_script(cluster, "bad.sh", "#!/bin/bash\n#SBATCH -J ok\n#SBATCH --bogus-option=1\ntrue\n")
+    proc = cluster.cli("hsubmit", str(script), check=False)
+    assert proc.returncode != 0 and "line 3" in proc.stderr and "bogus-option" in proc.stderr
+
+
+def test_cancel_errors(cluster):
+    proc = cluster.cli("hcancel", "999999", check=False)
+    assert proc.returncode != 0 and "Invalid job id specified: 999999" in proc.stderr
+    theirs = cluster.submit("--hold", "--wrap", "true", user=OTHER_USER)
+    proc = cluster.cli("hcancel", str(theirs), check=False)
+    assert proc.returncode != 0 and "Access/permission denied" in proc.stderr
+    assert cluster.job(theirs)["state"] == "PENDING"
+    cluster.cli("hcancel", str(theirs), user=OTHER_USER)
+    assert cluster.job(theirs)["state"] == "CANCELLED"
+    proc = cluster.cli("hcontrol", "show", "job", "424242", check=False)
+    assert proc.returncode != 0 and "Invalid job id" in proc.stderr
+
+
+def test_hinfo_and_hqueue_formats(cluster):
+    info = cluster.cli("hinfo").stdout.splitlines()
+    assert info[0].split() == ["PARTITION", "AVAIL", "NODES", "STATE", "GPUS(A/T)", "NODELIST"]
+    nodes = cluster.cli("hinfo", "-N", "-h").stdout.splitlines()
+    assert len(nodes) == 2 and all("/4" in line for line in nodes)
+    header = cluster.cli("hqueue").stdout.splitlines()[0].split()
+    assert header == ["JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "NODES", "NODELIST(REASON)"]
+    held = cluster.submit("--hold", "-J", "heldjob", "--wrap", "true")
+    row = [line for line in cluster.cli("hqueue", "-h").stdout.splitlines() if line.split()[0] == str(held)]
+    assert row and row[0].split()[2:5] == ["heldjob", TEST_USER, "PD"] and row[0].endswith("(JobHeldUser)")
+    out = cluster.cli("hqueue", "-h", "-o", "%i %T %r", "-j", str(held)).stdout.split()
+    assert out == [str(held), "PENDING", "JobHeldUser"]
+    cluster.cli("hcancel", str(held))
