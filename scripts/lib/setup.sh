@@ -45,7 +45,7 @@ ensure_venv() {
     fi
     base=$("$python" -c 'import os, sys; print(os.path.realpath(sys.executable))')
     venv=$repo/.venv
-    stamp=$venv/.hai-install-stamp
+    stamp=$venv/.hai-install-stamp-$(echo "$spec" | tr -c 'a-z' '_')
     if ! py_ok "$venv/bin/python" || [ "$(sed -n 's/^executable = //p' "$venv/pyvenv.cfg" 2>/dev/null)" != "$base" ]; then
         echo "$0: creating $venv with $base" >&2
         rm -rf "$venv"
