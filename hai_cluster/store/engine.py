@@ -2,11 +2,18 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+def _migrations_dir() -> Path:
+    """Beside the package in a checkout (editable install), else where the wheel put them."""
+    for candidate in (Path(__file__).resolve().parents[2] / "migrations",
+                      Path(sys.prefix) / "share" / "hai-cluster" / "migrations"):
+        if (candidate / "env.py").exists():
+            return candidate
+    raise RuntimeError("hai-cluster's migrations/ directory is missing from this installation")
 
 
 def make_engine(url: str) -> Engine:
@@ -32,7 +39,7 @@ def _alembic_config(connection):
     from alembic.config import Config
 
     cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("script_location", str(_migrations_dir()))
     cfg.attributes["connection"] = connection
     return cfg
 
