@@ -105,9 +105,26 @@ class JobView:
     priority: str = "normal"
     hold: bool = False
     restart_count: int = 0
-    attained_gpu_seconds: float = 0.0
+    attained_gpu_seconds: float = 0.0  # GPUs x seconds over the runs that ended (not the current one)
     run_start: float | None = None  # start of the current run, if any
     nodelist: tuple[str, ...] = ()
+    preemptible: bool = True  # False for --no-requeue jobs (and admin-pinned ones)
+    pending_since: float | None = None  # when it last entered the queue (submit or requeue)
+    last_run_end: float | None = None  # end of its previous run, for round-robin at low levels
+    time_limit: int | None = None  # seconds; the simulator puts the true duration here for oracles
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def attained(self, now: float) -> float:
+        """GPU-seconds received so far, the current run included (Tiresias' 2D-LAS service)."""
+        if self.run_start is not None and self.state.holds_resources:
+            return self.attained_gpu_seconds + self.gpus * max(0.0, now - self.run_start)
+        return self.attained_gpu_seconds
+
+    def waited(self, now: float) -> float:
+        return max(0.0, now - (self.pending_since if self.pending_since is not None else self.submit_time))
 
 
 @dataclass(frozen=True)

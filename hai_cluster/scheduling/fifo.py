@@ -14,6 +14,13 @@ from .plan import Plan, Start, Wait
 PRIORITY_RANK = {"urgent": 0, "high": 1, "normal": 2, "low": 3}
 
 
+class FifoPolicy:
+    name = "fifo"
+
+    def decide(self, snapshot: Snapshot) -> Plan:
+        return decide(snapshot)
+
+
 def decide(snapshot: Snapshot) -> Plan:
     nodes = {n.name: n for n in snapshot.nodes}
     pending = sorted(

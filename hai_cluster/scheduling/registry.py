@@ -1,0 +1,20 @@
+"""Policies by name, for the controller's config and for hai-sim's --policy."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .fifo import FifoPolicy
+from .plan import Policy
+
+# name -> factory(**options) -> Policy. Baselines register here beside the MLFQ.
+POLICIES: dict[str, Callable[..., Policy]] = {
+    "fifo": lambda **_: FifoPolicy(),
+}
+
+
+def make_policy(name: str, **options: Any) -> Policy:
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r} (known: {', '.join(sorted(POLICIES))})") from None
+    return factory(**options)
