@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .scheduling.mlfq import MlfqConfig
+
 DEFAULT_CONTROLLER_SOCKET = "/run/hai/controller.sock"
 DEFAULT_AGENT_SOCKET = "/run/hai/agent.sock"
 
@@ -56,6 +58,17 @@ class SshConfig:
     connect_timeout: float = 10.0
 
 
+PRIORITY_CLASSES = ("urgent", "high", "normal", "low")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    policy: str = "mlfq"  # mlfq | fifo (the baselines in hai-sim are for comparison)
+    mlfq: MlfqConfig = field(default_factory=MlfqConfig)
+    # The highest --priority a user who is not an admin may ask for.
+    max_user_priority: str = "high"
+
+
 @dataclass(frozen=True)
 class ControllerConfig:
     socket: str = DEFAULT_CONTROLLER_SOCKET
@@ -68,6 +81,7 @@ class ControllerConfig:
     ssh: SshConfig = field(default_factory=SshConfig)
     nodes: tuple[NodeConfig, ...] = ()
     log_level: str = "INFO"
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
 
 _TYPES: dict[type, str] = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
@@ -164,6 +178,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     doc = _Section(path, "top level", _read_toml(path))
     c = _Section(path, "controller", doc.get("controller", dict, {}))
     s = _Section(path, "ssh", doc.get("ssh", dict, {}))
+    scheduler = _scheduler(path, doc.get("scheduler", dict, {}))
     raw_nodes = doc.get("nodes", list, [])
     doc.done()
     partitions = c.strings("partitions", ("gpu",))
@@ -209,6 +224,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
             connect_timeout=s.get("connect_timeout", float, 10.0),
         ),
         nodes=tuple(nodes),
+        scheduler=scheduler,
     )
     c.done()
     s.done()
@@ -216,6 +232,39 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         raise ConfigError(f"{path}: controller.default_partition {cfg.default_partition!r} is not in partitions")
     _positive(path, "controller.tick_seconds", cfg.tick_seconds)
     return cfg
+
+
+def _numbers(sec: _Section, key: str, default: tuple[float, ...]) -> tuple[float, ...]:
+    value = sec.get(key, list, None)
+    if value is None:
+        return default
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        raise ConfigError(f"{sec.path}: {sec.where}.{key} must be a list of numbers")
+    return tuple(float(v) for v in value)
+
+
+def _scheduler(path: str, raw: Any) -> SchedulerConfig:
+    sec = _Section(path, "scheduler", raw)
+    d = MlfqConfig()
+    policy = sec.get("policy", str, "mlfq")
+    max_prio = sec.get("max_user_priority", str, "high")
+    try:
+        mlfq = MlfqConfig(
+            thresholds=_numbers(sec, "thresholds", d.thresholds),
+            quanta=_numbers(sec, "quanta", d.quanta),
+            starvation_factor=sec.get("starvation_factor", float, d.starvation_factor),
+            starvation_floor=sec.get("starvation_floor", float, d.starvation_floor),
+            reservation_after=sec.get("reservation_after", float, d.reservation_after),
+            placement=sec.get("placement", str, d.placement),
+        )
+    except ValueError as exc:
+        raise ConfigError(f"{path}: [scheduler] {exc}") from None
+    sec.done()
+    if policy not in ("mlfq", "fifo"):
+        raise ConfigError(f"{path}: scheduler.policy must be mlfq or fifo, got {policy!r}")
+    if max_prio not in PRIORITY_CLASSES:
+        raise ConfigError(f"{path}: scheduler.max_user_priority must be one of {', '.join(PRIORITY_CLASSES)}")
+    return SchedulerConfig(policy=policy, mlfq=mlfq, max_user_priority=max_prio)
 
 
 def client_socket() -> str:

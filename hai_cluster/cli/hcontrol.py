@@ -20,7 +20,8 @@ def job_lines(job: dict, now: float) -> list[str]:
     pairs = [
         [("JobId", job["id"]), ("JobName", job["name"])],
         [("UserId", f"{job['user']}({job['uid']})"), ("GroupId", job["gid"])],
-        [("Priority", job["priority"]), ("Partition", job["partition"])],
+        [("Priority", job["priority"]), ("Partition", job["partition"]), ("Level", job["level"]),
+         ("Preemptible", int(bool(job["preemptible"])))],
         [("JobState", job["state"]), ("Reason", job["reason"] or "None"), ("Hold", job["hold"])],
         [("Restarts", job["restart_count"]), ("ExitCode", f"{job['exit_code'] or 0}:{job['exit_signal'] or 0}")],
         [("RunTime", format_duration(elapsed(job, now))), ("TimeLimit", format_limit(job["time_limit"]))],
@@ -62,6 +63,42 @@ def show_job(job_id):
     reply = call("hcontrol", "show_job", {"job_id": jid})
     for line in job_lines(reply["job"], reply["now"]):
         print(("   " if not line.startswith("JobId") else "") + line)
+
+
+def _job_action(method: str, job_id: str) -> None:
+    try:
+        jid = int(job_id)
+    except ValueError:
+        fail("hcontrol", f"Invalid job id specified: {job_id}")
+    call("hcontrol", method, {"job_id": jid})
+
+
+@main.command()
+@click.argument("job_id")
+def requeue(job_id):
+    """Checkpoint a running job now and put it back in the queue (same id, Restarts + 1)."""
+    _job_action("requeue", job_id)
+
+
+@main.command()
+@click.argument("job_id")
+def hold(job_id):
+    """Keep a pending job from starting (JobHeldUser; JobHeldAdmin when an admin holds another's job)."""
+    _job_action("hold", job_id)
+
+
+@main.command()
+@click.argument("job_id")
+def release(job_id):
+    """Let a held job start again."""
+    _job_action("release", job_id)
+
+
+@main.command()
+@click.argument("job_id")
+def preempt(job_id):
+    """Admins: checkpoint a running job and requeue it, as the scheduler does."""
+    _job_action("preempt", job_id)
 
 
 @show.command("node")

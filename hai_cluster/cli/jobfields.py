@@ -49,7 +49,9 @@ FIELDS: dict[str, tuple[str, Callable[[dict, float], str]]] = {
     "Q": ("PRIORITY", lambda j, now: j.get("priority", "normal")),
     "p": ("PRIORITY", lambda j, now: j.get("priority", "normal")),
     "q": ("RESTARTS", lambda j, now: str(j.get("restart_count", 0))),
+    "L": ("LEVEL", lambda j, now: str(j.get("level", 0))),
 }
-RIGHT = {"i", "M", "l", "D", "C", "q"}
-DEFAULT_FORMAT = "%i %P %j %u %t %M %D %R"
-LONG_FORMAT = "%i %P %j %u %T %M %l %D %R"
+RIGHT = {"i", "M", "l", "D", "C", "q", "L"}
+# Slurm's columns plus LEVEL: the job's MLFQ level (0 = newest work, served first).
+DEFAULT_FORMAT = "%i %P %j %u %t %M %D %L %R"
+LONG_FORMAT = "%i %P %j %u %T %M %l %D %L %q %R"

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..config import PRIORITY_CLASSES
 from ..core.jobscript import JobScriptError, parse_submission
 from ..core.model import JobView
 from ..core.resources import could_ever_fit
@@ -66,15 +67,34 @@ def _str_list(body: Any, key: str) -> list[str] | None:
     return values
 
 
-def _public(job: dict) -> dict:
+def _public(job: dict, mlfq, now: float) -> dict:
     out = {k: v for k, v in job.items() if k != "spec"}
-    out["code"] = JobState(job["state"]).code
+    state = JobState(job["state"])
+    out["code"] = state.code
+    attained = job["attained_gpu_seconds"]
+    if state.holds_resources and job["start_time"]:
+        attained += job["nodes"] * job["gpus_per_node"] * max(0.0, now - job["start_time"])
+    out["attained_now"] = attained
+    out["level"] = mlfq.level_of(attained)
     return out
 
 
 def build_api(ctl: Controller) -> RpcTable:
     api = RpcTable()
     repo = lambda: ctl.repo  # noqa: E731  (the store opens after the table is built)
+    mlfq = ctl.cfg.scheduler.mlfq
+
+    def public(job: dict) -> dict:
+        return _public(job, mlfq, time.time())
+
+    async def own_job(body: Any, caller: Caller) -> dict:
+        job_id = _expect(body, "job_id", int, required=True)
+        job = await ctl.db(repo().job, job_id)
+        if job is None:
+            raise RequestError(f"Invalid job id specified: {job_id}")
+        if job["user"] != caller.user and not caller.admin:
+            raise RequestError(f"Access/permission denied for job {job_id}")
+        return job
 
     @api.expose("ping")
     async def ping(body, caller: Caller):
@@ -96,6 +116,10 @@ def build_api(ctl: Controller) -> RpcTable:
         except (JobScriptError, ValueError) as exc:
             raise RequestError(str(exc)) from None
         spec = sub.spec
+        allowed = PRIORITY_CLASSES.index(ctl.cfg.scheduler.max_user_priority)
+        if not caller.admin and PRIORITY_CLASSES.index(spec.priority) < allowed:
+            raise RequestError(f"Access/permission denied: --priority={spec.priority} is above what users may "
+                               f"ask for ({ctl.cfg.scheduler.max_user_priority})")
         partition = spec.partition or ctl.cfg.default_partition
         if partition not in ctl.cfg.partitions:
             raise RequestError(f"invalid partition specified: {partition}")
@@ -127,7 +151,7 @@ def build_api(ctl: Controller) -> RpcTable:
         rows = await ctl.db(repo().jobs, ids=_int_list(body, "ids"), states=states,
                             users=_str_list(body, "users"), names=_str_list(body, "names"),
                             partitions=_str_list(body, "partitions"))
-        return {"now": time.time(), "jobs": [_public(j) for j in rows]}
+        return {"now": time.time(), "jobs": [public(j) for j in rows]}
 
     @api.expose("show_job")
     async def show_job(body, caller: Caller):
@@ -135,7 +159,7 @@ def build_api(ctl: Controller) -> RpcTable:
         job = await ctl.db(repo().job, job_id)
         if job is None:
             raise RequestError(f"Invalid job id specified: {job_id}")
-        out = _public(job)
+        out = public(job)
         out["spec"] = {k: v for k, v in job["spec"].items() if k not in ("environment", "script")}
         out["runs"] = await ctl.db(repo().runs, job_ids=[job_id])
         return {"now": time.time(), "job": out}
@@ -198,6 +222,41 @@ def build_api(ctl: Controller) -> RpcTable:
         users = _str_list(body, "users")
         run_rows = await ctl.db(repo().runs, job_ids=ids, users=users)
         job_rows = await ctl.db(repo().jobs, ids=ids, users=users)
-        return {"now": time.time(), "runs": run_rows, "jobs": [_public(j) for j in job_rows]}
+        return {"now": time.time(), "runs": run_rows, "jobs": [public(j) for j in job_rows]}
+
+    @api.expose("requeue")
+    async def requeue(body, caller: Caller):
+        """Checkpoint and requeue now (hcontrol requeue): the run ends as REQUEUED, the job waits again."""
+        job = await own_job(body, caller)
+        if not job["preemptible"]:
+            raise RequestError(f"Requeue of job {job['id']} refused: it was submitted with --no-requeue")
+        if job["state"] != JobState.RUNNING.value:
+            raise RequestError(f"Job {job['id']} is {job['state']}; only a running job can be requeued")
+        await ctl.preempt(job["id"], "requeue", f"requeued by {caller.user}")
+        return {"job_id": job["id"]}
+
+    @api.expose("preempt")
+    async def preempt(body, caller: Caller):
+        """Admins: checkpoint a running job and put it back in the queue, as the scheduler would."""
+        if not caller.admin:
+            raise RequestError("Access/permission denied: only administrators may preempt jobs")
+        job = await own_job(body, caller)
+        if job["state"] != JobState.RUNNING.value:
+            raise RequestError(f"Job {job['id']} is {job['state']}; only a running job can be preempted")
+        if not job["preemptible"]:
+            raise RequestError(f"Job {job['id']} was submitted with --no-requeue and is never preempted")
+        await ctl.preempt(job["id"], "preempt", f"preempted by administrator {caller.user}")
+        return {"job_id": job["id"]}
+
+    async def set_hold(body, caller: Caller, hold: bool):
+        job = await own_job(body, caller)
+        error = await ctl.db(repo().set_hold, job["id"], hold, admin=caller.admin and job["user"] != caller.user)
+        if error:
+            raise RequestError(error)
+        ctl.wake()
+        return {"job_id": job["id"]}
+
+    api.add("hold", lambda body, caller: set_hold(body, caller, True))
+    api.add("release", lambda body, caller: set_hold(body, caller, False))
 
     return api

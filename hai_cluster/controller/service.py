@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from ..config import ControllerConfig
-from ..scheduling import decide
+from ..scheduling.registry import make_policy
 from ..store.engine import make_engine, upgrade
 from ..store.repository import RankRef, Repository
 from ..transport.rpc import ConnectionLost, RpcError
@@ -28,6 +28,8 @@ AGENT_ERRORS = (NodeUnavailable, ConnectionLost, asyncio.TimeoutError, OSError)
 class Controller:
     def __init__(self, cfg: ControllerConfig) -> None:
         self.cfg = cfg
+        sched = cfg.scheduler
+        self.policy = make_policy(sched.policy, config=sched.mlfq)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
         self.repo: Repository | None = None
         self.links: dict[str, NodeLink] = {
@@ -80,8 +82,10 @@ class Controller:
 
     async def tick(self) -> None:
         snapshot = await self.db(self.repo.load_snapshot, time.time())
-        plan = decide(snapshot)
+        plan = self.policy.decide(snapshot)
         await self.db(self.repo.set_reasons, {w.job_id: w.reason for w in plan.waits})
+        for p in plan.preempts:
+            await self.preempt(p.job_id, "preempt", p.reason)
         for start in plan.starts:
             job = await self.db(self.repo.start_run, start.job_id, start.placement, time.time())
             if job is None:
@@ -148,6 +152,14 @@ class Controller:
             self._told_to_end.add(key)
         except (RpcError, *AGENT_ERRORS) as exc:
             log.warning("job %d: could not tell %s to end the run (%s); will retry", r.job_id, r.node, exc)
+
+    async def preempt(self, job_id: int, request: str, why: str) -> bool:
+        """Checkpoint-and-requeue a running job: record it, then tell its agents (notice + signal)."""
+        if not await self.db(self.repo.request_end, job_id, request, why):
+            return False
+        log.info("job %d: %s (%s)", job_id, "preempting" if request == "preempt" else "requeueing", why)
+        await self.end_job(job_id, request)
+        return True
 
     async def end_job(self, job_id: int, reason: str = "cancel") -> None:
         for r in await self.db(self.repo.live_ranks):

@@ -6,6 +6,7 @@ validated there); `Snapshot` is everything `decide()` may look at.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from typing import Any, Mapping
 
 from .states import JobState
@@ -85,7 +86,7 @@ class NodeView:
     def schedulable(self) -> bool:
         return self.state == "up" and self.responding
 
-    @property
+    @cached_property  # views are frozen, and a policy asks this very often
     def free_gpus(self) -> tuple[int, ...]:
         return tuple(g.index for g in self.gpus if g.index not in self.used_gpus)
 
@@ -104,10 +105,13 @@ class JobView:
     partition: str | None = None
     priority: str = "normal"
     hold: bool = False
+    held_by_admin: bool = False
     restart_count: int = 0
     attained_gpu_seconds: float = 0.0  # GPUs x seconds over the runs that ended (not the current one)
     run_start: float | None = None  # start of the current run, if any
     nodelist: tuple[str, ...] = ()
+    # What a job holding resources holds: per rank, its node and GPU indices.
+    allocation: tuple[tuple[str, tuple[int, ...]], ...] = ()
     preemptible: bool = True  # False for --no-requeue jobs (and admin-pinned ones)
     pending_since: float | None = None  # when it last entered the queue (submit or requeue)
     last_run_end: float | None = None  # end of its previous run, for round-robin at low levels
@@ -122,6 +126,10 @@ class JobView:
         if self.run_start is not None and self.state.holds_resources:
             return self.attained_gpu_seconds + self.gpus * max(0.0, now - self.run_start)
         return self.attained_gpu_seconds
+
+    @property
+    def hold_reason(self) -> str:
+        return "JobHeldAdmin" if self.held_by_admin else "JobHeldUser"
 
     def waited(self, now: float) -> float:
         return max(0.0, now - (self.pending_since if self.pending_since is not None else self.submit_time))

@@ -31,7 +31,7 @@ def decide(snapshot: Snapshot) -> Plan:
     actions = []
     for job in pending:
         if job.hold:
-            actions.append(Wait(job.id, "JobHeldUser"))
+            actions.append(Wait(job.id, job.hold_reason))
             continue
         if job.partition in blocked:
             actions.append(Wait(job.id, "Priority"))

@@ -1,22 +1,29 @@
 """Gang placement: all ranks of a job get nodes at once, or none do.
 
-Consolidation: each rank takes one whole node's share; nodes are chosen best-fit (the fewest
-free GPUs that still fit, so large holes stay open for large jobs), ties by name.
+Consolidation: each rank takes one node's share and a job gets the fewest nodes it asked for.
+Node choice: binpack (best fit: the fewest free GPUs that still fit, so large holes stay open for
+large jobs) or spread (the most free GPUs first, so jobs share cards' hosts less); ties by name.
 GPU choice within a node: the lowest free indices.
 """
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Iterable
 
 from ..core.model import JobView, NodeView, Placement
 from ..core.resources import fits
 
 
-def place(job: JobView, nodes: dict[str, NodeView]) -> Placement | None:
-    candidates = [n for n in nodes.values() if fits(job, n)]
+def place(job: JobView, nodes: dict[str, NodeView], mode: str = "binpack",
+          only: Iterable[str] | None = None) -> Placement | None:
+    pool = nodes.values() if only is None else (nodes[n] for n in only)
+    g = job.gpus_per_node
+    # The GPU count is the usual bottleneck and is cached on the view: test it before the rest.
+    candidates = [n for n in pool if len(n.free_gpus) >= g and fits(job, n)]
     if len(candidates) < job.nodes:
         return None
-    candidates.sort(key=lambda n: (len(n.free_gpus), n.cpus - n.used_cpus, n.name))
+    sign = 1 if mode == "binpack" else -1
+    candidates.sort(key=lambda n: (sign * len(n.free_gpus), sign * (n.cpus - n.used_cpus), n.name))
     chosen = sorted(candidates[:job.nodes], key=lambda n: n.name)
     return Placement(
         nodes=tuple(n.name for n in chosen),
@@ -34,3 +41,14 @@ def reserve(job: JobView, placement: Placement, nodes: dict[str, NodeView]) -> N
             used_cpus=n.used_cpus + job.cpus_per_task,
             used_mem_mb=n.used_mem_mb + (job.mem_mb or 0),
         )
+
+
+def release(job: JobView, node_name: str, gpus: Iterable[int], nodes: dict[str, NodeView]) -> None:
+    """The opposite of reserve for one rank: its resources count as free in the working copy."""
+    n = nodes[node_name]
+    nodes[node_name] = replace(
+        n,
+        used_gpus=n.used_gpus - frozenset(gpus),
+        used_cpus=max(0, n.used_cpus - job.cpus_per_task),
+        used_mem_mb=max(0, n.used_mem_mb - (job.mem_mb or 0)),
+    )

@@ -4,11 +4,13 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .fifo import FifoPolicy
+from .mlfq import MlfqConfig, MlfqPolicy
 from .plan import Policy
 
 # name -> factory(**options) -> Policy. Baselines register here beside the MLFQ.
 POLICIES: dict[str, Callable[..., Policy]] = {
     "fifo": lambda **_: FifoPolicy(),
+    "mlfq": lambda config=None, **kw: MlfqPolicy(config or MlfqConfig(**kw)),
 }
 
 

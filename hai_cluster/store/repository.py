@@ -53,7 +53,8 @@ class Repository:
                 state=JobState.PENDING.value, reason="None", priority=spec.priority, submit_time=now,
                 nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
                 mem_mb=spec.mem_mb, time_limit=spec.time_limit, hold=spec.hold, spec=spec.to_wire(),
-                restart_count=0, attempts=0, nodelist="", attained_gpu_seconds=0.0, version=1))
+                restart_count=0, attempts=0, nodelist="", attained_gpu_seconds=0.0, version=1,
+                pending_since=now, preemptible=spec.requeue, hold_admin=False))
             return int(res.inserted_primary_key[0])
 
     def cancel_pending(self, job_id: int, now: float) -> bool:
@@ -63,13 +64,34 @@ class Repository:
                                     version=jobs.c.version + 1))
             return res.rowcount == 1
 
-    def request_end(self, job_id: int, request: str) -> bool:
-        """Ask a running job to end (the agents are told by the controller; the run's end finishes it)."""
+    def request_end(self, job_id: int, request: str, why: str | None = None) -> bool:
+        """Ask a running job to end: cancel, or preempt/requeue (it comes back to the queue).
+
+        The agents are told by the controller; the run's end moves the job on. A cancel overrides
+        a preemption under way; a preemption never overrides a cancel."""
+        state = JobState.COMPLETING if request == "cancel" else JobState.PREEMPTING
         with self.engine.begin() as c:
-            res = c.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.state.in_(ACTIVE))
-                            .values(end_request=request, state=JobState.COMPLETING.value,
-                                    version=jobs.c.version + 1))
+            q = update(jobs).where(jobs.c.id == job_id, jobs.c.state.in_(ACTIVE))
+            if request != "cancel":
+                q = q.where(jobs.c.state == JobState.RUNNING.value)
+            res = c.execute(q.values(end_request=request, end_reason=why, state=state.value,
+                                     version=jobs.c.version + 1))
             return res.rowcount == 1
+
+    def set_hold(self, job_id: int, hold: bool, *, admin: bool) -> str | None:
+        """Hold or release a pending job. Returns an error text, or None when done."""
+        with self.engine.begin() as c:
+            job = c.execute(select(jobs).where(jobs.c.id == job_id)).first()
+            if job is None:
+                return f"Invalid job id specified: {job_id}"
+            if job.state != JobState.PENDING.value:
+                return f"Job {job_id} is {job.state}, only pending jobs can be held or released"
+            if not hold and job.hold_admin and not admin:
+                return f"Access/permission denied: job {job_id} was held by an administrator"
+            c.execute(update(jobs).where(jobs.c.id == job_id).values(
+                hold=hold, hold_admin=hold and admin, version=jobs.c.version + 1,
+                reason=("JobHeldAdmin" if admin else "JobHeldUser") if hold else "None"))
+            return None
 
     # ---- scheduling ----------------------------------------------------------------------
     def load_snapshot(self, now: float) -> Snapshot:
@@ -77,10 +99,13 @@ class Repository:
             job_rows = c.execute(select(jobs).where(jobs.c.state.in_([JobState.PENDING.value] + ACTIVE))).all()
             node_rows = c.execute(select(nodes)).all()
             gpu_rows = c.execute(select(gpus).order_by(gpus.c.node, gpus.c.index)).all()
-            live = c.execute(select(run_ranks).where(run_ranks.c.state != "ended")).all()
+            live = c.execute(select(run_ranks, runs.c.job_id).join(runs, runs.c.id == run_ranks.c.run_id)
+                             .where(run_ranks.c.state != "ended").order_by(run_ranks.c.rank)).all()
         used: dict[str, list] = {}
+        held: dict[int, list] = {}  # job id -> its live ranks, in rank order
         for r in live:
             used.setdefault(r.node, []).append(r)
+            held.setdefault(r.job_id, []).append(r)
         node_gpus: dict[str, list[GpuInfo]] = {}
         for g in gpu_rows:
             node_gpus.setdefault(g.node, []).append(GpuInfo(g.index, g.uuid, g.name, g.memory_mb))
@@ -94,17 +119,20 @@ class Repository:
             )
             for n in node_rows
         )
-        job_views = tuple(self._job_view(j) for j in job_rows)
+        job_views = tuple(self._job_view(j, held.get(j.id, ())) for j in job_rows)
         return Snapshot(now=now, jobs=job_views, nodes=node_views)
 
     @staticmethod
-    def _job_view(j) -> JobView:
+    def _job_view(j, ranks) -> JobView:
         return JobView(
             id=j.id, user=j.user, state=JobState(j.state), submit_time=j.submit_time, nodes=j.nodes,
             gpus_per_node=j.gpus_per_node, cpus_per_task=j.cpus_per_task, mem_mb=j.mem_mb,
-            partition=j.partition, priority=j.priority, hold=j.hold, restart_count=j.restart_count,
+            partition=j.partition, priority=j.priority, hold=j.hold, held_by_admin=j.hold_admin, restart_count=j.restart_count,
             attained_gpu_seconds=j.attained_gpu_seconds, run_start=j.start_time,
-            nodelist=tuple(x for x in j.nodelist.split(",") if x))
+            nodelist=tuple(x for x in j.nodelist.split(",") if x),
+            allocation=tuple((r.node, tuple(r.gpus)) for r in ranks),
+            preemptible=j.preemptible, pending_since=j.pending_since, last_run_end=j.last_run_end,
+            time_limit=j.time_limit)
 
     def set_reasons(self, reasons: Mapping[int, str]) -> None:
         if not reasons:
@@ -191,18 +219,26 @@ class Repository:
             outcome = combine(({"exit_code": r["exit_code"], "signal": r["exit_signal"], "reason": r["reason"],
                                 "message": r["message"]} for r in ranks), job.end_request)
             end = max(r["end_time"] or now for r in ranks)
+            why = outcome.message
+            if outcome.state in (JobState.PREEMPTED, JobState.REQUEUED):
+                late = any(r["killed"] for r in ranks)
+                why = (job.end_reason or outcome.state.value.lower()) + (
+                    "; did not exit within its grace period, killed" if late else "; exited within its grace period")
+            elif outcome.state == JobState.CANCELLED and job.end_request == "cancel":
+                why = "cancelled by user"
             c.execute(update(runs).where(runs.c.id == run.id).values(
                 state=outcome.state.value, end_time=end, exit_code=outcome.exit_code,
-                exit_signal=outcome.signal, reason=outcome.message))
+                exit_signal=outcome.signal, reason=why))
             spec = JobSpec.from_wire(job.spec)
             new_state = job_state_after(outcome.state, spec.requeue)
             gpu_seconds = max(0.0, end - run.start_time) * run.gpus
             values: dict[str, Any] = dict(
                 state=new_state.value, exit_code=outcome.exit_code, exit_signal=outcome.signal,
-                end_request=None, attained_gpu_seconds=job.attained_gpu_seconds + gpu_seconds,
-                version=job.version + 1)
+                end_request=None, end_reason=None, last_run_end=end,
+                attained_gpu_seconds=job.attained_gpu_seconds + gpu_seconds, version=job.version + 1)
             if new_state == JobState.PENDING:
-                values.update(restart_count=job.restart_count + 1, reason="Requeued", nodelist="", start_time=None)
+                values.update(restart_count=job.restart_count + 1, nodelist="", start_time=None, pending_since=end,
+                              reason="Preempted" if outcome.state == JobState.PREEMPTED else "Requeued")
             else:
                 values.update(end_time=end, reason=outcome.message or "None")
             c.execute(update(jobs).where(jobs.c.id == job_id).values(**values))

@@ -39,6 +39,12 @@ jobs = Table(
     Column("end_request", String(16)),  # cancel: the user asked the running job to end
     Column("attained_gpu_seconds", Float, nullable=False, default=0.0),
     Column("version", Integer, nullable=False, default=1),
+    # 0002: time-slicing
+    Column("pending_since", Float),  # when it last entered the queue (submit, requeue, preemption)
+    Column("last_run_end", Float),
+    Column("preemptible", Boolean, nullable=False, default=True),
+    Column("end_reason", String(300)),  # why the controller asked the run to end (shown on the run)
+    Column("hold_admin", Boolean, nullable=False, default=False),  # held by an admin: users cannot release
     Index("ix_jobs_state", "state"),
 )
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -123,6 +125,57 @@ class Cluster:
         for a in self.agents.values():
             a.stop()
 
+    def close(self) -> None:
+        """Cancel what is left, stop the daemons, remove the directory."""
+        if self.controller.proc is not None and self.controller.proc.poll() is None:
+            try:
+                self.call("cancel", {"states": ["PENDING", "RUNNING", "COMPLETING", "PREEMPTING"]})
+                wait_for(lambda: not self.call("jobs", {"states": ["RUNNING", "COMPLETING", "PREEMPTING"]})["jobs"],
+                         30, what="jobs to end")
+            except (ClientError, AssertionError):
+                pass
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
 
 def python_daemon(module: str, config: Path) -> list[str]:
     return [sys.executable, "-m", module, "--config", str(config)]
+
+
+def start_ssh_cluster(ssh_nodes, *, gpus_per_node: int, scheduler_toml: str = "", tick: float = 0.3) -> Cluster:
+    """Agents in the nodes' namespaces behind their sshd, a controller reaching them over SSH.
+
+    Everything lives under a fresh /tmp directory readable by the test users (pytest's own tmp
+    dirs are root-only) with short socket paths; Cluster.close() removes it."""
+    base = Path(tempfile.mkdtemp(prefix="hai-e2e-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    agents = {}
+    node_tables = []
+    for node in ssh_nodes:
+        nd = base / node.name
+        nd.mkdir()
+        sock = base / f"{node.name}.sock"
+        (nd / "agent.toml").write_text(
+            f'[agent]\nname = "{node.name}"\nsocket = "{sock}"\nspool = "{nd}/spool"\n'
+            f'[gpus]\nbackend = "simulated"\nsimulated_count = {gpus_per_node}\n')
+        agents[node.name] = Daemon(python_daemon("hai_cluster.agent.daemon", nd / "agent.toml"),
+                                   nd / "agent.log", spawn=node.popen)
+        node_tables.append(f'[[nodes]]\nname = "{node.name}"\naddress = "{node.address}"\nport = {node.port}\n'
+                           f'agent_socket = "{sock}"\n')
+    ctl_sock = base / "controller.sock"
+    (base / "controller.toml").write_text(
+        f'[controller]\nsocket = "{ctl_sock}"\ndatabase = "sqlite:///{base}/hai.db"\nstate_dir = "{base}"\n'
+        f'tick_seconds = {tick}\n\n[ssh]\nuser = "root"\nkey = "{ssh_nodes[0].key}"\n'
+        f'known_hosts = "{ssh_nodes[0].known_hosts}"\n\n{scheduler_toml}\n' + "\n".join(node_tables))
+    controller = Daemon(python_daemon("hai_cluster.controller.daemon", base / "controller.toml"),
+                        base / "controller.log")
+    for a in agents.values():
+        a.start()
+    controller.start()
+    cluster = Cluster(str(ctl_sock), controller, agents, base)
+    try:
+        cluster.wait_nodes(len(ssh_nodes))
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster

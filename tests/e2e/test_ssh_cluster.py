@@ -3,55 +3,21 @@ driven through the CLI as an ordinary user."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from .harness import OTHER_USER, TEST_USER, Cluster, Daemon, python_daemon, user_dir, wait_for
+from .harness import OTHER_USER, TEST_USER, Cluster, start_ssh_cluster, user_dir, wait_for
 
 GPUS_PER_NODE = 4
 
 
 @pytest.fixture(scope="module")
 def cluster(ssh_nodes):
-    # Under /tmp, readable by the test users (pytest's own tmp dirs are root-only), short for sockets.
-    base = Path(tempfile.mkdtemp(prefix="hai-e2e-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    sock_dir = base
-    agents = {}
-    node_tables = []
-    for node in ssh_nodes:
-        nd = base / node.name
-        nd.mkdir()
-        sock = sock_dir / f"{node.name}.sock"
-        (nd / "agent.toml").write_text(
-            f'[agent]\nname = "{node.name}"\nsocket = "{sock}"\nspool = "{nd}/spool"\n'
-            f'[gpus]\nbackend = "simulated"\nsimulated_count = {GPUS_PER_NODE}\n')
-        agents[node.name] = Daemon(python_daemon("hai_cluster.agent.daemon", nd / "agent.toml"),
-                                   nd / "agent.log", spawn=node.popen)
-        node_tables.append(f'[[nodes]]\nname = "{node.name}"\naddress = "{node.address}"\nport = {node.port}\n'
-                           f'agent_socket = "{sock}"\n')
-    ctl_sock = sock_dir / "controller.sock"
-    (base / "controller.toml").write_text(
-        f'[controller]\nsocket = "{ctl_sock}"\ndatabase = "sqlite:///{base}/hai.db"\nstate_dir = "{base}"\n'
-        f'tick_seconds = 0.3\n\n[ssh]\nuser = "root"\nkey = "{ssh_nodes[0].key}"\n'
-        f'known_hosts = "{ssh_nodes[0].known_hosts}"\n\n' + "\n".join(node_tables))
-    controller = Daemon(python_daemon("hai_cluster.controller.daemon", base / "controller.toml"),
-                        base / "controller.log")
-    for a in agents.values():
-        a.start()
-    controller.start()
-    c = Cluster(str(ctl_sock), controller, agents, base)
-    try:
-        c.wait_nodes(len(ssh_nodes))
-        yield c
-    finally:
-        c.call("cancel", {"states": ["PENDING", "RUNNING", "COMPLETING"]}) if controller.proc.poll() is None else None
-        c.stop()
-        shutil.rmtree(base, ignore_errors=True)
+    c = start_ssh_cluster(ssh_nodes, gpus_per_node=GPUS_PER_NODE)
+    yield c
+    c.close()
 
 
 def write_script(cluster: Cluster, name: str, body: str, user: str = TEST_USER) -> Path:
@@ -193,7 +159,7 @@ def test_hinfo_and_hqueue_formats(cluster):
     nodes = cluster.cli("hinfo", "-N", "-h").stdout.splitlines()
     assert len(nodes) == 2 and all("/4" in line for line in nodes)
     header = cluster.cli("hqueue").stdout.splitlines()[0].split()
-    assert header == ["JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "NODES", "NODELIST(REASON)"]
+    assert header == ["JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "NODES", "LEVEL", "NODELIST(REASON)"]
     held = cluster.submit("--hold", "-J", "heldjob", "--wrap", "true")
     row = [line for line in cluster.cli("hqueue", "-h").stdout.splitlines() if line.split()[0] == str(held)]
     assert row and row[0].split()[2:5] == ["heldjob", TEST_USER, "PD"] and row[0].endswith("(JobHeldUser)")

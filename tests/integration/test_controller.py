@@ -99,3 +99,23 @@ def test_agent_link_loss_shows_not_responding(cluster):
     wait_for(lambda: cluster.job(job)["reason"] == "Resources", 10, what="reason Resources")
     cluster.agents["local1"].start()
     assert cluster.wait_state(job, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+
+
+def test_users_may_not_raise_their_priority_beyond_the_configured_class(cluster):
+    proc = cluster.cli("hsubmit", "--priority=urgent", "--hold", "--wrap", "true", check=False)
+    assert proc.returncode != 0 and "--priority=urgent is above what users may ask for (high)" in proc.stderr
+    mine = cluster.submit("--priority=high", "--hold", "--wrap", "true")
+    assert cluster.job(mine)["priority"] == "high"
+    admin = cluster.submit("--priority=urgent", "--hold", "--wrap", "true", user="root")
+    assert cluster.job(admin)["priority"] == "urgent"
+    # A user's own hold is theirs to release; an administrator's hold is not.
+    cluster.cli("hcontrol", "release", str(mine))
+    assert cluster.wait_state(mine, "COMPLETED")["state"] == "COMPLETED"
+    held = cluster.submit("--wrap", "true", "--hold")
+    cluster.cli("hcontrol", "hold", str(held), user="root")
+    wait_for(lambda: cluster.job(held)["reason"] == "JobHeldAdmin", 10, what="admin hold reason")
+    proc = cluster.cli("hcontrol", "release", str(held), check=False)
+    assert proc.returncode != 0 and "held by an administrator" in proc.stderr
+    cluster.cli("hcontrol", "release", str(held), user="root")
+    assert cluster.wait_state(held, "COMPLETED")["state"] == "COMPLETED"
+    cluster.cli("hcancel", str(admin), user="root")

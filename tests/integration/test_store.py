@@ -34,14 +34,14 @@ def spec(**kw):
 
 
 def test_migrations_match_the_schema_and_go_down_and_up(engine):
-    assert current_revision(engine) == "0001"
+    assert current_revision(engine) == "0002"
     insp = inspect(engine)
     for table in metadata.sorted_tables:
         assert {c["name"] for c in insp.get_columns(table.name)} == {c.name for c in table.columns}
     downgrade(engine, "base")
     assert not [t for t in inspect(engine).get_table_names() if t != "alembic_version"]
     upgrade(engine)
-    assert current_revision(engine) == "0001"
+    assert current_revision(engine) == "0002"
 
 
 def test_snapshot_reflects_allocations(repo):

@@ -1,0 +1,284 @@
+"""Multi-level feedback queue on attained GPU service (Tiresias' 2D-LAS), with preemption.
+
+A job's level comes from the GPU-seconds it has received over all its runs: new jobs start at
+level 0 and sink as they accumulate service. Pending jobs are served in order (urgent first, then
+level, then priority class, then age; the lowest level round-robin by last run). A job that does
+not fit may preempt running jobs of a *strictly lower* level (larger index) that have held their
+GPUs for at least their level's quantum, so that a checkpoint is amortised; preempting for a job
+of the same level costs more than it gains on real traces. Urgent jobs preempt lower classes at
+once. A job that has waited far longer than it has run is promoted to level 0 (starvation
+guard), and one that has waited long reserves nodes so small jobs cannot starve it forever.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from ..core.model import JobView, NodeView, Snapshot
+from ..core.resources import fits
+from ..core.states import JobState
+from .placement import place, release, reserve
+from .plan import Plan, Preempt, Start, Wait
+
+CLASS_RANK = {"urgent": 0, "high": 1, "normal": 2, "low": 3}
+
+
+@dataclass(frozen=True)
+class MlfqConfig:
+    # GPU-seconds of attained service at which a job leaves level i for level i+1.
+    thresholds: tuple[float, ...] = (3600.0, 36000.0)
+    # Seconds a run keeps its GPUs at level i before it may be preempted (one per level).
+    quanta: tuple[float, ...] = (600.0, 1800.0, 3600.0)
+    # Starvation guard: a pending job that waited more than factor x its run time (and more than
+    # the floor) counts as level 0 again.
+    starvation_factor: float = 4.0
+    starvation_floor: float = 3600.0
+    # A job waiting longer than this holds a reservation on the nodes it needs.
+    reservation_after: float = 7200.0
+    placement: str = "binpack"  # binpack | spread
+
+    def __post_init__(self) -> None:
+        if list(self.thresholds) != sorted(self.thresholds) or any(t <= 0 for t in self.thresholds):
+            raise ValueError("mlfq thresholds must be positive and increasing")
+        if len(self.quanta) != len(self.thresholds) + 1:
+            raise ValueError(f"mlfq needs one quantum per level: {len(self.thresholds) + 1} levels, "
+                             f"{len(self.quanta)} quanta")
+        if any(q < 0 for q in self.quanta):
+            raise ValueError("mlfq quanta must not be negative")
+        if self.starvation_factor <= 0 or self.starvation_floor < 0 or self.reservation_after < 0:
+            raise ValueError("mlfq starvation_factor must be positive, floors not negative")
+        if self.placement not in ("binpack", "spread"):
+            raise ValueError(f"mlfq placement must be binpack or spread, got {self.placement!r}")
+
+    @property
+    def levels(self) -> int:
+        return len(self.quanta)
+
+    def level_of(self, attained: float) -> int:
+        for i, t in enumerate(self.thresholds):
+            if attained < t:
+                return i
+        return len(self.thresholds)
+
+
+class MlfqPolicy:
+    name = "mlfq"
+
+    def __init__(self, config: MlfqConfig | None = None) -> None:
+        self.config = config or MlfqConfig()
+
+    def decide(self, snapshot: Snapshot) -> Plan:
+        return _Decision(self.config, snapshot).run()
+
+
+class _Decision:
+    """One scheduling pass over a snapshot; all state here is the pass's working copy."""
+
+    def __init__(self, cfg: MlfqConfig, snap: Snapshot) -> None:
+        self.cfg, self.snap, self.now = cfg, snap, snap.now
+        self.nodes: dict[str, NodeView] = {n.name: n for n in snap.nodes}  # free now
+        self.future: dict[str, NodeView] = dict(self.nodes)  # free once PREEMPTING runs have left
+        self.running = [j for j in snap.jobs if j.state == JobState.RUNNING]
+        self._levels: dict[int, int] = {}
+        # Runs that could ever be preempted, per node, cheapest first: lower levels (larger index),
+        # then more service already received.
+        self.candidates: dict[str, list[JobView]] = {}
+        for j in self.running:
+            if j.preemptible and j.run_start is not None:
+                for node, _gpus in j.allocation:
+                    self.candidates.setdefault(node, []).append(j)
+        for lst in self.candidates.values():
+            lst.sort(key=lambda v: (-self.level(v), -v.attained(self.now), v.id))
+        self.victims: set[int] = set()
+        self.node_order = sorted(self.nodes)  # deterministic, whatever the hash seed
+        self.reserved: set[str] = set()  # nodes held for a starving job
+        self.actions: list = []
+        self.wake: list[float] = []
+        for j in snap.jobs:
+            if j.state == JobState.PREEMPTING:
+                for node, gpus in j.allocation:
+                    if node in self.future:
+                        release(j, node, gpus, self.future)
+
+    # ---- levels and order --------------------------------------------------------------
+    def level(self, j: JobView) -> int:
+        level = self._levels.get(j.id)
+        if level is None:
+            level = self._levels[j.id] = self.cfg.level_of(j.attained(self.now))
+        return level
+
+    def effective_level(self, j: JobView) -> int:
+        """A pending job that starved is served as if it were new."""
+        if j.state == JobState.PENDING and j.gpus > 0:
+            ran = j.attained_gpu_seconds / j.gpus
+            promote_at = max(self.cfg.starvation_factor * ran, self.cfg.starvation_floor)
+            if j.attained_gpu_seconds > 0:
+                if j.waited(self.now) >= promote_at:
+                    return 0
+                self.wake.append(self.now + promote_at - j.waited(self.now))
+        return self.level(j)
+
+    def order_key(self, j: JobView, level: int) -> tuple:
+        rank = CLASS_RANK.get(j.priority, 2)
+        lowest = level == self.cfg.levels - 1
+        # Lowest level: round-robin by the end of the previous run (never-run jobs first).
+        rr = (j.last_run_end or -math.inf) if lowest else 0.0
+        return (0 if rank == 0 else 1, level, rank, rr, j.submit_time, j.id)
+
+    # ---- the pass ----------------------------------------------------------------------
+    def run(self) -> Plan:
+        pending = [j for j in self.snap.jobs if j.state == JobState.PENDING]
+        levels = {j.id: self.effective_level(j) for j in pending}
+        pending.sort(key=lambda j: self.order_key(j, levels[j.id]))
+        waiting_ahead: dict[str | None, int] = {}  # partition -> best level of a job left waiting
+        failed: list[tuple[str | None, int, int, int, int]] = []  # shapes that found no room
+        for job in pending:
+            level = levels[job.id]
+            if job.hold:
+                self.actions.append(Wait(job.id, job.hold_reason))
+                continue
+            if any(p == job.partition and level >= lv and job.gpus_per_node >= g and job.nodes >= n
+                   and CLASS_RANK.get(job.priority, 2) >= c for p, lv, g, n, c in failed):
+                # A job at least as big and no more important already found no room: so does this.
+                self.actions.append(Wait(job.id, self._blocked_reason(job, waiting_ahead)))
+                continue
+            if self.try_start(job, level, waiting_ahead):
+                continue
+            if self.wait_for_checkpoint(job):
+                waiting_ahead.setdefault(job.partition, level)
+                continue
+            if self.try_preempt(job, level):
+                waiting_ahead.setdefault(job.partition, level)
+                continue
+            reason = self._blocked_reason(job, waiting_ahead)
+            waiting_ahead.setdefault(job.partition, level)
+            failed.append((job.partition, level, job.gpus_per_node, job.nodes, CLASS_RANK.get(job.priority, 2)))
+            if job.waited(self.now) >= self.cfg.reservation_after:
+                self.reserve_for(job)
+            else:
+                self.wake.append(self.now + self.cfg.reservation_after - job.waited(self.now))
+            self.actions.append(Wait(job.id, reason))
+        self.note_quantum_ends()
+        future = [t for t in self.wake if t > self.now]
+        return Plan(tuple(self.actions), wake_at=min(future) if future else None)
+
+    def _blocked_reason(self, job: JobView, waiting_ahead: dict) -> str:
+        return "Priority" if job.partition in waiting_ahead else "Resources"
+
+    def usable(self, job: JobView) -> list[str] | None:
+        """Nodes this job may use: all but those reserved for a starving job (None: all)."""
+        return [n for n in self.nodes if n not in self.reserved] if self.reserved else None
+
+    def try_start(self, job: JobView, level: int, waiting_ahead: dict) -> bool:
+        placement = place(job, self.nodes, self.cfg.placement, only=self.usable(job))
+        if placement is None:
+            return False
+        if not job.preemptible and job.partition in waiting_ahead and waiting_ahead[job.partition] < level:
+            # A job that can never be preempted must not take GPUs a higher-level job waits for.
+            self.actions.append(Wait(job.id, "Priority"))
+            return True
+        reserve(job, placement, self.nodes)
+        reserve(job, placement, self.future)
+        self.actions.append(Start(job.id, placement, f"level {level}, first in order that fits"))
+        return True
+
+    def wait_for_checkpoint(self, job: JobView) -> bool:
+        """Room will be there once the runs already told to leave have left: wait, and claim it."""
+        placement = place(job, self.future, self.cfg.placement, only=self.usable(job))
+        if placement is None:
+            return False
+        self.claim(job, placement)
+        self.actions.append(Wait(job.id, "WaitingForCheckpoint"))
+        return True
+
+    def claim(self, job: JobView, placement) -> None:
+        reserve(job, placement, self.future)
+        # What is free now on those nodes is kept for this job too.
+        for name, gpus in zip(placement.nodes, placement.gpus):
+            n = self.nodes[name]
+            self.nodes[name] = replace(n, used_gpus=n.used_gpus | (frozenset(gpus) - n.used_gpus))
+
+    # ---- preemption --------------------------------------------------------------------
+    def may_preempt(self, victim: JobView, job: JobView, level: int) -> bool:
+        if victim.id in self.victims or not victim.preemptible or victim.run_start is None:
+            return False
+        job_rank, victim_rank = CLASS_RANK.get(job.priority, 2), CLASS_RANK.get(victim.priority, 2)
+        if job_rank == 0 and victim_rank > 0:
+            return True  # urgent: at once, whatever the level (the grace period still applies)
+        if victim_rank < job_rank:
+            return False  # never preempt a more important class for a less important one
+        victim_level = self.level(victim)
+        if victim_level <= level:
+            return False
+        return self.now - victim.run_start >= self.cfg.quanta[victim_level]
+
+    def try_preempt(self, job: JobView, level: int) -> bool:
+        options = []
+        g = job.gpus_per_node
+        urgent = CLASS_RANK.get(job.priority, 2) == 0
+        for name in self.node_order:
+            node = self.future[name]
+            need = g - len(node.free_gpus)
+            if need > 0 and name not in self.candidates:
+                continue
+            if name in self.reserved or not node.schedulable or not fits(job, node, ignore_usage=True):
+                continue
+            chosen: list[JobView] = []
+            freed = 0
+            for v in self.candidates.get(name, ()):
+                if freed >= need or (not urgent and self.level(v) <= level):
+                    break  # candidates come lowest level first: the rest are not below this job
+                if self.may_preempt(v, job, level):
+                    chosen.append(v)
+                    freed += sum(len(gs) for n, gs in v.allocation if n == name)
+            if freed >= need:
+                options.append((len(chosen), sum(v.gpus for v in chosen), name, chosen))
+                if job.nodes == 1 and options[-1][:2] == (1, need):
+                    break  # one victim of exactly the size needed: nothing can be cheaper
+        if len(options) < job.nodes:
+            return False
+        options.sort(key=lambda o: o[:3])
+        picked = options[:job.nodes]
+        victims = {v.id: v for o in picked for v in o[3]}
+        if not victims:
+            return False  # room without preempting anyone would have been found earlier
+        # Tentatively free the victims on the picked nodes and place the job there.
+        trial = {o[2]: self.future[o[2]] for o in picked}
+        for v in victims.values():
+            for node, gpus in v.allocation:
+                if node in trial:
+                    release(v, node, gpus, trial)
+        placement = place(job, trial, self.cfg.placement)
+        if placement is None:
+            return False  # CPUs or memory still short
+        for v in victims.values():
+            for node, gpus in v.allocation:  # a gang victim frees its other nodes too
+                if node in self.future:
+                    release(v, node, gpus, self.future)
+            self.victims.add(v.id)
+            why = ("urgent job" if CLASS_RANK.get(job.priority, 2) == 0 else f"level {level} job")
+            self.actions.append(Preempt(v.id, f"level {self.level(v)} run past its quantum; GPUs go to "
+                                              f"{why} {job.id}", for_job=job.id))
+        self.claim(job, placement)
+        self.actions.append(Wait(job.id, "WaitingForCheckpoint"))
+        return True
+
+    def reserve_for(self, job: JobView) -> None:
+        """Hold the nodes that will give this long-waiting job room soonest (most GPUs free)."""
+        pool = [n for n in self.future.values() if n.name not in self.reserved and n.schedulable
+                and fits(job, n, ignore_usage=True)]
+        pool.sort(key=lambda n: (-len(n.free_gpus), n.name))
+        for n in pool[:job.nodes]:
+            self.reserved.add(n.name)
+
+    def note_quantum_ends(self) -> None:
+        """When a running job's quantum ends or it sinks a level, the plan may change."""
+        for j in self.running:
+            if j.run_start is None or j.gpus == 0:
+                continue
+            level = self.level(j)
+            end = j.run_start + self.cfg.quanta[level]
+            if end > self.now:
+                self.wake.append(end)
+            if level < len(self.cfg.thresholds):
+                self.wake.append(self.now + (self.cfg.thresholds[level] - j.attained(self.now)) / j.gpus)
