@@ -70,12 +70,24 @@ def main() -> None:
               help="default: auto for one node (real GPUs if NVML finds any), simulated for several")
 @click.option("--tick", default=0.5, show_default=True, type=float, help="scheduler tick, seconds")
 @click.option("--timeout", default=60.0, show_default=True, type=float, help="seconds to wait for the nodes")
-def up(directory: str, nodes: int, gpus_per_node: int, gpu_backend: str | None, tick: float, timeout: float) -> None:
+@click.option("--policy", type=click.Choice(["mlfq", "fifo"]), default="mlfq", show_default=True)
+@click.option("--thresholds", help="MLFQ level thresholds in GPU-seconds, e.g. 10,1000 (default: production's)")
+@click.option("--quanta", help="MLFQ quantum per level in seconds, e.g. 2,5,10 (default: production's)")
+def up(directory: str, nodes: int, gpus_per_node: int, gpu_backend: str | None, tick: float, timeout: float,
+       policy: str, thresholds: str | None, quanta: str | None) -> None:
     """Start a controller and NODES agents; print the export line for the CLI."""
     d = Path(directory).resolve()
     d.mkdir(parents=True, exist_ok=True)
     if (d / "cluster.json").exists():
         raise click.ClickException(f"a dev cluster is already set up in {d}; run `hai-dev down --dir {d}` first")
+    scheduler = f'[scheduler]\npolicy = "{policy}"\n'
+    for key, value in (("thresholds", thresholds), ("quanta", quanta)):
+        if value:
+            try:
+                numbers = [float(x) for x in value.split(",")]
+            except ValueError:
+                raise click.BadParameter(f"--{key} must be comma-separated numbers, got {value!r}") from None
+            scheduler += f"{key} = {numbers}\n"
     backend = gpu_backend or ("auto" if nodes == 1 else "simulated")
     names = [f"node{i}" for i in range(1, nodes + 1)]
     node_tables = []
@@ -93,7 +105,7 @@ def up(directory: str, nodes: int, gpus_per_node: int, gpu_backend: str | None, 
                             nd / "agent.log", nd / "agent.pid")
     _write(d / "controller.toml",
            f'[controller]\nsocket = "{d}/controller.sock"\ndatabase = "sqlite:///{d}/hai.db"\n'
-           f'state_dir = "{d}"\ntick_seconds = {tick}\n\n' + "\n".join(node_tables))
+           f'state_dir = "{d}"\ntick_seconds = {tick}\n\n{scheduler}\n' + "\n".join(node_tables))
     pids["controller"] = _spawn([sys.executable, "-m", "hai_cluster.controller.daemon", "--config",
                                  str(d / "controller.toml")], d / "controller.log", d / "controller.pid")
     (d / "cluster.json").write_text(json.dumps({"pids": pids, "nodes": names}))

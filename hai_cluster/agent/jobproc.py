@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
-from typing import NoReturn
+from typing import Mapping, NoReturn
 
 from .runspec import RunSpec
 
@@ -28,8 +28,9 @@ def _reset_signals() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 
-def exec_job(spec: RunSpec, script: str, groups: list[int], errw: int) -> NoReturn:
-    """Become the job. Never returns."""
+def exec_job(spec: RunSpec, script: str, groups: list[int], errw: int,
+             env: Mapping[str, str]) -> NoReturn:
+    """Become the job, with exactly the environment `env`. Never returns."""
     step = "preparing the job process"
     try:
         _reset_signals()
@@ -63,7 +64,7 @@ def exec_job(spec: RunSpec, script: str, groups: list[int], errw: int) -> NoRetu
         os.closerange(3, errw)
         os.closerange(errw + 1, 1 << 20)
         step = f"exec of the job script {script}"
-        os.execve(script, [script, *spec.script_args], dict(spec.environment))
+        os.execve(script, [script, *spec.script_args], dict(env))
     except OSError as exc:
         msg = f"{step} failed: {exc.strerror or exc}"
         if step.startswith("exec") and exc.errno == errno.ENOENT:

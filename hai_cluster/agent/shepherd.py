@@ -8,6 +8,18 @@ time limit, terminate requests, cleanup of the process group, and the final stat
 Terminate requests: the agent writes terminate.json and sends SIGUSR1. The signal only wakes us;
 the file is the request, and it is re-read every CONTROL_RECHECK seconds, so a signal lost in an
 agent crash between the write and the kill costs at most that delay.
+
+The checkpoint protocol (DESIGN.md, "Preemption and checkpoints"): on a terminate we FIRST leave a
+notice in the run's control dir ($HAI_CONTROL_DIR in the job; `control/preempt` for preempt and
+requeue, "checkpoint and leave, you will be resumed"; `control/terminate` for cancel, timeout and
+node_fail), THEN send SIGCONT and the signal to the job's process group, so a job that handles the
+signal always finds the notice (hai_cluster.job reads it). After the grace period, SIGKILL; the
+final status says whether that was needed (`killed`).
+
+While a terminate is in progress, the end of the main process does not end the job at once: the
+rest of its process group gets the rest of the grace period to finish its checkpoint. A job script
+that runs `python train.py` (no exec) is the usual shape, and its shell dies of the SIGTERM at
+once while Python is still saving.
 """
 from __future__ import annotations
 
@@ -29,6 +41,7 @@ log = logging.getLogger("hai.shepherd")
 
 CONTROL_RECHECK = 1.0
 CLEANUP_TIMEOUT = 10.0
+LINGER_POLL = 0.1  # how often the process group is checked once the main process ended in a grace
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -67,6 +80,7 @@ class Shepherd:
         self.warn_at: float | None = None
         self.limit_at: float | None = None
         self.next_control_check = 0.0
+        self.control: Path | None = None  # the control dir, made before the job starts
         self.sel = selectors.DefaultSelector()
 
     # -- reporting to the agent --
@@ -124,13 +138,30 @@ class Shepherd:
             return  # the first terminate (or the time limit) wins; its grace is not restarted
         self.reason = reason
         sig = signal.SIGTERM
-        if reason in ("preempt", "requeue") and self.spec.signal is not None:
+        if reason in spool.RESUMING_REASONS and self.spec.signal is not None:
             sig = self.spec.signal
         log.info("terminating job %s.%s (%s): signal %d, grace %d s", self.spec.job_id,
                  self.spec.attempt, reason, sig, self.spec.grace)
+        now, self.kill_at = time.time(), time.monotonic() + self.spec.grace
+        self.leave_notice(reason, sig, now)  # before the signal: whoever handles it finds the notice
         self.signal_job(signal.SIGCONT)  # a stopped job must run to handle the signal
         self.signal_job(sig)
-        self.kill_at = time.monotonic() + self.spec.grace
+
+    def leave_notice(self, reason: str, sig: int, now: float) -> None:
+        if self.control is None:
+            return
+        try:
+            path = spool.write_notice(self.control, reason, int(sig), self.spec.grace, now)
+        except OSError as exc:  # the signal must still go out: the job may handle it alone
+            log.error("could not write the %s notice: %s", spool.notice_name(reason), exc)
+            return
+        log.info("notice %s written", path)
+
+    def lingering(self) -> bool:
+        """The main process ended during a terminate and its process group is still alive (say
+        Python saving its checkpoint after its shell died of the signal): wait, until the grace
+        period is over."""
+        return self.reason is not None and self.kill_at is not None and bool(spool.group_members(self.pid))
 
     def read_terminate(self) -> str | None:
         try:
@@ -178,18 +209,21 @@ class Shepherd:
         if self.limit_at is not None and now >= self.limit_at:
             self.limit_at = None
             self.begin_terminate("timeout")
-        if self.kill_at is not None and now >= self.kill_at and self.wait_status is None:
+        if self.kill_at is not None and now >= self.kill_at:
             self.kill_at = None
-            log.info("grace period over: SIGKILL to the job's process group")
-            self.killed = True
-            self.signal_job(signal.SIGKILL)
+            if self.wait_status is None or spool.group_members(self.pid):
+                log.info("grace period over: SIGKILL to the job's process group")
+                self.killed = True
+                self.signal_job(signal.SIGKILL)
 
     def supervise(self, exec_r: int) -> None:
         buf = bytearray()
         self.sel.register(exec_r, selectors.EVENT_READ, "exec")
-        while self.wait_status is None:
+        while self.wait_status is None or self.lingering():
             now = time.monotonic()
             deadlines = [d for d in (self.warn_at, self.limit_at, self.kill_at) if d is not None]
+            if self.wait_status is not None:  # lingering: the group's end wakes nobody, poll it
+                deadlines.append(now + LINGER_POLL)
             timeout = min([CONTROL_RECHECK, *(d - now for d in deadlines)])
             woke: set[int] = set()
             for key, _ in self.sel.select(max(timeout, 0)):
@@ -263,12 +297,21 @@ class Shepherd:
             self.launch_error = f"looking up the groups of user {spec.user} failed: {exc}"
             self.finish(self.status())
             return 0
+        try:
+            self.control = spool.make_control_dir(self.dir)
+        except OSError as exc:
+            self.launch_error = f"creating the control dir failed: {exc}"
+            self.finish(self.status())
+            return 0
+        # HAI_CONTROL_DIR is the one variable the agent adds: the controller builds the rest of the
+        # environment (core/jobenv.py) but cannot know where this agent's spool is.
+        env = {**spec.environment, "HAI_CONTROL_DIR": str(self.control)}
         script = str(self.dir / spool.SCRIPT)
         exec_r, exec_w = os.pipe()  # both CLOEXEC: exec success closes exec_w in the child
         pid = os.fork()
         if pid == 0:
             os.close(exec_r)
-            exec_job(spec, script, groups, exec_w)
+            exec_job(spec, script, groups, exec_w, env)
         os.close(exec_w)
         self.pid = pid
         self.start_time, self.start_mono = time.time(), time.monotonic()

@@ -8,6 +8,13 @@
         terminate.json  {reason, time}: a terminate request from the agent (first one wins)
         status.json     the final RunStatus, written once by the shepherd (or by the agent: lost)
         shepherd.log    the shepherd's own stderr
+        control/        the job's control dir (root, 0755), $HAI_CONTROL_DIR in the job; created by
+                        the shepherd before the job starts; the job reads, only the shepherd writes:
+            preempt     notice (0644): checkpoint and leave, you will be resumed (preempt, requeue)
+            terminate   notice (0644): you are being ended for good (cancel, timeout, node_fail)
+
+A notice is {reason, signal, grace, deadline, time}: written before the signal is sent, so a job
+that gets the signal always finds it; `deadline` is the Unix time of the SIGKILL.
 
 The run dir is 0711 so the job's user can reach its script without listing anything. Every JSON
 file is written to a temp name and renamed, so a reader sees all of it or none of it. A pid alone
@@ -29,6 +36,10 @@ TERMINATE = "terminate.json"
 STATUS = "status.json"
 SHEPHERD_LOG = "shepherd.log"
 SHEPHERD_MODULE = "hai_cluster.agent.shepherd"
+CONTROL = "control"
+PREEMPT_NOTICE = "preempt"
+TERMINATE_NOTICE = "terminate"
+RESUMING_REASONS = ("preempt", "requeue")  # the job will run again: its notice is PREEMPT_NOTICE
 
 
 def runs_dir(spool: str | os.PathLike) -> Path:
@@ -51,11 +62,37 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, mode: int = 0o600) -> N
     tmp = f"{path}.tmp.{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
+        os.fchmod(fd, mode)  # exactly this mode: not narrowed by the umask, nor left from a stale temp
         os.write(fd, json.dumps(obj, sort_keys=True).encode())
         os.fsync(fd)
     finally:
         os.close(fd)
     os.rename(tmp, path)
+
+
+def make_control_dir(run_dir: str | os.PathLike) -> Path:
+    """Create the run's control dir (root, 0755: the job lists and reads it, never writes it)."""
+    path = Path(run_dir) / CONTROL
+    try:
+        os.mkdir(path, 0o755)
+    except FileExistsError:  # a shepherd restarted on the same run dir (which only root can write)
+        if path.is_symlink() or not path.is_dir():
+            raise FileExistsError(f"{path} exists and is not a directory") from None
+    os.chmod(path, 0o755)  # mkdir's mode went through the umask
+    return path
+
+
+def notice_name(reason: str) -> str:
+    return PREEMPT_NOTICE if reason in RESUMING_REASONS else TERMINATE_NOTICE
+
+
+def write_notice(control_dir: str | os.PathLike, reason: str, signal: int, grace: float,
+                 now: float) -> Path:
+    """Leave the terminate notice for the job, atomically (a reader sees all of it or nothing)."""
+    path = Path(control_dir) / notice_name(reason)
+    write_json_atomic(path, {"reason": reason, "signal": signal, "grace": grace,
+                             "deadline": now + grace, "time": now}, mode=0o644)
+    return path
 
 
 def read_json(path: str | os.PathLike) -> Any:

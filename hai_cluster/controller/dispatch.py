@@ -1,4 +1,7 @@
-"""Turn a started run into the per-rank RunSpec each agent receives (the agent adds nothing)."""
+"""Turn a started run into the per-rank RunSpec each agent receives.
+
+The environment is complete here except HAI_CONTROL_DIR, which the agent adds: only it knows
+where its spool (and so the run's control directory for preemption notices) lives."""
 from __future__ import annotations
 
 import posixpath
@@ -30,7 +33,7 @@ def rank_spec(job: Mapping, attempt: int, rank: int, nodelist: Sequence[str], gp
         partition=job["partition"], nodelist=nodelist, rank=rank, node=node, gpus=gpus,
         cpus_per_task=spec.cpus_per_task, restart_count=job["restart_count"], checkpoint_dir=ckpt,
         submit_dir=spec.submit_dir or spec.workdir, master_addr=addresses.get(nodelist[0], nodelist[0]),
-        time_limit=spec.time_limit)
+        time_limit=spec.time_limit, preempt_signal=spec.signal)
     return {
         "job_id": job["id"], "attempt": attempt, "rank": rank, "user": job["user"], "uid": job["uid"],
         "gid": job["gid"], "script": spec.script, "script_args": list(spec.script_args),

@@ -7,6 +7,7 @@ submit host (or from a job that submitted this one) describes some other allocat
 """
 from __future__ import annotations
 
+import signal as _signal
 from typing import Mapping, Sequence
 
 from .hostlist import compress
@@ -30,7 +31,7 @@ def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, 
                     partition: str | None, nodelist: Sequence[str], rank: int, node: str,
                     gpus: Sequence[int], cpus_per_task: int, restart_count: int,
                     checkpoint_dir: str, submit_dir: str, master_addr: str,
-                    time_limit: int | None) -> dict[str, str]:
+                    time_limit: int | None, preempt_signal: int | None = None) -> dict[str, str]:
     """Environment for the script instance of rank `rank`, running on `node` with `gpus`.
 
     WORLD_SIZE is nnodes * max(1, GPUs on the node): the number of processes `torchrun
@@ -38,6 +39,9 @@ def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, 
     HAI_TIME_LIMIT is the limit in seconds, absent when there is none. CUDA_VISIBLE_DEVICES
     is left unset for a job without GPUs, as Slurm does. HAI_NODELIST is sorted, as Slurm's
     SLURM_JOB_NODELIST is, so it need not list nodes in rank order; MASTER_ADDR is rank 0's.
+    HAI_PREEMPT_SIGNAL is the number of the signal that asks the job to checkpoint (its --signal,
+    SIGTERM when None); hai_cluster.job installs its handler for that one. ($HAI_CONTROL_DIR, where
+    the notices go, is added by the agent: only it knows its spool.)
     """
     nnodes = len(nodelist)
     if not 0 <= rank < nnodes:
@@ -55,6 +59,7 @@ def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, 
         "HAI_RESTART_COUNT": str(restart_count),
         "HAI_CHECKPOINT_DIR": checkpoint_dir,
         "HAI_SUBMIT_DIR": submit_dir,
+        "HAI_PREEMPT_SIGNAL": str(int(_signal.SIGTERM) if preempt_signal is None else preempt_signal),
         # torchrun / torch.distributed
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port(job_id)),

@@ -1,0 +1,132 @@
+"""MLFQ time-slicing end to end on real daemons: preemption with checkpoint and resume, grace
+periods, --no-requeue, urgent jobs, and what hacct/hqueue show of it."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from .harness import OTHER_USER, TEST_USER, start_ssh_cluster, user_dir, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = {"HAI_EXAMPLES": str(REPO / "examples")}
+# Tiny numbers so that a test sees jobs sink and get preempted within seconds: a 2-GPU job
+# reaches level 1 after 5 s and may then be preempted 3 s into a run.
+SCHEDULER = """[scheduler]
+policy = "mlfq"
+thresholds = [10.0, 100000.0]
+quanta = [1.0, 3.0, 5.0]
+max_user_priority = "urgent"
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(ssh_nodes):
+    c = start_ssh_cluster(ssh_nodes, gpus_per_node=2, scheduler_toml=SCHEDULER)
+    yield c
+    c.close()
+
+
+def steps_by_run(log: Path) -> dict[int, list[int]]:
+    runs: dict[int, list[int]] = {}
+    for line in log.read_text().splitlines():
+        m = re.fullmatch(r"run=(\d+) step=(\d+)", line.strip())
+        assert m, f"unexpected line in steps.log: {line!r}"
+        runs.setdefault(int(m[1]), []).append(int(m[2]))
+    return runs
+
+
+def checkpoint_dir(cluster, job_id: int, user: str = TEST_USER) -> Path:
+    return user_dir(cluster.workdir, user) / ".hai" / "checkpoints" / str(job_id)
+
+
+def test_short_job_preempts_long_ones_which_resume_from_their_checkpoint(cluster):
+    script = str(REPO / "examples" / "train_loop.sh")
+    a_jobs = [cluster.submit("--gpus-per-node=2", "--grace=20", "-o", f"a{i}-%j.out", script, "150", "0.1", "10",
+                             env=EXAMPLES) for i in range(2)]
+    for j in a_jobs:
+        cluster.wait_state(j, "RUNNING")
+    b = cluster.submit("--gpus-per-node=2", "--wrap", "echo short job done", user=OTHER_USER)
+    # After A's runs sink to level 1 and their quantum is up, one of them makes way for B.
+    done = cluster.wait_state(b, "COMPLETED", "FAILED", timeout=90)
+    assert done["state"] == "COMPLETED"
+    for j in a_jobs:
+        assert cluster.wait_state(j, "COMPLETED", "FAILED", timeout=120)["state"] == "COMPLETED"
+    preempted = [j for j in a_jobs if cluster.job(j)["restart_count"] > 0]
+    assert len(preempted) >= 1
+    for j in preempted:
+        job = cluster.job(j)
+        runs = job["runs"]
+        assert [r["state"] for r in runs][-1] == "COMPLETED"
+        assert all(r["state"] == "PREEMPTED" for r in runs[:-1])
+        assert all("exited within its grace period" in r["reason"] for r in runs[:-1]), runs
+        steps = steps_by_run(checkpoint_dir(cluster, j) / "steps.log")
+        # Each run continues exactly where the previous one checkpointed: nothing lost or repeated.
+        flat = [s for run in sorted(steps) for s in steps[run]]
+        assert flat == list(range(1, 151))
+        assert sorted(steps) == list(range(job["restart_count"] + 1))
+        acct = cluster.cli("hacct", "-j", str(j), "-P", "-n").stdout.splitlines()
+        states = [line.split("|")[3] for line in acct]
+        assert states == ["PREEMPTED"] * job["restart_count"] + ["COMPLETED"]
+        assert [line.split("|")[6] for line in acct] == [str(i) for i in range(len(acct))]
+        out = (user_dir(cluster.workdir, TEST_USER) / f"a{a_jobs.index(j)}-{j}.out").read_text()
+        assert "done: steps=150" in out  # output of every run lands in the same file
+
+
+def test_job_ignoring_the_signal_is_killed_after_grace_and_requeued(cluster):
+    stubborn = cluster.submit("--gpus-per-node=2", "--grace=2", "--wrap", "trap '' TERM; sleep 1000")
+    job = cluster.wait_state(stubborn, "RUNNING")
+    cluster.cli("hcontrol", "preempt", str(stubborn), user="root")
+    wait_for(lambda: len(cluster.job(stubborn)["runs"]) >= 2 and cluster.job(stubborn)["runs"][0]["end_time"],
+             60, what="the stubborn job to be killed and started again")
+    first = cluster.job(stubborn)["runs"][0]
+    assert first["state"] == "PREEMPTED" and "killed" in first["reason"] and first["exit_signal"] == 9
+    assert "preempted by administrator root" in first["reason"]
+    cluster.cli("hcancel", str(stubborn))
+    assert cluster.wait_state(stubborn, "CANCELLED", timeout=30)["state"] == "CANCELLED"
+
+
+def test_no_requeue_job_is_never_preempted(cluster):
+    pinned = cluster.submit("--gpus-per-node=2", "-N", "2", "--no-requeue", "--wrap", "sleep 1000")
+    cluster.wait_state(pinned, "RUNNING")
+    proc = cluster.cli("hcontrol", "preempt", str(pinned), user="root", check=False)
+    assert proc.returncode != 0 and "never preempted" in proc.stderr
+    proc = cluster.cli("hcontrol", "requeue", str(pinned), check=False)
+    assert proc.returncode != 0 and "--no-requeue" in proc.stderr
+    newcomer = cluster.submit("--gpus-per-node=2", "--wrap", "true", user=OTHER_USER)
+    # Long past the pinned job's quantum and level change, it still runs its first run.
+    wait_for(lambda: cluster.job(pinned)["attained_now"] > 40, 30, what="the pinned job to sink")
+    row = cluster.cli("hqueue", "-h", "-o", "%i %t %L %R", "-j", f"{pinned},{newcomer}").stdout.splitlines()
+    assert [r.split() for r in row] == [[str(pinned), "R", "1", "hai-n[1-2]"], [str(newcomer), "PD", "0", "(Resources)"]]
+    assert len(cluster.job(pinned)["runs"]) == 1
+    cluster.cli("hcancel", str(pinned))
+    assert cluster.wait_state(newcomer, "COMPLETED", timeout=30)["state"] == "COMPLETED"
+
+
+def test_urgent_job_starts_within_the_grace_period(cluster):
+    fresh = [cluster.submit("--gpus-per-node=2", "--grace=3", "--wrap", "sleep 1000") for _ in range(2)]
+    for j in fresh:
+        cluster.wait_state(j, "RUNNING")
+    urgent = cluster.submit("--gpus-per-node=2", "--priority=urgent", "--wrap", "echo urgent", user=OTHER_USER)
+    submitted = cluster.job(urgent)["submit_time"]
+    done = cluster.wait_state(urgent, "COMPLETED", timeout=30)
+    started = done["runs"][0]["start_time"]
+    assert started - submitted < 3 + 10  # grace + a few scheduler ticks and a launch
+    assert sum(cluster.job(j)["restart_count"] for j in fresh) == 1
+    for j in fresh:
+        cluster.cli("hcancel", str(j))
+        cluster.wait_state(j, "CANCELLED", timeout=30)
+
+
+def test_owner_requeues_others_may_not(cluster):
+    j = cluster.submit("--gpus-per-node=1", "--wrap", "sleep 1000")
+    cluster.wait_state(j, "RUNNING")
+    proc = cluster.cli("hcontrol", "requeue", str(j), user=OTHER_USER, check=False)
+    assert proc.returncode != 0 and "Access/permission denied" in proc.stderr
+    cluster.cli("hcontrol", "requeue", str(j))
+    wait_for(lambda: cluster.job(j)["restart_count"] == 1, 30, what="requeue")
+    assert cluster.job(j)["runs"][0]["state"] == "REQUEUED"
+    cluster.cli("hcancel", str(j))
+    proc = cluster.cli("hcontrol", "preempt", str(j), check=False)
+    assert proc.returncode != 0 and "only administrators" in proc.stderr
