@@ -1,0 +1,57 @@
+"""decide() time on a large synthetic snapshot: N nodes x G GPUs, R running jobs, P pending jobs.
+
+The snapshot is random but seeded: job sizes 1/2/4/8 GPUs (8-GPU jobs on 1, 2 or 4 nodes),
+attained service spread over every MLFQ level, running jobs started up to 6 hours ago."""
+from __future__ import annotations
+
+import random
+import statistics
+import time
+
+from hai_cluster.core.model import GpuInfo, JobView, NodeView, Snapshot
+from hai_cluster.core.states import JobState
+from hai_cluster.scheduling.registry import make_policy
+
+
+def synthetic_snapshot(nodes: int = 1000, gpus_per_node: int = 8, running: int = 2000, pending: int = 10000,
+                       seed: int = 1) -> Snapshot:
+    rng = random.Random(seed)
+    gpus = tuple(GpuInfo(i, f"GPU-{i}", "sim", 81920) for i in range(gpus_per_node))
+    free = {f"n{i:04d}": list(range(gpus_per_node)) for i in range(nodes)}
+    names = list(free)
+    now = 1_000_000.0
+    jobs = []
+    for jid in range(1, running + 1):
+        g = rng.choice([1, 1, 2, 4, 8])
+        fitting = [n for n in names if len(free[n]) >= g]
+        if not fitting:
+            break
+        n = rng.choice(fitting)
+        start = now - rng.uniform(0, 6 * 3600)
+        jobs.append(JobView(id=jid, user=f"u{jid % 50}", state=JobState.RUNNING, submit_time=start - 60, nodes=1,
+                            gpus_per_node=g, attained_gpu_seconds=rng.uniform(0, 200_000), run_start=start,
+                            nodelist=(n,), allocation=((n, tuple(free[n].pop(0) for _ in range(g))),)))
+    for jid in range(running + 1, running + pending + 1):
+        g = rng.choice([1, 1, 2, 4, 8, 8])
+        t = now - rng.uniform(0, 50_000)
+        jobs.append(JobView(id=jid, user=f"u{jid % 50}", state=JobState.PENDING, submit_time=t,
+                            nodes=rng.choice([1, 1, 2, 4]) if g == 8 else 1, gpus_per_node=g,
+                            attained_gpu_seconds=rng.choice([0.0, 0.0, rng.uniform(0, 200_000)]), pending_since=t))
+    node_views = tuple(NodeView(name=n, gpus=gpus, cpus=128, mem_mb=2_000_000,
+                                used_gpus=frozenset(set(range(gpus_per_node)) - set(free[n]))) for n in names)
+    return Snapshot(now=now, jobs=tuple(jobs), nodes=node_views)
+
+
+def measure(policies=("fifo", "mlfq"), reps: int = 3, **shape) -> list[dict]:
+    snap = synthetic_snapshot(**shape)
+    out = []
+    for name in policies:
+        policy = make_policy(name)
+        times, plan = [], None
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            plan = policy.decide(snap)
+            times.append(time.perf_counter() - t0)
+        out.append({"policy": name, "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
+                    "starts": len(plan.starts), "preempts": len(plan.preempts), "waits": len(plan.waits)})
+    return out
