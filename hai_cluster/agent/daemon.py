@@ -9,9 +9,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
-import stat
-import struct
 import sys
 
 import click
@@ -19,6 +16,7 @@ import psutil
 
 from ..config import AgentConfig, ConfigError, load_agent_config
 from ..transport.rpc import ConnectionLost, RpcConnection
+from ..transport.unix import SocketInUse, bind_socket, close_server, peer_credentials
 from .gpus import GpuError, inventory
 from .runs import RunTable
 from .service import build_table
@@ -39,7 +37,7 @@ class Agent:
         self.connections: set[RpcConnection] = set()
 
     async def on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        pid, uid, _ = _peer_credentials(writer)
+        pid, uid, _ = peer_credentials(writer)
         name = f"pid {pid} uid {uid}"
         if uid not in (0, os.getuid()):  # the socket is 0600; refuse anyway if that was loosened
             log.warning("refusing connection from %s", name)
@@ -75,47 +73,14 @@ class Agent:
             await asyncio.sleep(self.cfg.poll_interval)
 
 
-def _peer_credentials(writer: asyncio.StreamWriter) -> tuple[int, int, int]:
-    sock = writer.get_extra_info("socket")
-    try:
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        return struct.unpack("3i", creds)
-    except (OSError, AttributeError):
-        return -1, -1, -1
-
-
-def bind_socket(path: str) -> socket.socket:
-    """A 0600 listening socket at path. A stale socket is removed; a live agent's is not."""
-    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
-    if os.path.lexists(path):
-        if not stat.S_ISSOCK(os.lstat(path).st_mode):
-            raise ConfigError(f"{path} exists and is not a socket")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-        except OSError:
-            os.unlink(path)  # nobody listens: left over from an agent that died
-        else:
-            raise ConfigError(f"another agent is already serving {path}")
-        finally:
-            probe.close()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)  # no window in which the socket exists with a looser mode
-    try:
-        sock.bind(path)
-    finally:
-        os.umask(old)
-    os.chmod(path, 0o600)
-    sock.listen(64)
-    sock.setblocking(False)
-    return sock
-
-
 async def serve(cfg: AgentConfig) -> None:
     agent = Agent(cfg)
     log.info("node %s: %d cpu(s), %d MiB, %d %s GPU(s)", cfg.name, agent.cpus, agent.mem_mb,
              len(agent.gpus), agent.gpu_backend)
-    sock = bind_socket(cfg.socket)  # first: a second agent must not touch the spool
+    try:  # first: a second agent must not touch the spool
+        sock = bind_socket(cfg.socket, 0o600, "agent")
+    except SocketInUse as exc:
+        raise ConfigError(str(exc)) from None
     agent.runs.setup()
     agent.runs.rebuild()
     server = await asyncio.start_unix_server(agent.on_client, sock=sock)
@@ -130,13 +95,7 @@ async def serve(cfg: AgentConfig) -> None:
         log.info("shutting down; running jobs stay with their shepherds")
     finally:
         watcher.cancel()
-        server.close()
-        for conn in list(agent.connections):
-            await conn.close()
-        try:
-            os.unlink(cfg.socket)
-        except FileNotFoundError:
-            pass
+        await close_server(server, agent.connections, cfg.socket)
 
 
 @click.command()

@@ -3,30 +3,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
-import socket
-import struct
 import sys
 
 import click
 
 from ..config import ConfigError, ControllerConfig, load_controller_config
 from ..transport.rpc import RpcConnection
+from ..transport.unix import SocketInUse, bind_socket, close_server, peer_credentials
 from .api import build_api, caller_from_creds
 from .service import Controller
 
 log = logging.getLogger("hai.controller")
 
-_UCRED = struct.Struct("3i")
-
-
-def peer_credentials(writer: asyncio.StreamWriter) -> tuple[int, int, int]:
-    sock = writer.get_extra_info("socket")
-    return _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-
-
 async def serve(cfg: ControllerConfig, stop: asyncio.Event) -> None:
+    sock = bind_socket(cfg.socket, 0o666, "controller")  # anyone may connect; the kernel says who
     ctl = Controller(cfg)
     await ctl.start()
     api = build_api(ctl)
@@ -42,25 +33,15 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event) -> None:
         finally:
             connections.discard(conn)
 
-    os.makedirs(os.path.dirname(cfg.socket) or ".", mode=0o755, exist_ok=True)
-    if os.path.exists(cfg.socket):
-        os.unlink(cfg.socket)
-    server = await asyncio.start_unix_server(on_client, path=cfg.socket)
-    os.chmod(cfg.socket, 0o666)  # anyone may connect; the kernel tells us who they are
+    server = await asyncio.start_unix_server(on_client, sock=sock)
     log.info("controller listening on %s, %d node(s), store %s", cfg.socket, len(cfg.nodes),
              cfg.database.split("@")[-1])
     try:
         await stop.wait()
     finally:
         log.info("shutting down (running jobs keep running)")
-        server.close()
-        for conn in list(connections):
-            await conn.close()
+        await close_server(server, connections, cfg.socket)
         await ctl.stop()
-        try:
-            os.unlink(cfg.socket)
-        except FileNotFoundError:
-            pass
 
 
 @click.command()
@@ -83,7 +64,11 @@ def main(config_path: str) -> None:
             loop.add_signal_handler(sig, stop.set)
         await serve(cfg, stop)
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except SocketInUse as exc:
+        click.echo(f"hai-controller: {exc}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -17,27 +17,12 @@ import pytest
 
 from hai_cluster.agent import spool
 
-try:
-    from .agent_helpers import (AgentProcess, Sandbox, async_wait_for, client, group_alive, need_root,
-                                read_when, run)
-except ImportError:  # rootdir-relative imports
-    from agent_helpers import (AgentProcess, Sandbox, async_wait_for, client, group_alive, need_root,
-                               read_when, run)
+from .agent_helpers import Sandbox, async_wait_for, client, group_alive, read_when, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_LOOP = REPO / "examples" / "train_loop.py"
-
-
-@pytest.fixture(scope="module")
-def agent():
-    need_root()
-    box = Sandbox()
-    proc = AgentProcess(box).start()
-    yield proc
-    proc.stop()
-    box.cleanup()
 
 
 def train_loop_module():

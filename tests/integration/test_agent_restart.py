@@ -9,10 +9,7 @@ import pytest
 
 from hai_cluster.agent import spool
 
-try:
-    from .agent_helpers import AgentProcess, Sandbox, client, group_alive, need_root, run, wait_for
-except ImportError:  # rootdir-relative imports (tests/integration has no __init__.py)
-    from agent_helpers import AgentProcess, Sandbox, client, group_alive, need_root, run, wait_for
+from .agent_helpers import AgentProcess, Sandbox, client, group_alive, need_root, run, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

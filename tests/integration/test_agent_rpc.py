@@ -14,22 +14,9 @@ from hai_cluster.agent import spool
 from hai_cluster.protocol.codec import encode_frame
 from hai_cluster.transport.rpc import RpcError
 
-try:
-    from .agent_helpers import AgentProcess, Client, Sandbox, client, need_root, run
-except ImportError:  # rootdir-relative imports (tests/integration has no __init__.py)
-    from agent_helpers import AgentProcess, Client, Sandbox, client, need_root, run
+from .agent_helpers import Client, Sandbox, client, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-
-@pytest.fixture(scope="module")
-def agent():
-    need_root()
-    box = Sandbox()
-    proc = AgentProcess(box).start()
-    yield proc
-    proc.stop()
-    box.cleanup()
 
 
 def test_socket_is_root_only(agent):

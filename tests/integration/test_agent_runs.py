@@ -12,24 +12,11 @@ import pytest
 from hai_cluster.agent import spool
 from hai_cluster.transport.rpc import RpcError
 
-try:
-    from .agent_helpers import AgentProcess, Sandbox, client, group_alive, need_root, read_when, run
-except ImportError:  # rootdir-relative imports (tests/integration has no __init__.py)
-    from agent_helpers import AgentProcess, Sandbox, client, group_alive, need_root, read_when, run
+from .agent_helpers import client, group_alive, read_when, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 LOOP = "while :; do sleep 0.1; done\n"
-
-
-@pytest.fixture(scope="module")
-def agent():
-    need_root()
-    box = Sandbox()
-    proc = AgentProcess(box).start()
-    yield proc
-    proc.stop()
-    box.cleanup()
 
 
 def key(spec: dict, **more) -> dict:

@@ -1,0 +1,14 @@
+import pytest
+
+from .agent_helpers import AgentProcess, Sandbox, need_root
+
+
+@pytest.fixture(scope="module")
+def agent():
+    """A real hai-agent process on a sandboxed spool and socket, shared by a test module."""
+    need_root()
+    box = Sandbox()
+    proc = AgentProcess(box).start()
+    yield proc
+    proc.stop()
+    box.cleanup()
