@@ -178,7 +178,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     doc = _Section(path, "top level", _read_toml(path))
     c = _Section(path, "controller", doc.get("controller", dict, {}))
     s = _Section(path, "ssh", doc.get("ssh", dict, {}))
-    scheduler = _scheduler(path, doc.get("scheduler", dict, {}))
+    scheduler = parse_scheduler(path, doc.get("scheduler", dict, {}))
     raw_nodes = doc.get("nodes", list, [])
     doc.done()
     partitions = c.strings("partitions", ("gpu",))
@@ -243,7 +243,7 @@ def _numbers(sec: _Section, key: str, default: tuple[float, ...]) -> tuple[float
     return tuple(float(v) for v in value)
 
 
-def _scheduler(path: str, raw: Any) -> SchedulerConfig:
+def parse_scheduler(path: str, raw: Any) -> SchedulerConfig:
     sec = _Section(path, "scheduler", raw)
     d = MlfqConfig()
     policy = sec.get("policy", str, "mlfq")

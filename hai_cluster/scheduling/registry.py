@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .baselines import BackfillPolicy, SjfPolicy, TiresiasPolicy
 from .fifo import FifoPolicy
 from .mlfq import MlfqConfig, MlfqPolicy
 from .plan import Policy
@@ -10,6 +11,9 @@ from .plan import Policy
 # name -> factory(**options) -> Policy. Baselines register here beside the MLFQ.
 POLICIES: dict[str, Callable[..., Policy]] = {
     "fifo": lambda **_: FifoPolicy(),
+    "sjf": lambda **_: SjfPolicy(),
+    "tiresias": lambda **options: TiresiasPolicy(**options),
+    "backfill": lambda **_: BackfillPolicy(),
     "mlfq": lambda config=None, **kw: MlfqPolicy(config or MlfqConfig(**kw)),
 }
 

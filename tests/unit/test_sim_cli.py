@@ -1,0 +1,123 @@
+"""hai-sim run, end to end on tiny traces: outputs, sweeps, skipped jobs, errors."""
+import csv
+import json
+
+import pytest
+
+from hai_cluster.scheduling.mlfq import MlfqConfig
+from hai_cluster.sim.cli import main, policy_options
+
+TRACE = "submit_time,duration,gpus\n0,10,1\n1,5,1\n2,3,1\n"
+
+
+def trace(tmp_path, text=TRACE, name="t.csv"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def run(*args):
+    with pytest.raises(SystemExit) as exc:
+        main(["run", *args])
+        raise SystemExit(0)
+    return exc.value.code
+
+
+def test_fifo_summary_csv_and_json(tmp_path, capsys):
+    out_json, out_csv = tmp_path / "s.json", tmp_path / "jobs.csv"
+    assert run(trace(tmp_path), "--cluster", "1x1", "-p", "fifo", "-p", "sjf", "--json", str(out_json),
+               "--csv", str(out_csv)) == 0
+    doc = json.loads(out_json.read_text())
+    fifo = next(r for r in doc["runs"] if r["policy"] == "fifo")
+    assert fifo["summary"]["mean_jct"] == pytest.approx(40 / 3) and fifo["summary"]["utilization"] == 1.0
+    assert fifo["vs_baseline"]["mean_jct"] == 1.0 and doc["baseline"] == "fifo" and doc["skipped"] == []
+    sjf = next(r for r in doc["runs"] if r["policy"] == "sjf")
+    assert sjf["summary"]["mean_jct"] == pytest.approx((10 + 12 + 16) / 3)  # 3 s job before the 5 s one
+    assert set(fifo["by_size"]) == {"1 GPU"} and set(fifo["by_duration"]) == {"<10 min"}
+    assert fifo["perf"]["events"] == 6 and fifo["perf"]["events_per_s"] > 0
+    rows = list(csv.DictReader(out_csv.open()))
+    assert len(rows) == 6 and {r["policy"] for r in rows} == {"fifo", "sjf"}
+    text = capsys.readouterr().out
+    assert "mean JCT" in text and "fifo" in text and "sjf" in text
+
+
+def test_oversized_jobs_are_reported_and_skipped(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    path = trace(tmp_path, "submit_time,duration,gpus\n0,10,1\n0,10,16\n0,10,0\n")
+    assert run(path, "--cluster", "1x8", "-p", "fifo", "--json", str(out)) == 0
+    doc = json.loads(out.read_text())
+    assert doc["trace"]["jobs"] == 1
+    assert sorted(s["reason"] for s in doc["skipped"]) == ["asks for no GPUs", "needs more GPUs than 1x8 has"]
+    err = capsys.readouterr().err
+    assert "skipping 2 job(s)" in err
+
+
+def test_baseline_is_added_and_sweep_reuses_runs_without_preemption(tmp_path):
+    out = tmp_path / "s.json"
+    path = trace(tmp_path, "submit_time,duration,gpus\n0,1000,1\n100,10,1\n")
+    assert run(path, "--cluster", "1x1", "-p", "tiresias", "-o", "tiresias.thresholds=[50]",
+               "--sweep", "restart-cost=0,890", "--json", str(out)) == 0
+    doc = json.loads(out.read_text())
+    labels = [r["label"] for r in doc["runs"]]
+    assert labels == ["tiresias rc=0", "fifo rc=0", "tiresias rc=890", "fifo rc=890"]
+    by = {r["label"]: r for r in doc["runs"]}
+    assert by["fifo rc=890"]["perf"]["reused"] and not by["tiresias rc=890"]["perf"]["reused"]
+    assert by["tiresias rc=0"]["vs_baseline"]["mean_jct"] == pytest.approx(510 / 955)
+    assert by["tiresias rc=890"]["vs_baseline"]["mean_jct"] == pytest.approx(1.0)
+    assert by["tiresias rc=890"]["summary"]["lost_gpu_s"] == 890
+
+
+def test_same_seed_same_result(tmp_path):
+    text = "submit_time,duration,gpus\n" + "".join(f"{i // 3},{7 + (i * 13) % 50},{1 + i % 3}\n" for i in range(30))
+    path = trace(tmp_path, text)
+    docs = []
+    for i in range(2):
+        out = tmp_path / f"s{i}.json"
+        assert run(path, "--cluster", "2x2", "--seed", "3", "-p", "tiresias", "-p", "mlfq", "--json", str(out)) == 0
+        doc = json.loads(out.read_text())
+        for r in doc["runs"]:
+            del r["perf"]
+        docs.append(doc)
+    assert docs[0] == docs[1]
+
+
+def test_plot_file_is_written(tmp_path):
+    png = tmp_path / "p.png"
+    assert run(trace(tmp_path), "--cluster", "1x1", "-p", "fifo", "--plot", str(png)) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["/nonexistent/trace.csv"], "no such file"),
+    (["{trace}", "--cluster", "16"], "bad cluster '16'"),
+    (["{bad}"], "unrecognised trace header"),
+    (["{trace}", "-p", "lottery"], "unknown policy 'lottery'"),
+    (["{trace}", "--sweep", "quantum=1,2"], "bad --sweep"),
+    (["{trace}", "--load-scale", "0"], "--load-scale must be positive"),
+    (["{trace}", "-o", "mlfq.quanta"], "expected POLICY.KEY=VALUE"),
+    (["{trace}", "-p", "fifo", "-o", "tiresias.thresholds=[1]"], "options for a policy not being run"),
+    (["{trace}", "-p", "tiresias", "-o", "tiresias.bogus=1"], "policy options:"),
+    (["{trace}", "--no-such-flag"], "No such option"),
+])
+def test_errors_are_one_line_and_exit_2(tmp_path, capsys, args, message):
+    paths = {"trace": trace(tmp_path), "bad": trace(tmp_path, "x,y\n1,2\n", "bad.csv")}
+    assert run(*[a.format(**paths) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hai-sim: error: ") and message in err and err.count("\n") == 1
+
+
+def test_mlfq_config_file_and_overrides(tmp_path):
+    conf = tmp_path / "controller.toml"
+    conf.write_text("[scheduler]\npolicy = 'mlfq'\nthresholds = [100.0, 1000.0]\nquanta = [10.0, 20.0, 30.0]\n")
+    opts = policy_options(["mlfq.starvation_factor=2.5"], str(conf))
+    cfg = opts["mlfq"]["config"]
+    assert isinstance(cfg, MlfqConfig) and cfg.thresholds == (100.0, 1000.0) and cfg.quanta == (10.0, 20.0, 30.0)
+    assert cfg.starvation_factor == 2.5
+    assert policy_options(["mlfq.quanta=[1, 2, 3]", "tiresias.thresholds=[5]"], None) == {
+        "mlfq": {"quanta": (1, 2, 3)}, "tiresias": {"thresholds": (5,)}}
+    out = tmp_path / "s.json"
+    assert run(trace(tmp_path), "--cluster", "1x1", "-p", "mlfq", "--mlfq-config", str(conf), "--json", str(out)) == 0
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[scheduler]\nquanta = [1.0]\n")
+    with pytest.raises(ValueError, match="quantum per level"):
+        policy_options([], str(bad))
