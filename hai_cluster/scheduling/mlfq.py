@@ -29,11 +29,14 @@ class MlfqConfig:
     thresholds: tuple[float, ...] = (3600.0, 36000.0)
     # Seconds a run keeps its GPUs at level i before it may be preempted (one per level).
     quanta: tuple[float, ...] = (600.0, 1800.0, 3600.0)
-    # Starvation guard: a pending job that waited more than factor x its run time (and more than
-    # the floor) counts as level 0 again.
-    starvation_factor: float = 4.0
+    # Starvation guard (Tiresias' knob): a pending job that waited more than factor x its run time
+    # (and more than the floor) counts as level 0 again; 0 turns it off. Off by default, as in
+    # Tiresias: on the ElasticFlow traces it adds preemption cascades and costs mean JCT while p99
+    # stays well under FIFO's without it (docs/BENCHMARKS.md).
+    starvation_factor: float = 0.0
     starvation_floor: float = 3600.0
-    # A job waiting longer than this holds a reservation on the nodes it needs.
+    # A starving job waiting longer than this holds a reservation on the nodes it needs, so that a
+    # stream of small jobs cannot take them (one reservation per partition at a time).
     reservation_after: float = 7200.0
     placement: str = "binpack"  # binpack | spread
 
@@ -45,8 +48,8 @@ class MlfqConfig:
                              f"{len(self.quanta)} quanta")
         if any(q < 0 for q in self.quanta):
             raise ValueError("mlfq quanta must not be negative")
-        if self.starvation_factor <= 0 or self.starvation_floor < 0 or self.reservation_after < 0:
-            raise ValueError("mlfq starvation_factor must be positive, floors not negative")
+        if self.starvation_factor < 0 or self.starvation_floor < 0 or self.reservation_after < 0:
+            raise ValueError("mlfq starvation_factor, starvation_floor and reservation_after must not be negative")
         if self.placement not in ("binpack", "spread"):
             raise ValueError(f"mlfq placement must be binpack or spread, got {self.placement!r}")
 
@@ -80,6 +83,7 @@ class _Decision:
         self.future: dict[str, NodeView] = dict(self.nodes)  # free once PREEMPTING runs have left
         self.running = [j for j in snap.jobs if j.state == JobState.RUNNING]
         self._levels: dict[int, int] = {}
+        self._promoted: set[int] = set()  # pending jobs the starvation guard moved to level 0
         # Runs that could ever be preempted, per node, cheapest first: lower levels (larger index),
         # then more service already received.
         self.candidates: dict[str, list[JobView]] = {}
@@ -92,6 +96,7 @@ class _Decision:
         self.victims: set[int] = set()
         self.node_order = sorted(self.nodes)  # deterministic, whatever the hash seed
         self.reserved: set[str] = set()  # nodes held for a starving job
+        self.reserving: set[str | None] = set()  # partitions that already have one
         self.actions: list = []
         self.wake: list[float] = []
         for j in snap.jobs:
@@ -107,13 +112,17 @@ class _Decision:
             level = self._levels[j.id] = self.cfg.level_of(j.attained(self.now))
         return level
 
+    def starving(self, j: JobView) -> bool:
+        return j.id in self._promoted
+
     def effective_level(self, j: JobView) -> int:
         """A pending job that starved is served as if it were new."""
-        if j.state == JobState.PENDING and j.gpus > 0:
+        if self.cfg.starvation_factor > 0 and j.state == JobState.PENDING and j.gpus > 0:
             ran = j.attained_gpu_seconds / j.gpus
             promote_at = max(self.cfg.starvation_factor * ran, self.cfg.starvation_floor)
             if j.attained_gpu_seconds > 0:
                 if j.waited(self.now) >= promote_at:
+                    self._promoted.add(j.id)
                     return 0
                 self.wake.append(self.now + promote_at - j.waited(self.now))
         return self.level(j)
@@ -153,8 +162,12 @@ class _Decision:
             reason = self._blocked_reason(job, waiting_ahead)
             waiting_ahead.setdefault(job.partition, level)
             failed.append((job.partition, level, job.gpus_per_node, job.nodes, CLASS_RANK.get(job.priority, 2)))
-            if job.waited(self.now) >= self.cfg.reservation_after:
-                self.reserve_for(job)
+            if job.waited(self.now) >= self.cfg.reservation_after and self.starving(job):
+                if job.partition not in self.reserving:
+                    # One reservation per partition (as in EASY backfill): it bounds the idle
+                    # GPUs a reservation costs, and the first starving job in order gets it.
+                    self.reserving.add(job.partition)
+                    self.reserve_for(job)
             else:
                 self.wake.append(self.now + self.cfg.reservation_after - job.waited(self.now))
             self.actions.append(Wait(job.id, reason))
@@ -264,10 +277,16 @@ class _Decision:
         return True
 
     def reserve_for(self, job: JobView) -> None:
-        """Hold the nodes that will give this long-waiting job room soonest (most GPUs free)."""
+        """Hold the nodes where this starving job gets room soonest: the most GPUs that are free or
+        held by runs below level 0 (which it, promoted to level 0, preempts once their quantum ends)."""
+        below: dict[str, int] = {}
+        for v in self.running:
+            if v.preemptible and self.level(v) > 0:
+                for node, gpus in v.allocation:
+                    below[node] = below.get(node, 0) + len(gpus)
         pool = [n for n in self.future.values() if n.name not in self.reserved and n.schedulable
                 and fits(job, n, ignore_usage=True)]
-        pool.sort(key=lambda n: (-len(n.free_gpus), n.name))
+        pool.sort(key=lambda n: (-(len(n.free_gpus) + below.get(n.name, 0)), n.name))
         for n in pool[:job.nodes]:
             self.reserved.add(n.name)
 

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "BENCHMARKS.md"
 sys.path.insert(0, str(REPO))
 
-from scripts.benchmarks import decide_time, preemption  # noqa: E402
+from scripts.benchmarks import decide_time, preemption, simulation  # noqa: E402
 
 
 def machine() -> str:
@@ -52,7 +52,8 @@ def section_preemption(args) -> str:
         cm=r["checkpoint_median_s"])
 
 
-SECTIONS = {"decide": section_decide, "preemption": section_preemption}
+SECTIONS = {"decide": section_decide, "preemption": section_preemption,
+            "simulation": lambda args: simulation.section()}
 
 
 def rewrite(name: str, body: str, command: str) -> None:

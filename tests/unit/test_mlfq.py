@@ -139,11 +139,17 @@ def test_starvation_guard_promotes_and_reservation_holds_nodes():
     victim = running(2, [("a", [0, 1])], start=100.0, attained=300.0)  # level 1 past its quantum
     plan = decide(snapshot(600.0, [node("a", gpus=2)], [starving, victim]))
     assert [p.job_id for p in plan.preempts] == [2]  # promoted to level 0, so it may preempt level 1
-    # A 4-GPU job waiting 400 s (> reservation_after) reserves node a; a small job takes node b only.
-    blocker = running(3, [("a", [0])], start=390.0)
-    jobs = [blocker, pending(4, gpus=4, t=0.0), pending(5, gpus=1, t=10.0)]
-    plan = decide(snapshot(400.0, [node("a"), node("b", gpus=1)], jobs))
-    assert [(s.job_id, s.placement.nodes) for s in plan.starts] == [(5, ("b",))]
+    # A starving 2-node gang (promoted, waited > reservation_after) holds both nodes: the small job
+    # that would fit on node b waits instead of taking the GPU the gang needs.
+    busy = running(3, [("b", [0, 1, 2])], start=590.0)  # level 0, within its quantum: no victim
+    gang = pending(4, gpus=4, nodes=2, attained=200.0, pending_since=0.0, t=0.0)
+    small = pending(5, gpus=1, t=10.0)
+    plan = decide(snapshot(600.0, [node("a"), node("b")], [busy, gang, small]))
+    assert plan.starts == () and dict((w.job_id, w.reason) for w in plan.waits) == {4: "Resources", 5: "Priority"}
+    # The same gang not yet starving reserves nothing: the small job starts.
+    young = replace(gang, pending_since=500.0)
+    plan = decide(snapshot(600.0, [node("a"), node("b")], [busy, young, small]))
+    assert [s.job_id for s in plan.starts] == [5]
 
 
 def test_held_jobs_wait():

@@ -1,0 +1,35 @@
+"""The example configs in conf/ load, and the shipped MLFQ defaults are the code's defaults (the
+ones docs/BENCHMARKS.md justifies)."""
+from pathlib import Path
+
+import pytest
+
+from hai_cluster.config import ConfigError, load_agent_config, load_controller_config
+from hai_cluster.scheduling.mlfq import MlfqConfig
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def test_example_configs_load_and_match_the_defaults():
+    ctl = load_controller_config(CONF / "controller.toml")
+    assert ctl.scheduler.mlfq == MlfqConfig()
+    assert [n.name for n in ctl.nodes] == ["gpu01", "gpu02"]
+    assert load_agent_config(CONF / "agent.toml").name == "gpu01"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[scheduler]\nquanta = [1.0]\n", "one quantum per level"),
+    ("[scheduler]\nthresholds = [10.0, 5.0]\n", "increasing"),
+    ("[scheduler]\npolicy = \"lottery\"\n", "scheduler.policy"),
+    ("[scheduler]\nmax_user_priority = \"godlike\"\n", "max_user_priority"),
+    ("[scheduler]\nquantum = 5\n", "unknown key(s) in [scheduler]: quantum"),
+    ("[controller]\ntick_seconds = \"fast\"\n", "controller.tick_seconds must be a number"),
+    ("[[nodes]]\naddress = \"x\"\n", "nodes[0].name is required"),
+    ("[[nodes]]\nname = \"a\"\ntransport = \"carrier-pigeon\"\n", "transport must be ssh or local"),
+    ("not toml at all [", "invalid TOML"),
+])
+def test_bad_controller_configs_name_the_key(tmp_path, text, message):
+    path = tmp_path / "controller.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        load_controller_config(path)
