@@ -75,6 +75,12 @@ class ControllerConfig:
     database: str = "sqlite:////var/lib/hai/hai.db"
     state_dir: str = "/var/lib/hai"
     tick_seconds: float = 1.0
+    # A node whose agent has not answered for this long goes down: its runs end as NODE_FAIL and
+    # are requeued. Until then a link that flaps just delays new work on the node.
+    node_down_after: float = 60.0
+    # Seconds between keep-alive pings on each agent link; a ping unanswered for twice this long
+    # drops the link (and the node shows as not responding).
+    ping_interval: float = 5.0
     admins: tuple[str, ...] = ("root",)
     partitions: tuple[str, ...] = ("gpu",)
     default_partition: str = "gpu"
@@ -213,6 +219,8 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         database=c.get("database", str, "sqlite:////var/lib/hai/hai.db"),
         state_dir=c.get("state_dir", str, "/var/lib/hai"),
         tick_seconds=c.get("tick_seconds", float, 1.0),
+        node_down_after=c.get("node_down_after", float, 60.0),
+        ping_interval=c.get("ping_interval", float, 5.0),
         admins=c.strings("admins", ("root",)),
         partitions=partitions,
         default_partition=c.get("default_partition", str, partitions[0]),
@@ -231,6 +239,8 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     if cfg.default_partition not in partitions:
         raise ConfigError(f"{path}: controller.default_partition {cfg.default_partition!r} is not in partitions")
     _positive(path, "controller.tick_seconds", cfg.tick_seconds)
+    _positive(path, "controller.node_down_after", cfg.node_down_after)
+    _positive(path, "controller.ping_interval", cfg.ping_interval)
     return cfg
 
 

@@ -101,6 +101,27 @@ def preempt(job_id):
     _job_action("preempt", job_id)
 
 
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("assignments", nargs=-1, required=True)
+def update(assignments):
+    """Change a node, scontrol style: update NodeName=X State=DRAIN|RESUME|DOWN Reason="..."."""
+    fields = {}
+    for item in assignments:
+        key, sep, value = item.partition("=")
+        if not sep:
+            fail("hcontrol", f"Invalid input: {item} (expected KEY=VALUE)")
+        fields[key.lower()] = value
+    name = fields.pop("nodename", None) or fields.pop("node", None)
+    if not name:
+        fail("hcontrol", "update needs NodeName=NAME (jobs and accounts come later)")
+    if "state" not in fields:
+        fail("hcontrol", "update NodeName=... needs State=DRAIN, RESUME or DOWN")
+    body = {"name": name, "state": fields.pop("state"), "reason": fields.pop("reason", None)}
+    if fields:
+        fail("hcontrol", f"Update of node {name} failed: unknown field(s) {', '.join(sorted(fields))}")
+    call("hcontrol", "update_node", body)
+
+
 @show.command("node")
 @click.argument("name", required=False)
 def show_node(name):

@@ -256,6 +256,24 @@ def build_api(ctl: Controller) -> RpcTable:
         ctl.wake()
         return {"job_id": job["id"]}
 
+    @api.expose("update_node")
+    async def update_node(body, caller: Caller):
+        """Admins: drain a node (running jobs finish, nothing new starts), resume it, or set it down."""
+        if not caller.admin:
+            raise RequestError("Access/permission denied: only administrators may change node state")
+        name = _expect(body, "name", str, required=True)
+        state = _expect(body, "state", str, required=True).lower()
+        reason = _expect(body, "reason", str)
+        target = {"drain": "drain", "resume": "up", "up": "up", "idle": "up", "down": "down"}.get(state)
+        if target is None:
+            raise RequestError(f"Invalid node state specified: {state} (use drain, resume or down)")
+        if target != "up" and not reason:
+            raise RequestError(f"A reason is required to set node {name} {target} (reason=...)")
+        if not await ctl.db(repo().set_node_state, name, target, reason and f"{reason} [{caller.user}]"):
+            raise RequestError(f"Invalid node name specified: {name}")
+        ctl.wake()
+        return {"name": name, "state": target}
+
     api.add("hold", lambda body, caller: set_hold(body, caller, True))
     api.add("release", lambda body, caller: set_hold(body, caller, False))
 

@@ -16,8 +16,6 @@ from ..transport.streams import TransportError, open_stream
 
 log = logging.getLogger(__name__)
 
-PING_INTERVAL = 5.0
-PING_TIMEOUT = 10.0
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 30.0
 
@@ -27,12 +25,13 @@ class NodeUnavailable(Exception):
 
 
 class NodeLink:
-    def __init__(self, node: NodeConfig, ssh: SshConfig, *,
+    def __init__(self, node: NodeConfig, ssh: SshConfig, ping_interval: float, *,
                  on_hello: Callable[[str, dict], Awaitable[None]],
                  on_event: Callable[[str, str, Any], Awaitable[None]],
                  on_lost: Callable[[str, str], Awaitable[None]]) -> None:
         self.node = node
         self.ssh = ssh
+        self.ping_interval = ping_interval
         self._on_hello = on_hello
         self._on_event = on_event
         self._on_lost = on_lost
@@ -86,7 +85,7 @@ class NodeLink:
         conn = RpcConnection(stream.reader, stream.writer, on_event=on_event, name=f"agent {self.name}")
         reader = asyncio.create_task(conn.run())
         try:
-            hello = await conn.call("hello", {"controller": "hai-controller"}, timeout=PING_TIMEOUT)
+            hello = await conn.call("hello", {"controller": "hai-controller"}, timeout=2 * self.ping_interval)
             if hello.get("node") != self.name:
                 raise ConnectionLost(f"agent at {self.node.address} says it is node {hello.get('node')!r}, "
                                      f"expected {self.name!r}")
@@ -95,10 +94,10 @@ class NodeLink:
                      hello.get("gpu_backend"))
             await self._on_hello(self.name, hello)
             while not conn.closed:
-                await asyncio.wait([reader], timeout=PING_INTERVAL)
+                await asyncio.wait([reader], timeout=self.ping_interval)
                 if conn.closed:
                     break
-                await conn.call("ping", {}, timeout=PING_TIMEOUT)
+                await conn.call("ping", {}, timeout=2 * self.ping_interval)
             raise ConnectionLost(conn.close_reason or "connection closed")
         finally:
             was_up = self._conn is conn

@@ -23,6 +23,7 @@ from .nodes import NodeLink, NodeUnavailable
 log = logging.getLogger(__name__)
 
 AGENT_ERRORS = (NodeUnavailable, ConnectionLost, asyncio.TimeoutError, OSError)
+STRAY_WAIT_MAX = 600  # seconds; longer than any sane grace period
 
 
 class Controller:
@@ -33,7 +34,8 @@ class Controller:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
         self.repo: Repository | None = None
         self.links: dict[str, NodeLink] = {
-            n.name: NodeLink(n, cfg.ssh, on_hello=self._on_hello, on_event=self._on_event, on_lost=self._on_lost)
+            n.name: NodeLink(n, cfg.ssh, cfg.ping_interval, on_hello=self._on_hello, on_event=self._on_event,
+                             on_lost=self._on_lost)
             for n in cfg.nodes}
         self.addresses = {n.name: n.address for n in cfg.nodes}
         self._wake = asyncio.Event()
@@ -50,7 +52,7 @@ class Controller:
             engine = make_engine(self.cfg.database)
             upgrade(engine)
             repo = Repository(engine)
-            repo.register_nodes((n.name, n.address, n.partitions) for n in self.cfg.nodes)
+            repo.register_nodes(((n.name, n.address, n.partitions) for n in self.cfg.nodes), time.time())
             return repo
         self.repo = await self.db(open_store)
         self._tasks = [asyncio.create_task(link.run(), name=f"link-{name}") for name, link in self.links.items()]
@@ -81,6 +83,7 @@ class Controller:
                 log.exception("scheduling tick failed; retrying next tick")
 
     async def tick(self) -> None:
+        await self._mark_silent_nodes_down()
         snapshot = await self.db(self.repo.load_snapshot, time.time())
         plan = self.policy.decide(snapshot)
         await self.db(self.repo.set_reasons, {w.job_id: w.reason for w in plan.waits})
@@ -195,19 +198,38 @@ class Controller:
                 log.info("job %d: forget_run on %s failed (%s); the agent will report it again", job_id, node, exc)
         self.wake()
 
+    async def _mark_silent_nodes_down(self) -> None:
+        """A node silent for longer than node_down_after is down: its runs end as NODE_FAIL (and
+        are requeued when they may be), and their other ranks are stopped."""
+        now = time.time()
+        for name in await self.db(self.repo.nodes_unreachable_since, now - self.cfg.node_down_after):
+            link = self.links.get(name)
+            why = f"Not responding for more than {self.cfg.node_down_after:g} s"
+            if link is not None and link.last_error:
+                why += f" ({link.last_error})"
+            ranks = await self.db(self.repo.mark_down, name, why)
+            log.warning("node %s is down: %s; failing %d run(s) there", name, why, len(ranks))
+            for r in ranks:
+                await self._run_ended(name, {"job_id": r.job_id, "attempt": r.attempt, "rank": r.rank,
+                                             "exit_code": None, "signal": None, "reason": "node_fail",
+                                             "message": f"node {name} stopped responding"})
+
     # ---- node link callbacks -----------------------------------------------------------
     async def _on_hello(self, node: str, hello: dict) -> None:
-        now = time.time()
-        await self.db(self.repo.update_inventory, node, hello, now)
+        """Reconcile with what the agent runs, then let the node take work again."""
+        await self.db(self.repo.update_inventory, node, hello, time.time())
         reported = {(int(s["job_id"]), int(s["attempt"])): s for s in hello.get("runs", [])}
         known = {(r.job_id, r.attempt): r for r in await self.db(self.repo.live_ranks, node)}
+        strays = []
         for key, status in reported.items():
             if status.get("state") == "ended":
                 await self._run_ended(node, status)
             elif key not in known:
-                # The store is the truth: a run it does not have as live must not hold GPUs.
+                # The store is the truth: a run it does not have as live (ended while the node was
+                # unreachable, or never recorded) must not hold GPUs.
                 log.warning("node %s runs job %d attempt %d, which the store does not know live; ending it",
                             node, *key)
+                strays.append(key)
                 try:
                     await self.links[node].call("terminate_run", {"job_id": key[0], "attempt": key[1],
                                                                   "reason": "cancel"})
@@ -221,7 +243,28 @@ class Controller:
                 await self._run_ended(node, {"job_id": key[0], "attempt": key[1], "rank": r.rank,
                                              "exit_code": None, "signal": None, "reason": "lost",
                                              "message": f"run vanished from node {node}"})
+        if strays:
+            await self._wait_for_strays(node, set(strays))
+        await self.db(self.repo.set_responding, node, True, time.time())
         self.wake()
+
+    async def _wait_for_strays(self, node: str, strays: set) -> None:
+        """Leftover processes go before the node takes new work (their grace period included)."""
+        deadline = time.monotonic() + STRAY_WAIT_MAX
+        while strays and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            runs = {(int(s["job_id"]), int(s["attempt"])): s
+                    for s in (await self.links[node].call("list_runs", {}))["runs"]}
+            for key in list(strays):
+                status = runs.get(key)
+                if status is None:  # ended, reported and acknowledged meanwhile
+                    strays.discard(key)
+                elif status.get("state") == "ended":
+                    strays.discard(key)
+                    await self._run_ended(node, status)  # recorded already: this acknowledges it
+        if strays:
+            log.warning("node %s: %d leftover run(s) still alive after %d s; taking work anyway",
+                        node, len(strays), STRAY_WAIT_MAX)
 
     async def _on_event(self, node: str, name: str, body: Any) -> None:
         if name == "run_exited" and isinstance(body, dict) and "job_id" in body and "attempt" in body:

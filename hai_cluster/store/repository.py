@@ -16,6 +16,7 @@ from ..core.states import ACTIVE_STATES, JobState
 from .schema import gpus, jobs, nodes, run_ranks, runs
 
 ACTIVE = [s.value for s in ACTIVE_STATES]
+NOT_RESPONDING = "Not responding"  # reason prefix of nodes the controller itself declared down
 
 
 @dataclass(frozen=True)
@@ -245,23 +246,25 @@ class Repository:
             return RankEnd(True, run_state=outcome.state, job_state=new_state)
 
     # ---- nodes ---------------------------------------------------------------------------
-    def register_nodes(self, configured: Iterable[tuple[str, str, Sequence[str]]]) -> None:
-        """Make sure every configured node has a row; all start as not responding."""
+    def register_nodes(self, configured: Iterable[tuple[str, str, Sequence[str]]], now: float) -> None:
+        """Make sure every configured node has a row. All start as not responding, and get the
+        full grace time from now to reconnect before they are declared down."""
         with self.engine.begin() as c:
             existing = {r.name for r in c.execute(select(nodes.c.name))}
             for name, address, partitions in configured:
                 if name in existing:
                     c.execute(update(nodes).where(nodes.c.name == name).values(
-                        address=address, partitions=list(partitions), responding=False))
+                        address=address, partitions=list(partitions), responding=False, unreachable_since=now))
                 else:
                     c.execute(insert(nodes).values(name=name, address=address, state="up", responding=False,
-                                                   cpus=0, mem_mb=0, partitions=list(partitions)))
+                                                   cpus=0, mem_mb=0, partitions=list(partitions),
+                                                   unreachable_since=now))
 
     def update_inventory(self, name: str, hello: Mapping[str, Any], now: float) -> None:
         with self.engine.begin() as c:
             c.execute(update(nodes).where(nodes.c.name == name).values(
                 cpus=int(hello["cpus"]), mem_mb=int(hello["mem_mb"]), gpu_backend=str(hello["gpu_backend"]),
-                responding=True, last_seen=now))
+                last_seen=now))
             c.execute(delete(gpus).where(gpus.c.node == name))
             for g in hello["gpus"]:
                 c.execute(insert(gpus).values(node=name, index=int(g["index"]), uuid=str(g["uuid"]),
@@ -269,10 +272,35 @@ class Repository:
 
     def set_responding(self, name: str, responding: bool, now: float) -> None:
         with self.engine.begin() as c:
-            values: dict[str, Any] = {"responding": responding}
             if responding:
-                values["last_seen"] = now
-            c.execute(update(nodes).where(nodes.c.name == name).values(**values))
+                c.execute(update(nodes).where(nodes.c.name == name).values(
+                    responding=True, last_seen=now, unreachable_since=None))
+                # A node that went down only because it stopped answering is back.
+                c.execute(update(nodes).where(nodes.c.name == name, nodes.c.state == "down",
+                                              nodes.c.reason.like(f"{NOT_RESPONDING}%")).values(state="up", reason=None))
+            else:
+                c.execute(update(nodes).where(nodes.c.name == name).values(responding=False))
+                c.execute(update(nodes).where(nodes.c.name == name, nodes.c.unreachable_since.is_(None))
+                          .values(unreachable_since=now))
+
+    def nodes_unreachable_since(self, before: float) -> list[str]:
+        """Nodes still up (or draining) that have not answered since `before`."""
+        with self.engine.connect() as c:
+            return [r.name for r in c.execute(select(nodes.c.name).where(
+                nodes.c.responding.is_(False), nodes.c.state != "down", nodes.c.unreachable_since < before))]
+
+    def mark_down(self, name: str, reason: str) -> list[RankRef]:
+        """The node is down: it gets no work; its live ranks are returned for the caller to fail."""
+        with self.engine.begin() as c:
+            c.execute(update(nodes).where(nodes.c.name == name).values(state="down", reason=reason))
+        return self.live_ranks(name)
+
+    def set_node_state(self, name: str, state: str, reason: str | None) -> bool:
+        """Administrative state: up (resume), drain (finish what runs, start nothing), down."""
+        with self.engine.begin() as c:
+            res = c.execute(update(nodes).where(nodes.c.name == name).values(
+                state=state, reason=None if state == "up" else reason))
+            return res.rowcount == 1
 
     # ---- queries for the CLI -------------------------------------------------------------
     def jobs(self, *, ids: Sequence[int] | None = None, states: Sequence[str] | None = None,

@@ -96,6 +96,7 @@ nodes = Table(
     Column("gpu_backend", String(16)),
     Column("partitions", JSON, nullable=False),
     Column("last_seen", Float),
+    Column("unreachable_since", Float),  # 0003: when the link went down; None while responding
 )
 
 gpus = Table(

@@ -135,14 +135,16 @@ class Cluster:
             except (ClientError, AssertionError):
                 pass
         self.stop()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        if not os.environ.get("HAI_KEEP_TEST_DIRS"):  # keep the logs to debug a failure
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def python_daemon(module: str, config: Path) -> list[str]:
     return [sys.executable, "-m", module, "--config", str(config)]
 
 
-def start_ssh_cluster(ssh_nodes, *, gpus_per_node: int, scheduler_toml: str = "", tick: float = 0.3) -> Cluster:
+def start_ssh_cluster(ssh_nodes, *, gpus_per_node: int, scheduler_toml: str = "", tick: float = 0.3,
+                      controller_toml: str = "") -> Cluster:
     """Agents in the nodes' namespaces behind their sshd, a controller reaching them over SSH.
 
     Everything lives under a fresh /tmp directory readable by the test users (pytest's own tmp
@@ -165,7 +167,7 @@ def start_ssh_cluster(ssh_nodes, *, gpus_per_node: int, scheduler_toml: str = ""
     ctl_sock = base / "controller.sock"
     (base / "controller.toml").write_text(
         f'[controller]\nsocket = "{ctl_sock}"\ndatabase = "sqlite:///{base}/hai.db"\nstate_dir = "{base}"\n'
-        f'tick_seconds = {tick}\n\n[ssh]\nuser = "root"\nkey = "{ssh_nodes[0].key}"\n'
+        f'tick_seconds = {tick}\n{controller_toml}\n[ssh]\nuser = "root"\nkey = "{ssh_nodes[0].key}"\n'
         f'known_hosts = "{ssh_nodes[0].known_hosts}"\n\n{scheduler_toml}\n' + "\n".join(node_tables))
     controller = Daemon(python_daemon("hai_cluster.controller.daemon", base / "controller.toml"),
                         base / "controller.log")

@@ -4,8 +4,8 @@ from sqlalchemy import inspect
 
 from hai_cluster.core.model import JobSpec, Placement
 from hai_cluster.core.states import JobState
-from hai_cluster.store.engine import current_revision, downgrade, make_engine, upgrade
-from hai_cluster.store.repository import Repository
+from hai_cluster.store.engine import current_revision, downgrade, head_revision, make_engine, upgrade
+from hai_cluster.store.repository import RankRef, Repository
 from hai_cluster.store.schema import metadata
 
 
@@ -21,11 +21,12 @@ def engine(request, tmp_path):
 @pytest.fixture
 def repo(engine):
     r = Repository(engine)
-    r.register_nodes([("a", "10.0.0.1", ["gpu"]), ("b", "10.0.0.2", ["gpu"])])
+    r.register_nodes([("a", "10.0.0.1", ["gpu"]), ("b", "10.0.0.2", ["gpu"])], now=0.0)
     for name in ("a", "b"):
         r.update_inventory(name, {"cpus": 8, "mem_mb": 1000, "gpu_backend": "simulated",
                                   "gpus": [{"index": i, "uuid": f"{name}{i}", "name": "sim", "memory_mb": 10}
                                            for i in range(2)]}, now=1.0)
+        r.set_responding(name, True, now=1.0)
     return r
 
 
@@ -34,14 +35,14 @@ def spec(**kw):
 
 
 def test_migrations_match_the_schema_and_go_down_and_up(engine):
-    assert current_revision(engine) == "0002"
+    assert current_revision(engine) == head_revision() == "0003"
     insp = inspect(engine)
     for table in metadata.sorted_tables:
         assert {c["name"] for c in insp.get_columns(table.name)} == {c.name for c in table.columns}
     downgrade(engine, "base")
     assert not [t for t in inspect(engine).get_table_names() if t != "alembic_version"]
     upgrade(engine)
-    assert current_revision(engine) == "0002"
+    assert current_revision(engine) == head_revision()
 
 
 def test_snapshot_reflects_allocations(repo):
@@ -106,3 +107,31 @@ def test_cancel_paths(repo):
     assert repo.request_end(r, "cancel") and repo.job(r)["state"] == "COMPLETING"
     res = repo.rank_ended(r, 0, "a", {"exit_code": 0}, now=4)  # even a clean exit after cancel
     assert res.job_state == JobState.CANCELLED
+
+
+def test_migration_0002_keeps_jobs_and_fills_pending_since(engine):
+    from sqlalchemy import text
+    downgrade(engine, "0001")
+    with engine.begin() as c:
+        c.execute(text("INSERT INTO jobs (name, \"user\", uid, gid, partition, state, reason, priority, submit_time, "
+                       "nodes, gpus_per_node, cpus_per_task, hold, spec, restart_count, attempts, nodelist, "
+                       "attained_gpu_seconds, version) VALUES ('old', 'u', 1, 1, 'gpu', 'PENDING', 'None', 'normal', "
+                       "42.0, 1, 1, 1, false, '{}', 0, 0, '', 0.0, 1)"))
+    upgrade(engine)
+    job = Repository(engine).jobs()[0]
+    assert (job["name"], job["pending_since"], job["preemptible"], job["hold_admin"]) == ("old", 42.0, True, False)
+
+
+def test_nodes_go_down_after_silence_and_come_back(repo):
+    repo.set_responding("a", False, now=10.0)
+    assert repo.nodes_unreachable_since(15.0) == ["a"]
+    j = repo.submit(spec(), user="u", uid=1, gid=1, partition="gpu", now=1)
+    repo.start_run(j, Placement(("b",), ((),)), now=2)
+    assert repo.mark_down("b", "Not responding for more than 5 s") == [RankRef(j, 0, 0, "b", (), "starting")]
+    assert repo.nodes_unreachable_since(15.0) == ["a"]  # b is down already, not counted again
+    repo.set_responding("b", True, now=20.0)
+    row = {n["name"]: n for n in repo.nodes()}["b"]
+    assert (row["state"], row["reason"], row["responding"]) == ("up", None, True)
+    repo.set_node_state("a", "drain", "maintenance")
+    repo.set_responding("a", True, now=21.0)
+    assert {n["name"]: n for n in repo.nodes()}["a"]["state"] == "drain"  # an admin's drain stays
