@@ -12,17 +12,26 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from sqlalchemy.exc import DBAPIError
+
 from ..config import ControllerConfig
 from ..scheduling.registry import make_policy
 from ..store.engine import make_engine, upgrade
 from ..store.repository import RankRef, Repository
-from ..transport.rpc import ConnectionLost, RpcError
+from ..transport.rpc import ConnectionLost, RequestError, RpcError
 from .dispatch import rank_spec
 from .nodes import NodeLink, NodeUnavailable
 
 log = logging.getLogger(__name__)
 
 AGENT_ERRORS = (NodeUnavailable, ConnectionLost, asyncio.TimeoutError, OSError)
+# Seconds between full comparisons of each agent's runs with the store: an end reported while the
+# store was down (the agent pushes it once) is picked up here; acknowledged ends are never lost.
+RESYNC_INTERVAL = 15.0
+
+
+class StoreUnavailable(RequestError):
+    """The database cannot be reached: the request changed nothing and may be retried."""
 STRAY_WAIT_MAX = 600  # seconds; longer than any sane grace period
 
 
@@ -42,9 +51,22 @@ class Controller:
         self._in_flight: set[tuple[int, int, str]] = set()  # start_run requests under way
         self._told_to_end: set[tuple[int, int, str, int]] = set()  # (job, attempt, node, link generation)
         self._tasks: list[asyncio.Task] = []
+        self.store_down = False
+        self._last_resync = 0.0
 
     async def db(self, fn: Callable, *args, **kw) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: fn(*args, **kw))
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(self._executor, lambda: fn(*args, **kw))
+        except DBAPIError as exc:
+            if not self.store_down:
+                log.error("the store is unavailable (%s); no decisions until it is back",
+                          str(exc.orig).strip().splitlines()[0] if exc.orig else exc)
+            self.store_down = True
+            raise StoreUnavailable("the job store is unavailable; nothing was changed, try again shortly") from None
+        if self.store_down:
+            log.warning("the store is back")
+            self.store_down = False
+        return result
 
     # ---- start and stop --------------------------------------------------------------------
     async def start(self) -> None:
@@ -77,8 +99,13 @@ class Controller:
             self._wake.clear()
             try:
                 await self.tick()
+                if time.monotonic() - self._last_resync >= RESYNC_INTERVAL:
+                    self._last_resync = time.monotonic()
+                    await self._resync_all()
             except asyncio.CancelledError:
                 raise
+            except StoreUnavailable:
+                pass  # logged once by db(); the next tick tries again
             except Exception:
                 log.exception("scheduling tick failed; retrying next tick")
 
@@ -142,6 +169,8 @@ class Controller:
                                          "signal": None, "reason": "launch_failed", "message": str(exc)})
         except AGENT_ERRORS as exc:  # unknown whether it started: the retry pass asks again
             log.warning("job %d: dispatch to %s not confirmed (%s); will retry", job["id"], node, exc)
+        except StoreUnavailable:  # started but not recorded as running: the next resync records it
+            pass
         finally:
             self._in_flight.discard(key)
 
@@ -218,7 +247,25 @@ class Controller:
     async def _on_hello(self, node: str, hello: dict) -> None:
         """Reconcile with what the agent runs, then let the node take work again."""
         await self.db(self.repo.update_inventory, node, hello, time.time())
-        reported = {(int(s["job_id"]), int(s["attempt"])): s for s in hello.get("runs", [])}
+        strays = await self._reconcile(node, hello.get("runs", []))
+        if strays:
+            await self._wait_for_strays(node, strays)
+        await self.db(self.repo.set_responding, node, True, time.time())
+        self.wake()
+
+    async def _resync_all(self) -> None:
+        for name, link in self.links.items():
+            if link.connected:
+                try:
+                    runs = (await link.call("list_runs", {}))["runs"]
+                except (RpcError, *AGENT_ERRORS) as exc:
+                    log.info("resync with %s failed: %s", name, exc)
+                    continue
+                await self._reconcile(name, runs)
+
+    async def _reconcile(self, node: str, runs: list) -> set:
+        """Make the store and an agent's run list agree. Returns the stray runs told to end."""
+        reported = {(int(s["job_id"]), int(s["attempt"])): s for s in runs}
         known = {(r.job_id, r.attempt): r for r in await self.db(self.repo.live_ranks, node)}
         strays = []
         for key, status in reported.items():
@@ -237,16 +284,19 @@ class Controller:
                     log.warning("could not end unknown run on %s: %s", node, exc)
             elif known[key].state == "starting":
                 await self.db(self.repo.mark_rank_running, key[0], key[1], node)
-        for key, r in known.items():
-            if key not in reported and r.state == "running":
-                log.warning("job %d attempt %d: node %s no longer has the run; recording it lost", *key, node)
-                await self._run_ended(node, {"job_id": key[0], "attempt": key[1], "rank": r.rank,
-                                             "exit_code": None, "signal": None, "reason": "lost",
-                                             "message": f"run vanished from node {node}"})
-        if strays:
-            await self._wait_for_strays(node, set(strays))
-        await self.db(self.repo.set_responding, node, True, time.time())
-        self.wake()
+        missing = [(key, r) for key, r in known.items() if key not in reported and r.state == "running"]
+        if missing:
+            # A second look, taken after the store was read: a run started while the first list was
+            # on its way shows up here, so only a run that really vanished is declared lost.
+            listed = (await self.links[node].call("list_runs", {}))["runs"]
+            fresh = {(int(s["job_id"]), int(s["attempt"])) for s in listed}
+            missing = [(key, r) for key, r in missing if key not in fresh]
+        for key, r in missing:
+            log.warning("job %d attempt %d: node %s no longer has the run; recording it lost", *key, node)
+            await self._run_ended(node, {"job_id": key[0], "attempt": key[1], "rank": r.rank,
+                                         "exit_code": None, "signal": None, "reason": "lost",
+                                         "message": f"run vanished from node {node}"})
+        return set(strays)
 
     async def _wait_for_strays(self, node: str, strays: set) -> None:
         """Leftover processes go before the node takes new work (their grace period included)."""
@@ -268,7 +318,10 @@ class Controller:
 
     async def _on_event(self, node: str, name: str, body: Any) -> None:
         if name == "run_exited" and isinstance(body, dict) and "job_id" in body and "attempt" in body:
-            await self._run_ended(node, body)
+            try:
+                await self._run_ended(node, body)
+            except StoreUnavailable:
+                pass  # not acknowledged to the agent: the next resync delivers it again
         else:
             log.warning("node %s sent an unknown or malformed event %r", node, name)
 

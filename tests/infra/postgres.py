@@ -189,6 +189,23 @@ class PrivatePostgres:
             self._kill_postmaster()
         raise PostgresError(f"pg_ctl start failed:\n{last}")
 
+    def stop(self) -> None:
+        """Stop the server, keeping its data and port, to test what happens while it is down."""
+        proc = self._run([self._bin("pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "-t", "30", "stop"],
+                         as_owner=True, timeout=60)
+        if proc.returncode != 0:
+            raise PostgresError(f"pg_ctl stop failed:\n{proc.stdout}")
+
+    def resume(self) -> None:
+        """Start a stopped server again on the same port."""
+        opts = (f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories={self.socket_dir} "
+                f"-c fsync=off -c full_page_writes=off -c synchronous_commit=off")
+        proc = self._run([self._bin("pg_ctl"), "-D", str(self.data_dir), "-l", str(self.log_file), "-w", "-t",
+                          str(int(self.start_timeout)), "-o", opts, "start"], as_owner=True,
+                         timeout=self.start_timeout + 30)
+        if proc.returncode != 0:
+            raise PostgresError(f"pg_ctl start failed:\n{proc.stdout}\n{self.log_tail()}")
+
     def close(self) -> None:
         """Stop the server and remove its directory. Idempotent."""
         if self.dir is None:
