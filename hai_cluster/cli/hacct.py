@@ -1,60 +1,122 @@
-"""hacct: accounting, one row per run of each job (like sacct, which shows requeued runs too)."""
+"""hacct: accounting, one row per run of each job (like sacct, which shows requeued runs too).
+
+A job that never started has one row with its own state. Fields are sacct's names; the extra ones
+are AllocGPUS, GPUHours, Restarts and Reason."""
 from __future__ import annotations
 
+import datetime
 import json
+import re
 import sys
+import time
+from typing import Callable
 
 import click
 
 from ..core.hostlist import compress
-from ..core.states import JobState
-from ..core.timefmt import format_duration
+from ..core.timefmt import format_duration, parse_datetime
 from .common import call, fail, print_table, split_list
 
-HEADERS = ["JobID", "JobName", "Partition", "State", "ExitCode", "Elapsed", "Restarts", "NodeList", "AllocGPUS"]
+DEFAULT_FIELDS = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
+LONG_FIELDS = "JobID,JobName,Partition,State,ExitCode,Elapsed,Restarts,NodeList,AllocGPUS,GPUHours,Reason"
 
 
-def exit_code(code, sig) -> str:
-    return f"{code if code is not None else 0}:{sig or 0}"
+def _time(t) -> str:
+    return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S") if t else "Unknown"
 
 
-def rows_for(reply: dict) -> list[list]:
+def _state(row: dict) -> str:
+    why = row.get("reason") or ""
+    if row["state"] == "CANCELLED" and why.startswith("cancelled by "):
+        return f"CANCELLED by {why.split()[-1]}"
+    return row["state"]
+
+
+def _elapsed(row: dict) -> int:
+    if not row.get("start_time"):
+        return 0
+    return int((row.get("end_time") or row["now"]) - row["start_time"])
+
+
+FIELDS: dict[str, Callable[[dict], object]] = {
+    "jobid": lambda r: r["job_id"],
+    "jobname": lambda r: r["name"],
+    "partition": lambda r: r["partition"],
+    "account": lambda r: r.get("account") or "",
+    "user": lambda r: r["user"],
+    "alloccpus": lambda r: r["cpus"],
+    "allocgpus": lambda r: r["gpus"],
+    "state": _state,
+    "exitcode": lambda r: f"{r['exit_code'] if r['exit_code'] is not None else 0}:{r['exit_signal'] or 0}",
+    "elapsed": lambda r: format_duration(_elapsed(r)),
+    "submit": lambda r: _time(r["submit_time"]),
+    "start": lambda r: _time(r.get("start_time")),
+    "end": lambda r: _time(r.get("end_time")),
+    "restarts": lambda r: r["attempt"],
+    "nodelist": lambda r: compress([n for n in (r.get("nodelist") or "").split(",") if n]) or "None assigned",
+    "gpuhours": lambda r: f"{r['gpus'] * _elapsed(r) / 3600:.2f}",
+    "reason": lambda r: r.get("reason") or "",
+}
+RIGHT = {"jobid", "alloccpus", "allocgpus", "elapsed", "restarts", "gpuhours"}
+_FIELD = re.compile(r"([A-Za-z]+)(?:%(\d+))?")
+
+
+def parse_fields(text: str) -> list[tuple[str, str, int | None]]:
+    """sacct -o: 'JobID,State%20' -> [(key, header, width)]."""
+    out = []
+    for item in text.split(","):
+        m = _FIELD.fullmatch(item.strip())
+        if not m or m[1].lower() not in FIELDS:
+            raise click.BadParameter(f"invalid field {item!r}; valid: {', '.join(sorted(FIELDS))}")
+        out.append((m[1].lower(), m[1], int(m[2]) if m[2] else None))
+    return out
+
+
+def rows_for(reply: dict) -> list[dict]:
+    """Flat rows: one per run, plus one for each job waiting for its (next) run or ended unrun."""
     now = reply["now"]
+    jobs = {j["id"]: j for j in reply["jobs"]}
     by_job: dict[int, list] = {}
     for r in reply["runs"]:
-        end = r["end_time"] or now
-        state = r["state"] if r["end_time"] else reply_job_state(reply, r["job_id"], r["state"])
-        by_job.setdefault(r["job_id"], []).append([
-            r["job_id"], r["name"], r["partition"], state, exit_code(r["exit_code"], r["exit_signal"]),
-            format_duration(int(end - r["start_time"])), r["attempt"],
-            compress([n for n in r["nodelist"].split(",") if n]), r["gpus"]])
+        job = jobs.get(r["job_id"])
+        if job is None:
+            continue
+        state = r["state"] if r["end_time"] else job["state"]  # a live run shows the job's state
+        by_job.setdefault(r["job_id"], []).append({
+            **r, "state": state, "now": now, "submit_time": job["submit_time"], "user": job["user"],
+            "cpus": job["cpus_per_task"] * job["nodes"]})
     rows = []
     for job in reply["jobs"]:
-        rows.extend(by_job.get(job["id"], []))
-        if job["state"] == JobState.PENDING.value or (not by_job.get(job["id"]) and job["state"] != "RUNNING"):
-            # a job waiting for its (next) run, or one that ended before any run started
-            rows.append([job["id"], job["name"], job["partition"], job["state"],
-                         exit_code(job["exit_code"], job["exit_signal"]), "0:00",
-                         job["restart_count"], "None assigned", 0])
+        runs = by_job.get(job["id"], [])
+        rows.extend(runs)
+        if job["state"] == "PENDING" or (not runs and job["state"] not in ("RUNNING", "COMPLETING", "PREEMPTING")):
+            rows.append({"job_id": job["id"], "name": job["name"], "partition": job["partition"], "user": job["user"],
+                         "state": job["state"], "exit_code": job["exit_code"], "exit_signal": job["exit_signal"],
+                         "start_time": None, "end_time": job["end_time"], "submit_time": job["submit_time"],
+                         "now": now, "attempt": job["restart_count"], "nodelist": "", "gpus": 0,
+                         "cpus": job["cpus_per_task"] * job["nodes"], "reason": job["reason"]})
     return rows
 
 
-def reply_job_state(reply: dict, job_id: int, run_state: str) -> str:
-    """A run still going shows the job's live state (RUNNING, COMPLETING, ...)."""
-    for j in reply["jobs"]:
-        if j["id"] == job_id:
-            return j["state"]
-    return run_state
+def in_window(row: dict, start: float | None, end: float | None) -> bool:
+    """sacct -S/-E: the row's lifetime (submit to end, or now) overlaps the window."""
+    first = row.get("start_time") or row["submit_time"]
+    last = row.get("end_time") or row["now"]
+    return (start is None or last >= start) and (end is None or first <= end)
 
 
 @click.command(context_settings={"help_option_names": ["--help"]})
 @click.option("-j", "--jobs", "job_ids", multiple=True, help="only these job ids (comma list)")
 @click.option("-u", "--user", "users", multiple=True, help="only these users")
 @click.option("--me", is_flag=True, help="only my jobs")
+@click.option("-S", "--starttime", help="from this time (default: midnight today, unless -j)")
+@click.option("-E", "--endtime", help="until this time (default: now)")
+@click.option("-o", "--format", "fmt", help=f"fields, e.g. JobID,State%20 (default {DEFAULT_FIELDS})")
+@click.option("-l", "--long", "long_", is_flag=True, help=f"fields {LONG_FIELDS}")
 @click.option("-n", "--noheader", is_flag=True, help="no header line")
 @click.option("-P", "--parsable2", "parsable", is_flag=True, help="'|'-separated output")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def main(job_ids, users, me, noheader, parsable, as_json):
+def main(job_ids, users, me, starttime, endtime, fmt, long_, noheader, parsable, as_json):
     """Show accounting data: every run of every job."""
     body: dict = {}
     if job_ids:
@@ -67,16 +129,26 @@ def main(job_ids, users, me, noheader, parsable, as_json):
         body["users"] = [getpass.getuser()]
     elif users:
         body["users"] = split_list(users)
+    try:
+        fields = parse_fields(fmt or (LONG_FIELDS if long_ else DEFAULT_FIELDS))
+        now = time.time()
+        start = parse_datetime(starttime, now) if starttime else (None if job_ids else parse_datetime("midnight", now))
+        end = parse_datetime(endtime, now) if endtime else None
+    except (click.BadParameter, ValueError) as exc:
+        fail("hacct", getattr(exc, "message", None) or str(exc))
     reply = call("hacct", "acct", body)
     if as_json:
         json.dump(reply, sys.stdout, indent=2, default=str)
         print()
         return
-    rows = rows_for(reply)
+    rows = [r for r in rows_for(reply) if in_window(r, start, end)]
+    cells = [[FIELDS[key](r) for key, _h, _w in fields] for r in rows]
     if parsable:
         if not noheader:
-            print("|".join(HEADERS))
-        for row in rows:
+            print("|".join(h for _k, h, _w in fields))
+        for row in cells:
             print("|".join(str(c) for c in row))
         return
-    print_table(HEADERS, rows, header=not noheader, right=[0, 5, 6, 8])
+    cells = [[str(c)[:w] if w else c for c, (_k, _h, w) in zip(row, fields)] for row in cells]
+    print_table([h for _k, h, _w in fields], cells, header=not noheader,
+                right=[i for i, (k, _h, _w) in enumerate(fields) if k in RIGHT])

@@ -28,7 +28,7 @@ def parse_signal(text: str) -> int:
 @click.option("-n", "--name", "names", multiple=True, help="only jobs with these names")
 @click.option("-p", "--partition", "partitions", multiple=True, help="only jobs in these partitions")
 @click.option("-s", "--signal", "sig", help="send this signal instead of cancelling")
-@click.option("-Q", "--quiet", is_flag=True, help="do not report errors")
+@click.option("-Q", "--quiet", is_flag=True, help="do not report jobs that have already ended")
 def main(job_ids, users, me, states, names, partitions, sig, quiet):
     """Cancel jobs (or send them a signal)."""
     body: dict = {}
@@ -54,8 +54,8 @@ def main(job_ids, users, me, states, names, partitions, sig, quiet):
     if len(body) == (1 if sig else 0):
         fail("hcancel", "No job identification provided")
     reply = call("hcancel", "cancel", body)
-    if reply["errors"]:
-        if not quiet:
-            for err in reply["errors"]:
-                print(f"hcancel: error: {err}", file=sys.stderr)
+    errors = [e for e in reply["errors"] if not (quiet and "already completing or completed" in e)]
+    for err in errors:
+        print(f"hcancel: error: {err}", file=sys.stderr)
+    if errors:
         sys.exit(1)

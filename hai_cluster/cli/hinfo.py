@@ -7,7 +7,7 @@ import sys
 import click
 
 from ..core.hostlist import compress
-from .common import call, print_table
+from .common import call, fail, print_table
 
 
 def node_state(n: dict) -> str:
@@ -27,14 +27,21 @@ def node_state(n: dict) -> str:
 @click.option("-N", "--Node", "per_node", is_flag=True, help="one line per node")
 @click.option("-h", "--noheader", is_flag=True, help="no header line")
 @click.option("-p", "--partition", "partition", help="only this partition")
+@click.option("-t", "--states", "states", help="only nodes in these states, e.g. idle,mix or drain,down")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def main(per_node, noheader, partition, as_json):
+def main(per_node, noheader, partition, states, as_json):
     """Show nodes, their state and their GPUs."""
+    wanted = {s.strip().lower().rstrip("*") for s in states.split(",")} if states else None
+    known = {"idle", "mix", "alloc", "drain", "down"}
+    if wanted and not wanted <= known:
+        fail("hinfo", f"invalid node state in {states!r}; valid: {', '.join(sorted(known))}")
     reply = call("hinfo", "nodes", {})
     nodes = [n for n in reply["nodes"] if not partition or partition in n["partitions"]]
     for n in nodes:
         n["state_text"] = node_state(n)
         n["link_error"] = reply["links"].get(n["name"])
+    if wanted:
+        nodes = [n for n in nodes if n["state_text"].rstrip("*") in wanted]
     if as_json:
         json.dump({"nodes": nodes}, sys.stdout, indent=2, default=str)
         print()

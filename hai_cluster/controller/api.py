@@ -202,10 +202,10 @@ def build_api(ctl: Controller) -> RpcTable:
                     await ctl.signal_job(job["id"], signum)
                     done.append(job["id"])
             elif state == JobState.PENDING:
-                if await ctl.db(repo().cancel_pending, job["id"], time.time()):
+                if await ctl.db(repo().cancel_pending, job["id"], time.time(), caller.uid):
                     done.append(job["id"])
             elif state.holds_resources:
-                await ctl.db(repo().request_end, job["id"], "cancel")
+                await ctl.db(repo().request_end, job["id"], "cancel", f"cancelled by {caller.uid}")
                 await ctl.end_job(job["id"], "cancel")
                 done.append(job["id"])
         ctl.wake()

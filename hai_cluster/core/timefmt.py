@@ -74,3 +74,55 @@ def parse_size_mb(text: str) -> int:
     if kib == 0:
         raise ValueError(f"invalid memory size {text!r}: must be greater than zero")
     return -(-kib // 1024)  # ceiling division
+
+
+# ---- points in time (sbatch --begin, sacct -S/-E) ----------------------------------------------
+_REL = re.compile(r"now(?:([+-])([0-9]+)(seconds?|minutes?|hours?|days?|weeks?|s|m|h|d|w)?)?", re.IGNORECASE)
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_NAMED = {"midnight": (0, 0), "noon": (12, 0), "teatime": (16, 0), "today": (0, 0)}
+_DATE_TIME = re.compile(r"([0-9]{4})-([0-9]{1,2})-([0-9]{1,2})(?:[T ]([0-9]{1,2}):([0-9]{2})(?::([0-9]{2}))?)?")
+_US_DATE = re.compile(r"([0-9]{1,2})/([0-9]{1,2})(?:/([0-9]{2}))?")
+_TIME_OF_DAY = re.compile(r"([0-9]{1,2}):([0-9]{2})(?::([0-9]{2}))?")
+_POINT_FORMS = ("expected now[+-N[units]], HH:MM[:SS], YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY], "
+                "midnight, noon, teatime, today or tomorrow")
+
+
+def parse_datetime(text: str, now: float, *, future: bool = False) -> float:
+    """A point in time in Slurm's formats -> epoch seconds, in the local time zone.
+
+    `now` is passed in (this module reads no clock). With future=True (sbatch --begin), a bare
+    time of day or a named time that has passed today means tomorrow, as in Slurm."""
+    import datetime as dt
+
+    s = text.strip()
+    base = dt.datetime.fromtimestamp(now)
+    if m := _REL.fullmatch(s):
+        sign, count, unit = m.groups()
+        if sign is None:
+            return now
+        seconds = int(count) * _UNIT[(unit or "s")[0].lower()]
+        return now + seconds if sign == "+" else now - seconds
+    low = s.lower()
+    if low in _NAMED or low == "tomorrow":
+        h, mi = _NAMED.get(low, (0, 0))
+        t = base.replace(hour=h, minute=mi, second=0, microsecond=0)
+        if low == "tomorrow" or (future and low != "today" and t.timestamp() <= now):
+            t += dt.timedelta(days=1)
+        return t.timestamp()
+    try:
+        if m := _DATE_TIME.fullmatch(s):
+            y, mo, d, h, mi, sec = (int(g or 0) for g in m.groups())
+            return dt.datetime(y, mo, d, h, mi, sec).timestamp()
+        if m := _US_DATE.fullmatch(s):
+            mo, d, y = m.groups()
+            year = 2000 + int(y) if y else base.year
+            return dt.datetime(year, int(mo), int(d)).timestamp()
+        if m := _TIME_OF_DAY.fullmatch(s):
+            h, mi, sec = (int(g or 0) for g in m.groups())
+            t = base.replace(hour=h, minute=mi, second=sec, microsecond=0)
+            if future and t.timestamp() <= now:
+                t += dt.timedelta(days=1)
+            return t.timestamp()
+    except ValueError as exc:  # e.g. month 13, hour 25
+        raise ValueError(f"invalid time {text!r}: {exc}") from None
+    raise ValueError(f"invalid time {text!r}: {_POINT_FORMS}")

@@ -58,11 +58,11 @@ class Repository:
                 pending_since=now, preemptible=spec.requeue, hold_admin=False))
             return int(res.inserted_primary_key[0])
 
-    def cancel_pending(self, job_id: int, now: float) -> bool:
+    def cancel_pending(self, job_id: int, now: float, by_uid: int | None = None) -> bool:
         with self.engine.begin() as c:
             res = c.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.state == JobState.PENDING.value)
-                            .values(state=JobState.CANCELLED.value, end_time=now, reason="None",
-                                    version=jobs.c.version + 1))
+                            .values(state=JobState.CANCELLED.value, end_time=now, version=jobs.c.version + 1,
+                                    reason=f"cancelled by {by_uid}" if by_uid is not None else "None"))
             return res.rowcount == 1
 
     def request_end(self, job_id: int, request: str, why: str | None = None) -> bool:
@@ -226,7 +226,7 @@ class Repository:
                 why = (job.end_reason or outcome.state.value.lower()) + (
                     "; did not exit within its grace period, killed" if late else "; exited within its grace period")
             elif outcome.state == JobState.CANCELLED and job.end_request == "cancel":
-                why = "cancelled by user"
+                why = job.end_reason or "cancelled"
             c.execute(update(runs).where(runs.c.id == run.id).values(
                 state=outcome.state.value, end_time=end, exit_code=outcome.exit_code,
                 exit_signal=outcome.signal, reason=why))
@@ -241,7 +241,7 @@ class Repository:
                 values.update(restart_count=job.restart_count + 1, nodelist="", start_time=None, pending_since=end,
                               reason="Preempted" if outcome.state == JobState.PREEMPTED else "Requeued")
             else:
-                values.update(end_time=end, reason=outcome.message or "None")
+                values.update(end_time=end, reason=why or "None")
             c.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
             return RankEnd(True, run_state=outcome.state, job_state=new_state)
 

@@ -16,11 +16,11 @@ def test_quickstart_runs_the_example_job():
         assert proc.returncode == 0, proc.stdout + proc.stderr
         out = proc.stdout
         assert "Submitted batch job 1" in out
-        assert "COMPLETED" in out.split("== hacct -j 1")[1]
+        assert "COMPLETED" in out.split("== hacct -l -j 1")[1]
         assert "rank 0 of 2" in out and "rank 1 of 2" in out and "CUDA_VISIBLE_DEVICES=0,1" in out
         # The time-slicing demo: the long job was preempted once, resumed, and lost no step.
         assert "short job: COMPLETED; long job: COMPLETED" in out
-        acct = out.split("== hacct -j 2")[1].split("==")[0]
+        acct = out.split("== hacct -l -j 2")[1].split("==")[0]
         assert [line.split()[3] for line in acct.strip().splitlines()[2:]] == ["PREEMPTED", "COMPLETED"]
         runs = out.split("executed (")[1].split("\n\n")[0].splitlines()[1:]
         assert len(runs) == 2 and runs[0].startswith("run 0: steps 1-") and runs[1].endswith("-100")

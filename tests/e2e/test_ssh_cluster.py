@@ -46,8 +46,10 @@ echo "user=$(id -un) arg=$1"
         assert f"rank={rank} host={name} master={master}:" in text
         assert "cvd=0,1 " in text and f"nn=2 slurm={job_id}/{rank}" in text
         assert f"user={TEST_USER} arg=hello-arg" in text
-    acct = cluster.cli("hacct", "-j", str(job_id), "-P", "-n").stdout.strip().splitlines()
-    assert len(acct) == 1 and "|COMPLETED|0:0|" in acct[0] and acct[0].endswith("|4")
+    acct = cluster.cli("hacct", "-j", str(job_id), "-P", "-n", "-o", "JobID,State,ExitCode,AllocGPUS").stdout
+    assert acct.splitlines() == [f"{job_id}|COMPLETED|0:0|4"]
+    default = cluster.cli("hacct", "-j", str(job_id)).stdout.splitlines()
+    assert default[0].split() == ["JobID", "JobName", "Partition", "Account", "AllocCPUS", "State", "ExitCode"]
 
 
 def test_cancel_pending_and_running(cluster):
