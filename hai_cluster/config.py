@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,23 @@ class SimulatedGpus:
     memory_mb: int = 81920
 
 
+RUNTIMES = ("none", "bwrap", "runc", "podman", "apptainer", "enroot")  # = agent.runspec.RUNTIMES
+
+
+@dataclass(frozen=True)
+class IsolationConfig:
+    """[isolation]: how the agent contains jobs (runtimes, cgroups, device nodes)."""
+    default_runtime: str = "none"  # for jobs that give no --runtime and no --container-image
+    default_container_runtime: str = "bwrap"  # for jobs that give --container-image without --runtime
+    device_dir: str = "/dev"  # where the GPU device nodes (nvidiaN, nvidiactl, ...) are
+    cgroups: bool = True  # false: never create cgroups (no limits, no cgroup kill)
+    cgroup_parent: str = "hai"  # run cgroups: <hierarchy>/<cgroup_parent>/<node>-<spool hash>/<job>.<attempt>
+    pids_limit: int = 0  # most processes+threads per run; 0 = no limit
+    limit_cpus: bool = True  # cap a run's CPU time at its -c CPUs (cpu.max / cfs_quota)
+    container_init: str = "auto"  # static init for runc containers; auto = tini-static or catatonit
+    image_cache: str = ""  # rootfs tarballs are unpacked here; "" = <spool>/images
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     name: str
@@ -38,6 +55,7 @@ class AgentConfig:
     poll_interval: float = 0.2  # how often the spool is checked for runs that ended
     launch_timeout: float = 30.0  # how long start_run waits for the shepherd to report the launch
     log_level: str = "INFO"
+    isolation: IsolationConfig = field(default_factory=IsolationConfig)
 
 
 @dataclass(frozen=True)
@@ -149,6 +167,7 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
     doc = _Section(path, "top level", _read_toml(path))
     a = _Section(path, "agent", doc.get("agent", dict, {}))
     g = _Section(path, "gpus", doc.get("gpus", dict, {}))
+    isolation = _isolation(path, doc.get("isolation", dict, {}))
     doc.done()
     name = a.get("name", str, os.uname().nodename.split(".")[0])
     cfg = AgentConfig(
@@ -165,6 +184,7 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
             model=g.get("simulated_model", str, SimulatedGpus.model),
             memory_mb=g.get("simulated_memory_mb", int, SimulatedGpus.memory_mb),
         ),
+        isolation=isolation,
     )
     a.done()
     g.done()
@@ -176,6 +196,40 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
     _positive(path, "agent.launch_timeout", cfg.launch_timeout)
     if cfg.log_level not in _LOG_LEVELS:
         raise ConfigError(f"{path}: agent.log_level must be one of {', '.join(_LOG_LEVELS)}, got {cfg.log_level!r}")
+    return cfg
+
+
+def _isolation(path: str, raw: Any) -> IsolationConfig:
+    sec = _Section(path, "isolation", raw)
+    d = IsolationConfig()
+    cfg = IsolationConfig(
+        default_runtime=sec.get("default_runtime", str, d.default_runtime),
+        default_container_runtime=sec.get("default_container_runtime", str, d.default_container_runtime),
+        device_dir=resolve(path, sec.get("device_dir", str, d.device_dir)),
+        cgroups=sec.get("cgroups", bool, d.cgroups),
+        cgroup_parent=sec.get("cgroup_parent", str, d.cgroup_parent),
+        pids_limit=sec.get("pids_limit", int, d.pids_limit),
+        limit_cpus=sec.get("limit_cpus", bool, d.limit_cpus),
+        container_init=sec.get("container_init", str, d.container_init),
+        image_cache=sec.get("image_cache", str, d.image_cache),
+    )
+    sec.done()
+    if cfg.image_cache:
+        cfg = replace(cfg, image_cache=resolve(path, cfg.image_cache))
+    if cfg.container_init not in ("auto", "") and not os.path.isabs(cfg.container_init):
+        raise ConfigError(f"{path}: isolation.container_init must be auto, \"\" or an absolute path")
+    for key in ("default_runtime", "default_container_runtime"):
+        if getattr(cfg, key) not in RUNTIMES:
+            raise ConfigError(f"{path}: isolation.{key} must be one of {', '.join(RUNTIMES)}, "
+                              f"got {getattr(cfg, key)!r}")
+    if cfg.default_container_runtime == "none":
+        raise ConfigError(f"{path}: isolation.default_container_runtime must be a container runtime")
+    parts = cfg.cgroup_parent.strip("/").split("/")
+    if not cfg.cgroup_parent.strip("/") or any(p in ("", ".", "..") for p in parts):
+        raise ConfigError(f"{path}: isolation.cgroup_parent must be a relative path like \"hai\", "
+                          f"got {cfg.cgroup_parent!r}")
+    if cfg.pids_limit < 0:
+        raise ConfigError(f"{path}: isolation.pids_limit must be >= 0 (0: no limit)")
     return cfg
 
 

@@ -15,9 +15,11 @@ import click
 import psutil
 
 from ..config import AgentConfig, ConfigError, load_agent_config
+from ..sdnotify import Notifier
 from ..transport.rpc import ConnectionLost, RpcConnection
 from ..transport.unix import SocketInUse, bind_socket, close_server, peer_credentials
 from .gpus import GpuError, inventory
+from .isolation import NodeIsolation
 from .runs import RunTable
 from .service import build_table
 
@@ -32,7 +34,8 @@ class Agent:
         self.gpu_backend, self.gpus = inventory(cfg)
         self.cpus = os.cpu_count() or 1
         self.mem_mb = psutil.virtual_memory().total // (1024 * 1024)
-        self.runs = RunTable(cfg.spool, cfg.launch_timeout)
+        self.isolation = NodeIsolation.detect(cfg)  # logs what it found (and what is missing)
+        self.runs = RunTable(cfg.spool, cfg.launch_timeout, self.isolation)
         self.table = build_table(self)
         self.connections: set[RpcConnection] = set()
 
@@ -73,7 +76,17 @@ class Agent:
             await asyncio.sleep(self.cfg.poll_interval)
 
 
-async def serve(cfg: AgentConfig) -> None:
+STATUS_EVERY = 5.0  # seconds between STATUS= lines to systemd
+
+
+def status_line(agent: Agent) -> str:
+    """What `systemctl status hai-agent` shows."""
+    running = sum(1 for r in agent.runs.runs.values() if not r.status.ended)
+    return f"serving, {running} run(s) running, {len(agent.connections)} controller connection(s)"
+
+
+async def serve(cfg: AgentConfig, notifier: Notifier | None = None) -> None:
+    notifier = notifier or Notifier(None)
     agent = Agent(cfg)
     log.info("node %s: %d cpu(s), %d MiB, %d %s GPU(s)", cfg.name, agent.cpus, agent.mem_mb,
              len(agent.gpus), agent.gpu_backend)
@@ -90,11 +103,19 @@ async def serve(cfg: AgentConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.create_task(agent.watch_spool())
     log.info("serving on %s", cfg.socket)
+    notifier.ready(status_line(agent))
+
+    async def status() -> str:
+        return status_line(agent)
+    heartbeat = asyncio.create_task(notifier.heartbeat(status, STATUS_EVERY))
     try:
         await stop.wait()
         log.info("shutting down; running jobs stay with their shepherds")
     finally:
+        notifier.stopping("shutting down; running jobs stay with their shepherds")
+        heartbeat.cancel()
         watcher.cancel()
+        agent.isolation.release()
         await close_server(server, agent.connections, cfg.socket)
 
 
@@ -111,8 +132,9 @@ def main(config_path: str) -> None:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if os.geteuid() != 0:
         log.warning("not running as root: jobs can only run as uid %d", os.geteuid())
+    notifier = Notifier.from_environment()  # and out of os.environ: shepherds and jobs must not inherit it
     try:
-        asyncio.run(serve(cfg))
+        asyncio.run(serve(cfg, notifier))
     except (ConfigError, GpuError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -12,16 +12,19 @@ import sys
 import time
 from pathlib import Path
 
-from . import spool
+from . import contain, spool
+from .isolation import NodeIsolation
 from .runspec import RunSpec, RunStatus
 
 log = logging.getLogger(__name__)
 
 
-def prepare(run_dir: Path, spec: RunSpec) -> None:
+def prepare(run_dir: Path, spec: RunSpec, node: NodeIsolation | None = None) -> None:
     os.mkdir(run_dir, 0o711)
     os.chmod(run_dir, 0o711)  # mkdir's mode went through the umask; the user must reach the script
     spool.write_json_atomic(run_dir / spool.SPEC, spec.to_wire())
+    if node is not None:  # the node's runtimes and cgroups, as the shepherd will use them
+        spool.write_json_atomic(run_dir / contain.NODE, node.to_wire())
     fd = os.open(run_dir / spool.SCRIPT, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o500)
     try:
         os.write(fd, spec.script.encode())
@@ -153,6 +156,7 @@ def declare_dead(run_dir: Path, spec: RunSpec | None, reason: str, message: str)
     job = job_record(run_dir)
     if _kill_leftovers(job, spec.uid if spec else None):
         message += "; its leftover processes were killed"
+    contain.teardown_recorded(run_dir)  # its cgroup (all that left the group too) and container
     key = (spec.job_id, spec.attempt) if spec else (spool.parse_run_dir_name(run_dir.name) or (0, 0))
     now = time.time()
     st = RunStatus(job_id=key[0], attempt=key[1], rank=spec.rank if spec else 0, state="ended",
@@ -185,7 +189,7 @@ def signal_job(run_dir: Path, sig: int) -> bool:
     if not spool.same_process(pid, job.get("starttime")):
         return False
     try:
-        os.killpg(pid, sig)
+        contain.deliver_recorded(run_dir, pid, sig)
     except ProcessLookupError:
         return False
     return True

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import launcher, spool
+from .isolation import NodeIsolation
 from .runspec import RunSpec, RunStatus
 
 log = logging.getLogger(__name__)
@@ -45,9 +46,10 @@ def _read_spec(run_dir: Path) -> RunSpec | None:
 
 
 class RunTable:
-    def __init__(self, spool_dir: str, launch_timeout: float) -> None:
+    def __init__(self, spool_dir: str, launch_timeout: float, node: NodeIsolation | None = None) -> None:
         self.root = spool.runs_dir(spool_dir)
         self.launch_timeout = launch_timeout
+        self.node = node
         self.runs: dict[Key, Run] = {}
 
     def setup(self) -> None:
@@ -101,7 +103,7 @@ class RunTable:
         run = Run(run_dir, spec, RunStatus.for_spec(spec, state="running", start_time=time.time()))
         self.runs[spec.key] = run  # before any await: a concurrent duplicate finds it
         try:
-            launcher.prepare(run_dir, spec)
+            launcher.prepare(run_dir, spec, self.node)
         except OSError as exc:
             if not isinstance(exc, FileExistsError):  # never delete a dir this call did not make
                 shutil.rmtree(run_dir, ignore_errors=True)

@@ -11,8 +11,11 @@ import signal as _signal
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-REASONS = ("cancel", "preempt", "requeue", "node_fail", "timeout", "launch_failed", "lost")
+REASONS = ("cancel", "preempt", "requeue", "node_fail", "timeout", "launch_failed", "lost", "oom")
 TERMINATE_REASONS = ("cancel", "preempt", "node_fail", "requeue")
+RUNTIMES = ("none", "bwrap", "runc", "podman", "apptainer", "enroot")
+# Runtimes that take an OCI/registry reference rather than a rootfs path on the node.
+REFERENCE_RUNTIMES = ("podman",)
 
 
 class SpecError(ValueError):
@@ -44,14 +47,14 @@ def valid_signal(where: str, v: Any) -> int:
     return v
 
 
-def check_keys(where: str, body: Any, required: tuple[str, ...]) -> dict:
-    """The body must be a map with exactly these keys."""
+def check_keys(where: str, body: Any, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
+    """The body must be a map with exactly these keys (and maybe some of the optional ones)."""
     if not isinstance(body, dict):
         raise SpecError(f"{where} must be a map, got {type(body).__name__}")
     missing = [k for k in required if k not in body]
     if missing:
         raise SpecError(f"{where} lacks field(s): {', '.join(missing)}")
-    extra = sorted(str(k) for k in body if k not in required)
+    extra = sorted(str(k) for k in body if k not in required and k not in optional)
     if extra:
         raise SpecError(f"{where} has unknown field(s): {', '.join(extra)}")
     return body
@@ -82,6 +85,12 @@ class RunSpec:
     signal_time: int
     grace: int
     checkpoint_dir: str | None
+    # Isolation (optional on the wire, so a controller that predates them still works):
+    runtime: str | None = None  # None: the node's default (agent config)
+    container_image: str | None = None  # rootfs dir or tarball (absolute path) or, for podman, a reference
+    mem_mb: int | None = None  # memory limit of the rank, MiB
+    cpus: int | None = None  # CPU limit of the rank
+    gpus: tuple[int, ...] = ()  # the node's GPU indices this rank owns
 
     @property
     def key(self) -> tuple[int, int]:
@@ -90,7 +99,7 @@ class RunSpec:
     @classmethod
     def from_wire(cls, d: Any) -> "RunSpec":
         names = tuple(f for f in cls.__dataclass_fields__)
-        check_keys("spec", d, names)
+        check_keys("spec", d, tuple(n for n in names if n not in OPTIONAL), optional=OPTIONAL)
         for k in ("job_id", "attempt", "rank", "uid", "gid", "signal_time", "grace"):
             nonneg_int(f"spec.{k}", d[k])
         if not isinstance(d["user"], str) or not d["user"]:
@@ -118,6 +127,7 @@ class RunSpec:
             raise SpecError(f"spec.time_limit must be a positive integer or null, got {tl!r}")
         if d["signal"] is not None:
             valid_signal("spec.signal", d["signal"])
+        iso = _isolation(d)
         return cls(
             job_id=d["job_id"], attempt=d["attempt"], rank=d["rank"], user=d["user"],
             uid=d["uid"], gid=d["gid"], script=script, script_args=tuple(args),
@@ -128,13 +138,52 @@ class RunSpec:
             grace=d["grace"],
             checkpoint_dir=None if d["checkpoint_dir"] is None
             else _abs_path("spec.checkpoint_dir", d["checkpoint_dir"]),
+            **iso,
         )
 
     def to_wire(self) -> dict[str, Any]:
         d = asdict(self)
         d["script_args"] = list(self.script_args)
         d["environment"] = dict(self.environment)
+        d["gpus"] = list(self.gpus)
         return d
+
+
+OPTIONAL = ("runtime", "container_image", "mem_mb", "cpus", "gpus")
+
+
+def _positive_or_none(where: str, v: Any) -> int | None:
+    if v is not None and (not _is_int(v) or v <= 0):
+        raise SpecError(f"{where} must be a positive integer or null, got {v!r}")
+    return v
+
+
+def _isolation(d: dict) -> dict[str, Any]:
+    """The optional isolation fields of a spec, checked (absent ones take their defaults)."""
+    runtime = d.get("runtime")
+    if runtime is not None and runtime not in RUNTIMES:
+        raise SpecError(f"spec.runtime must be one of {', '.join(RUNTIMES)} (or null for the node's "
+                        f"default), got {runtime!r}")
+    image = d.get("container_image")
+    if image is not None:
+        if runtime in REFERENCE_RUNTIMES:  # a registry reference or a path: the runtime resolves it
+            if not isinstance(image, str) or not image:
+                raise SpecError("spec.container_image must be a non-empty string")
+            _no_nul("spec.container_image", image)
+        else:
+            _abs_path("spec.container_image", image)
+        if runtime == "none":
+            raise SpecError("spec.container_image needs a container runtime, not runtime none")
+    elif runtime not in (None, "none", "bwrap"):
+        raise SpecError(f"spec.runtime {runtime} needs a container_image")
+    gpus = d.get("gpus", [])
+    if not isinstance(gpus, list) or not all(_is_int(g) and g >= 0 for g in gpus):
+        raise SpecError(f"spec.gpus must be a list of GPU indices, got {gpus!r}")
+    if len(set(gpus)) != len(gpus):
+        raise SpecError(f"spec.gpus lists a GPU twice: {gpus!r}")
+    return {"runtime": runtime, "container_image": image, "gpus": tuple(gpus),
+            "mem_mb": _positive_or_none("spec.mem_mb", d.get("mem_mb")),
+            "cpus": _positive_or_none("spec.cpus", d.get("cpus"))}
 
 
 @dataclass

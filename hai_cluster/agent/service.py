@@ -65,14 +65,15 @@ def build_table(agent: "Agent") -> RpcTable:
         log.info("hello from controller %r (%s)", body["controller"], ctx)
         return {"node": agent.cfg.name, "hostname": socket.gethostname(), "protocol": PROTOCOL,
                 "cpus": agent.cpus, "mem_mb": agent.mem_mb, "gpu_backend": agent.gpu_backend,
-                "gpus": [asdict(g) for g in agent.gpus], "runs": runs.statuses()}
+                "gpus": [asdict(g) for g in agent.gpus], "runs": runs.statuses(),
+                **agent.isolation.hello()}
 
     async def start_run(body: Any, ctx: Any) -> dict:
         check_keys("start_run body", body, ("spec",))
         spec = RunSpec.from_wire(body["spec"])
         check_user(agent, spec)
-        log.info("start_run job %s.%s rank %d as %s (uid %d)", spec.job_id, spec.attempt, spec.rank,
-                 spec.user, spec.uid)
+        log.info("start_run job %s.%s rank %d as %s (uid %d), runtime %s", spec.job_id, spec.attempt,
+                 spec.rank, spec.user, spec.uid, agent.isolation.runtime_for(spec))
         started, status = await runs.start(spec)
         log.info("job %s.%s: %s, state %s%s", spec.job_id, spec.attempt,
                  "started" if started else "already known", status.state,

@@ -16,10 +16,16 @@ node_fail), THEN send SIGCONT and the signal to the job's process group, so a jo
 signal always finds the notice (hai_cluster.job reads it). After the grace period, SIGKILL; the
 final status says whether that was needed (`killed`).
 
+Isolation (contain.py): before the fork, the run gets its cgroup (limits from the spec) and its
+runtime builds the launch (runtimes/); the child joins the cgroup before exec, so the cgroup holds
+everything the job ever starts. The "job" below is the runtime's process (bwrap, runc) for a
+container: still our child, in its own session. An OOM kill in the cgroup ends the run as "oom";
+the cleanup kills the whole cgroup, then the runtime's leftovers and the cgroup are removed.
+
 While a terminate is in progress, the end of the main process does not end the job at once: the
-rest of its process group gets the rest of the grace period to finish its checkpoint. A job script
-that runs `python train.py` (no exec) is the usual shape, and its shell dies of the SIGTERM at
-once while Python is still saving.
+rest of its process group (and of its cgroup) gets the rest of the grace period to finish its
+checkpoint. A job script that runs `python train.py` (no exec) is the usual shape, and its shell
+dies of the SIGTERM at once while Python is still saving.
 """
 from __future__ import annotations
 
@@ -32,10 +38,14 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import spool
 from .jobproc import exec_job
 from .runspec import TERMINATE_REASONS, RunSpec, RunStatus
+
+if TYPE_CHECKING:
+    from .contain import Containment
 
 log = logging.getLogger("hai.shepherd")
 
@@ -69,6 +79,7 @@ class Shepherd:
         self.dir = run_dir
         self.report_fd = report_fd
         self.spec = RunSpec.from_wire(spool.read_json(run_dir / spool.SPEC))
+        self.box: Containment | None = None  # cgroup and runtime: only for a run that starts
         self.pid: int | None = None  # the job's main process, also its pgid
         self.start_time = time.time()
         self.start_mono = time.monotonic()
@@ -126,7 +137,7 @@ class Shepherd:
 
     def signal_job(self, sig: int) -> None:
         try:
-            os.killpg(self.pid, sig)
+            self.box.deliver(self.pid, sig)
         except ProcessLookupError:  # the child has not called setsid yet: only it exists
             try:
                 os.kill(self.pid, sig)
@@ -161,7 +172,24 @@ class Shepherd:
         """The main process ended during a terminate and its process group is still alive (say
         Python saving its checkpoint after its shell died of the signal): wait, until the grace
         period is over."""
-        return self.reason is not None and self.kill_at is not None and bool(spool.group_members(self.pid))
+        return self.reason is not None and self.kill_at is not None and self.job_alive()
+
+    def job_alive(self) -> bool:
+        """Any process of the job left: in its process group, or anywhere in its cgroup."""
+        return bool(spool.group_members(self.pid)) or self.box.alive()
+
+    def check_oom(self) -> None:
+        """An OOM kill ends the run (v2 kills the whole cgroup itself with memory.oom.group; v1
+        cannot): whatever is left would only run on without its memory."""
+        if self.box.oom_seen or not self.box.oom():
+            return
+        if self.reason is None:
+            log.info("job %s.%s ran out of memory: killing the rest of it", self.spec.job_id, self.spec.attempt)
+            self.kill_all()
+
+    def kill_all(self) -> None:
+        self.signal_job(signal.SIGKILL)
+        self.box.kill()
 
     def read_terminate(self) -> str | None:
         try:
@@ -211,10 +239,10 @@ class Shepherd:
             self.begin_terminate("timeout")
         if self.kill_at is not None and now >= self.kill_at:
             self.kill_at = None
-            if self.wait_status is None or spool.group_members(self.pid):
-                log.info("grace period over: SIGKILL to the job's process group")
+            if self.wait_status is None or self.job_alive():
+                log.info("grace period over: SIGKILL to the job's process group and cgroup")
                 self.killed = True
-                self.signal_job(signal.SIGKILL)
+                self.kill_all()
 
     def supervise(self, exec_r: int) -> None:
         buf = bytearray()
@@ -240,26 +268,29 @@ class Shepherd:
                 reason = self.read_terminate()
                 if reason is not None:
                     self.begin_terminate(reason)
+            self.check_oom()
             self.timers(now)
         # the main process is gone; the exec pipe is at EOF or holds the launch error
         while exec_r in self.sel.get_map():
             self.on_exec_pipe(exec_r, buf)
 
     def cleanup(self) -> None:
-        """Kill what is left of the job: its process group, and orphans that left the group."""
+        """Kill what is left of the job: its process group, its cgroup, and orphans that left the
+        group (without cgroups, the only trace of a double-forked process is that it is ours)."""
         deadline = time.monotonic() + CLEANUP_TIMEOUT
         while True:
             try:
                 os.killpg(self.pid, signal.SIGKILL)
             except OSError:
                 pass
+            self.box.kill()
             for child in spool.children_of(os.getpid()):
                 try:
                     os.kill(child, signal.SIGKILL)
                 except OSError:
                     pass
             self.reap()
-            if not spool.group_members(self.pid) and not spool.children_of(os.getpid()):
+            if not self.job_alive() and not spool.children_of(os.getpid()):
                 return
             if time.monotonic() > deadline:
                 log.warning("processes of the job survive SIGKILL (uninterruptible sleep?)")
@@ -272,10 +303,9 @@ class Shepherd:
         if self.launch_error is not None:
             st.pid, st.reason, st.message = None, "launch_failed", self.launch_error
         elif self.wait_status is not None:
-            if os.WIFSIGNALED(self.wait_status):
-                st.signal = os.WTERMSIG(self.wait_status)
-            else:
-                st.exit_code = os.waitstatus_to_exitcode(self.wait_status)
+            st.exit_code, st.signal = self.box.decode(self.wait_status)
+            if self.box.oom_seen and st.reason is None:  # a terminate already under way wins
+                st.reason, st.message = "oom", self.box.oom_message()
         return st
 
     def run(self) -> int:
@@ -291,6 +321,9 @@ class Shepherd:
                                            end_time=time.time(), reason=reason,
                                            message="terminated before the job started"))
             return 0
+        # imported only now: a run terminated while starting must reach that check fast
+        from .contain import Containment, LaunchError, load_node
+        self.box = Containment(spec, self.dir, load_node(self.dir))
         try:
             groups = os.getgrouplist(spec.user, spec.gid)
         except (KeyError, OSError) as exc:
@@ -304,15 +337,24 @@ class Shepherd:
             self.finish(self.status())
             return 0
         # HAI_CONTROL_DIR is the one variable the agent adds: the controller builds the rest of the
-        # environment (core/jobenv.py) but cannot know where this agent's spool is.
+        # environment (core/jobenv.py) but cannot know where this agent's spool is. (Container
+        # runtimes add NVIDIA_VISIBLE_DEVICES: runtimes/common.py.)
         env = {**spec.environment, "HAI_CONTROL_DIR": str(self.control)}
         script = str(self.dir / spool.SCRIPT)
+        try:
+            launch = self.box.setup(groups, env, script, str(self.control))
+        except LaunchError as exc:
+            self.launch_error = str(exc)
+            self.box.teardown()
+            self.finish(self.status())
+            return 0
         exec_r, exec_w = os.pipe()  # both CLOEXEC: exec success closes exec_w in the child
         pid = os.fork()
         if pid == 0:
             os.close(exec_r)
-            exec_job(spec, script, groups, exec_w, env)
+            exec_job(spec, launch, groups, exec_w, self.box.procs_files())
         os.close(exec_w)
+        self.box.after_fork()
         self.pid = pid
         self.start_time, self.start_mono = time.time(), time.monotonic()
         spool.write_json_atomic(self.dir / spool.JOB, {"pid": pid, "starttime": spool.proc_starttime(pid),
@@ -324,7 +366,15 @@ class Shepherd:
         self.next_control_check = time.monotonic() + CONTROL_RECHECK
         self.supervise(exec_r)
         self.cleanup()
-        self.finish(self.status())
+        self.box.oom()  # an OOM kill of the main process may have been what ended it
+        status = self.status()
+        failure = self.box.setup_failure(self.wait_status) if self.launch_error is None else None
+        if failure is not None:  # the runtime exited before the job ever ran
+            log.error("launch failed: %s", failure)
+            status.reason, status.message = "launch_failed", failure
+            status.pid = status.exit_code = status.signal = None
+        self.box.teardown()
+        self.finish(status)
         return 0
 
 
@@ -350,7 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         log.exception("shepherd failed")
         if shepherd.pid is not None:
-            shepherd.signal_job(signal.SIGKILL)
+            shepherd.kill_all()
+        if shepherd.box is not None:
+            shepherd.box.teardown()
         st = shepherd.status()
         st.reason, st.message = "lost", f"shepherd failed: {exc}"
         shepherd.finish(st)

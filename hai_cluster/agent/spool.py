@@ -12,6 +12,9 @@
                         the shepherd before the job starts; the job reads, only the shepherd writes:
             preempt     notice (0644): checkpoint and leave, you will be resumed (preempt, requeue)
             terminate   notice (0644): you are being ended for good (cancel, timeout, node_fail)
+        node.json       the agent's runtimes and cgroup features when it started the run (contain.py)
+        isolation.json  the run's runtime, cgroup and cleanup commands, for the agent if the shepherd dies
+        bundle/, rootfs/, overlay/, runc.log, bwrap-status.json: what a container runtime needs
 
 A notice is {reason, signal, grace, deadline, time}: written before the signal is sent, so a job
 that gets the signal always finds it; `deadline` is the Unix time of the SIGKILL.

@@ -31,6 +31,7 @@ def job_lines(job: dict, now: float) -> list[str]:
          ("CPUsPerTask", job["cpus_per_task"]), ("MinMemoryNode", f"{job['mem_mb'] or 0}M")],
         [("TresPerNode", f"gres/gpu:{job['gpus_per_node']}")],
         [("WorkDir", spec["workdir"])],
+        [("Runtime", spec.get("runtime") or "default"), ("ContainerImage", spec.get("container_image") or "(null)")],
         [("StdOut", spec.get("stdout") or "hai-%j.out")],
         [("Requeue", int(bool(spec.get("requeue", True)))), ("GraceTime", spec.get("grace"))],
         [("GPUSeconds", f"{job['attained_gpu_seconds']:.0f}")],

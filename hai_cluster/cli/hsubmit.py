@@ -16,6 +16,7 @@ directives at the top of the script (the command line wins):
   -o, --output PATTERN    -e, --error PATTERN    -D, --chdir DIR       --export ALL|NONE|VARS
   --signal [B:]SIG[@SECS] --grace SECONDS        --priority CLASS      --no-requeue   -H, --hold
   --checkpoint-dir DIR    --wrap COMMAND         --parsable
+  --container-image PATH (rootfs dir or .tar[.gz])  --runtime none|bwrap|runc
 Without SCRIPT and --wrap, the script is read from standard input.
 """
 

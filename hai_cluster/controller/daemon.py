@@ -1,14 +1,22 @@
-"""hai-controller: start-up, the API socket, signal handling, shutdown."""
+"""hai-controller: start-up, the API socket, signal handling, shutdown; `db` for operators.
+
+`hai-controller --config FILE` runs the daemon (it migrates the store at start and tells systemd
+READY=1 once it serves); `hai-controller db current|upgrade [--dry-run] --config FILE` shows or
+applies the schema migrations without starting it."""
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
+import textwrap
 
 import click
 
 from ..config import ConfigError, ControllerConfig, load_controller_config
+from ..core.states import JobState
+from ..sdnotify import Notifier
 from ..transport.rpc import RpcConnection
 from ..transport.unix import SocketInUse, bind_socket, close_server, peer_credentials
 from .api import build_api, caller_from_creds
@@ -16,9 +24,34 @@ from .service import Controller
 
 log = logging.getLogger("hai.controller")
 
-async def serve(cfg: ControllerConfig, stop: asyncio.Event) -> None:
+DEFAULT_CONFIG = "/etc/hai/controller.toml"
+STATUS_EVERY = 5.0  # seconds between STATUS= lines to systemd
+
+
+def _job_counts(ctl: Controller) -> dict[str, int]:
+    from sqlalchemy import func, select
+
+    from ..store.schema import jobs
+
+    wanted = (JobState.PENDING.value, JobState.RUNNING.value)
+    with ctl.repo.engine.connect() as c:
+        return dict(c.execute(select(jobs.c.state, func.count()).where(jobs.c.state.in_(wanted))
+                              .group_by(jobs.c.state)).all())
+
+
+async def status_line(ctl: Controller) -> str:
+    """What `systemctl status hai-controller` shows: links up, jobs running and pending."""
+    up = sum(1 for link in ctl.links.values() if link.connected)
+    counts = await ctl.db(_job_counts, ctl)
+    return (f"serving, {up}/{len(ctl.links)} nodes responding, {counts.get(JobState.RUNNING.value, 0)} jobs "
+            f"running, {counts.get(JobState.PENDING.value, 0)} pending")
+
+
+async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier | None = None) -> None:
+    notifier = notifier or Notifier(None)
     sock = bind_socket(cfg.socket, 0o666, "controller")  # anyone may connect; the kernel says who
     ctl = Controller(cfg)
+    notifier.status("migrating the store and starting")
     await ctl.start()
     api = build_api(ctl)
     connections: set[RpcConnection] = set()
@@ -36,19 +69,19 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event) -> None:
     server = await asyncio.start_unix_server(on_client, sock=sock)
     log.info("controller listening on %s, %d node(s), store %s", cfg.socket, len(cfg.nodes),
              cfg.database.split("@")[-1])
+    notifier.ready(f"serving, 0/{len(ctl.links)} nodes responding")
+    heartbeat = asyncio.create_task(notifier.heartbeat(lambda: status_line(ctl), STATUS_EVERY))
     try:
         await stop.wait()
     finally:
+        notifier.stopping("shutting down (running jobs keep running)")
+        heartbeat.cancel()
         log.info("shutting down (running jobs keep running)")
         await close_server(server, connections, cfg.socket)
         await ctl.stop()
 
 
-@click.command()
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
-              help="controller TOML file")
-def main(config_path: str) -> None:
-    """Run the hai-cluster controller."""
+def run_daemon(config_path: str) -> None:
     try:
         cfg = load_controller_config(config_path)
     except ConfigError as exc:
@@ -56,19 +89,139 @@ def main(config_path: str) -> None:
         sys.exit(2)
     logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    notifier = Notifier.from_environment()  # and out of os.environ: nothing we start inherits it
 
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(cfg, stop)
+        await serve(cfg, stop, notifier)
 
     try:
         asyncio.run(run())
     except SocketInUse as exc:
         click.echo(f"hai-controller: {exc}", err=True)
         sys.exit(2)
+
+
+@click.group(invoke_without_command=True)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="controller TOML file (required to run the daemon)")
+@click.pass_context
+def main(ctx: click.Context, config_path: str | None) -> None:
+    """Run the hai-cluster controller (no command), or manage its store (`db`)."""
+    ctx.obj = {"config": config_path}
+    if ctx.invoked_subcommand is None:
+        if config_path is None:
+            raise click.UsageError("Missing option '--config'.", ctx)
+        run_daemon(config_path)
+
+
+# ---- hai-controller db: the store's schema, for operators ----------------------------------
+_db_config = click.option("--config", "config_path", type=click.Path(dir_okay=False),
+                          help=f"controller TOML file whose database to use [default: {DEFAULT_CONFIG}]")
+
+
+def _db_target(ctx: click.Context, config_path: str | None):
+    """(URL, URL without password, engine or None when an SQLite file does not exist yet, the
+    migration scripts)."""
+    from alembic.script import ScriptDirectory
+    from sqlalchemy.engine import make_url
+
+    from ..store.engine import _migrations_dir, make_engine
+
+    path = config_path or (ctx.find_root().obj or {}).get("config") or DEFAULT_CONFIG
+    try:
+        cfg = load_controller_config(path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    url = make_url(cfg.database)
+    shown = url.render_as_string(hide_password=True)
+    missing = url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
+        and not os.path.exists(url.database)
+    engine = None if missing else make_engine(cfg.database)
+    return cfg.database, shown, engine, ScriptDirectory(str(_migrations_dir()))
+
+
+def _pending(script, current: str | None) -> list:
+    """The migrations an upgrade to head runs, oldest first."""
+    from alembic.script.revision import RevisionError
+    from alembic.util import CommandError
+
+    try:
+        return list(reversed(list(script.iterate_revisions("heads", current or "base"))))
+    except (CommandError, RevisionError) as exc:
+        raise click.ClickException(f"the database is at revision {current}, which this hai-cluster does not know "
+                                   f"(made by a newer version?): {exc}") from None
+
+
+def _describe(rev) -> str:
+    summary = " ".join((rev.doc or "").strip().split("\n\n")[0].split())  # the first paragraph
+    return f"  {rev.revision}  {textwrap.shorten(summary, 110, placeholder=' ...')}"
+
+
+def _current(engine) -> str | None:
+    from ..store.engine import current_revision
+
+    if engine is None:
+        return None
+    try:
+        return current_revision(engine)
+    except Exception as exc:  # unreachable server, wrong password, ...: say so, no traceback
+        raise click.ClickException(f"cannot read the database: {exc}") from None
+
+
+@main.group()
+def db() -> None:
+    """The store's schema: which migration it is at, and upgrading it."""
+
+
+@db.command("current")
+@_db_config
+@click.pass_context
+def db_current(ctx: click.Context, config_path: str | None) -> None:
+    """Print the database's schema revision and the migrations not applied yet."""
+    _, shown, engine, script = _db_target(ctx, config_path)
+    current = _current(engine)
+    todo = _pending(script, current)
+    click.echo(f"database  {shown}" + ("  (does not exist yet)" if engine is None else ""))
+    click.echo(f"current   {current or 'none (empty database)'}")
+    click.echo(f"head      {script.get_current_head()}")
+    if todo:
+        click.echo(f"{len(todo)} migration(s) to run (hai-controller db upgrade, or start the controller):")
+        for rev in todo:
+            click.echo(_describe(rev))
+    else:
+        click.echo("up to date")
+
+
+@db.command("upgrade")
+@_db_config
+@click.option("--dry-run", is_flag=True, help="print the migrations that would run; change nothing")
+@click.pass_context
+def db_upgrade(ctx: click.Context, config_path: str | None, dry_run: bool) -> None:
+    """Apply the schema migrations up to this version's head (the controller also does at start)."""
+    from ..store.engine import make_engine, upgrade
+
+    database, shown, engine, script = _db_target(ctx, config_path)
+    current = _current(engine)
+    todo = _pending(script, current)
+    head = script.get_current_head()
+    if not todo:
+        click.echo(f"{shown}: at {current}, the head; nothing to do")
+        return
+    click.echo(f"{shown}: at {current or 'none (empty database)'}, head {head}; "
+               f"{'would run' if dry_run else 'running'} {len(todo)} migration(s):")
+    for rev in todo:
+        click.echo(_describe(rev))
+    if dry_run:
+        click.echo("dry run: nothing changed")
+        return
+    if engine is None:  # a new SQLite file: make_engine creates it (and its directory)
+        engine = make_engine(database)
+    upgrade(engine)
+    click.echo(f"upgraded to {_current(engine)}")
 
 
 if __name__ == "__main__":

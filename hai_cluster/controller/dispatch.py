@@ -40,4 +40,8 @@ def rank_spec(job: Mapping, attempt: int, rank: int, nodelist: Sequence[str], gp
         "workdir": spec.workdir, "stdout": stdout, "stderr": stderr, "environment": env,
         "time_limit": spec.time_limit, "signal": spec.signal, "signal_time": spec.signal_time,
         "grace": spec.grace, "checkpoint_dir": ckpt,
+        # isolation: the agent picks the runtime's default when None, limits the rank to these
+        # resources and shows a container only its own GPUs' device nodes
+        "runtime": spec.runtime, "container_image": spec.container_image, "mem_mb": spec.mem_mb,
+        "cpus": spec.cpus_per_task, "gpus": list(gpus),
     }

@@ -39,6 +39,8 @@ class JobSpec:
     hold: bool = False
     checkpoint_dir: str | None = None
     submit_dir: str | None = None  # where hsubmit ran (SLURM_SUBMIT_DIR); workdir when unknown
+    container_image: str | None = None  # rootfs dir or tarball (absolute), or a reference for podman
+    runtime: str | None = None  # none | bwrap | runc | podman | apptainer | enroot; None: the node's default
 
     def to_wire(self) -> dict[str, Any]:
         d = asdict(self)

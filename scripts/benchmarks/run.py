@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "BENCHMARKS.md"
 sys.path.insert(0, str(REPO))
 
-from scripts.benchmarks import decide_time, preemption, simulation  # noqa: E402
+from scripts.benchmarks import decide_time, preemption, simulation, vs_slurm  # noqa: E402
 
 
 def machine() -> str:
@@ -53,7 +53,7 @@ def section_preemption(args) -> str:
 
 
 SECTIONS = {"decide": section_decide, "preemption": section_preemption,
-            "simulation": lambda args: simulation.section()}
+            "simulation": lambda args: simulation.section(), "slurm": vs_slurm.section}
 
 
 def rewrite(name: str, body: str, command: str) -> None:
@@ -72,6 +72,18 @@ def main() -> None:
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--no-write", action="store_true", help="print, do not touch docs/BENCHMARKS.md")
+    g = p.add_argument_group("slurm: hai-cluster and Slurm side by side (sizes for both)")
+    g.add_argument("--jobs", type=int, default=500, help="jobs submitted for a/b (submit and drain throughput)")
+    g.add_argument("--submitters", type=int, default=4, help="parallel submitters for a/b")
+    g.add_argument("--throughput-reps", type=int, default=1, help="repetitions of a/b (median)")
+    g.add_argument("--latency-jobs", type=int, default=20, help="back-to-back jobs for c (submit -> running)")
+    g.add_argument("--latency-idle-jobs", type=int, default=10, help="jobs for c after --latency-gap s idle each")
+    g.add_argument("--latency-gap", type=float, default=5.0)
+    g.add_argument("--pending", type=int, default=1000, help="held jobs for d (hqueue, hcancel)")
+    g.add_argument("--pending-large", type=int, default=10000, help="held jobs for the large hqueue table (0: skip)")
+    g.add_argument("--slurm", choices=["live", "saved", "none"], default="live",
+                   help="run the Slurm peer now (default), use its saved baseline, or measure only hai-cluster")
+    g.add_argument("--slurm-results", metavar="JSON", help="a Slurm peer bench results file to compare with")
     args = p.parse_args()
     command = "scripts/bench " + " ".join(sys.argv[1:])
     for name in args.only.split(","):

@@ -74,8 +74,11 @@ def test_short_job_preempts_long_ones_which_resume_from_their_checkpoint(cluster
 
 
 def test_job_ignoring_the_signal_is_killed_after_grace_and_requeued(cluster):
-    stubborn = cluster.submit("--gpus-per-node=2", "--grace=2", "--wrap", "trap '' TERM; sleep 1000")
+    started = user_dir(cluster.workdir, TEST_USER) / "stubborn.started"
+    stubborn = cluster.submit("--gpus-per-node=2", "--grace=2", "--wrap",
+                              f"trap '' TERM; touch {started}; sleep 1000")
     cluster.wait_state(stubborn, "RUNNING")
+    wait_for(started.exists, 30, what="the stubborn job's script to run")  # RUNNING is recorded a bit earlier
     cluster.cli("hcontrol", "preempt", str(stubborn), user="root")
     wait_for(lambda: len(cluster.job(stubborn)["runs"]) >= 2 and cluster.job(stubborn)["runs"][0]["end_time"],
              60, what="the stubborn job to be killed and started again")

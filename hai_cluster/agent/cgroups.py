@@ -1,0 +1,320 @@
+"""A cgroup per job run: limits (memory, CPUs, process count), membership, OOM detection, freeze
+and kill of everything the job started, wherever it went (setsid, double fork, containers).
+
+Layout: the run's cgroup is `<hierarchy>/<parent>/<job>.<attempt>` (parent: agent config plus the
+node name and a hash of the spool, so two agents on one machine never collide) in each hierarchy
+it needs:
+- cgroup v2 (the unified mount), whenever it is mounted: membership, cgroup.kill, cgroup.freeze,
+  and every limit whose controller v2 has (pure v2 hosts: all of them);
+- cgroup v1, for each controller v2 lacks (hybrid hosts: memory, cpu and pids), and the v1 freezer
+  when v2 has no cgroup.kill (then a kill is freeze, SIGKILL each member, thaw: nothing can fork
+  in between).
+A controller is attached to one hierarchy at a time, so "v2 if v2 has it, else v1" is the whole
+policy. `detect` runs once at agent start; the shepherd builds each run's cgroup from its result.
+Light imports only: the shepherd imports this module on every job start.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+log = logging.getLogger(__name__)
+
+LIMITS = ("memory", "cpu", "pids")
+FEATURES = (*LIMITS, "kill", "freeze")
+CPU_PERIOD = 100_000  # microseconds; quota = CPUs x period
+MIB = 1024 * 1024
+FREEZE_WAIT = 1.0  # seconds a freeze may take before we go on anyway
+
+
+def parse_mounts(text: str) -> tuple[str | None, dict[str, str]]:
+    """(cgroup2 mount point, {v1 controller: mount point}) from /proc/self/mounts."""
+    v2, v1 = None, {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        point = parts[1].replace("\\040", " ")
+        if parts[2] == "cgroup2" and v2 is None:
+            v2 = point
+        elif parts[2] == "cgroup":
+            for opt in parts[3].split(","):
+                if opt in (*LIMITS, "freezer") and opt not in v1:
+                    v1[opt] = point
+    return v2, v1
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _keyed(path: str, key: str) -> int:
+    """The value of `key` in a flat keyed file (memory.events, memory.oom_control); 0 if absent."""
+    try:
+        for line in _read(path).splitlines():
+            k, _, v = line.partition(" ")
+            if k == key:
+                return int(v)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What this node's cgroups can do for a run: each feature -> "v2" | "v1" (absent: not at all)."""
+    parent: str  # relative to each hierarchy's root
+    v2: str | None = None
+    v1: Mapping[str, str] = field(default_factory=dict)  # controller -> mount point, those used
+    features: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def usable(self) -> bool:
+        return bool(self.features)
+
+    def summary(self) -> dict[str, str | None]:
+        return {f: self.features.get(f) for f in FEATURES}
+
+    def to_wire(self) -> dict:
+        return {"parent": self.parent, "v2": self.v2, "v1": dict(self.v1), "features": dict(self.features)}
+
+    @classmethod
+    def from_wire(cls, d: Any) -> "Capabilities":
+        return cls(parent=d["parent"], v2=d["v2"], v1=dict(d["v1"]), features=dict(d["features"]))
+
+
+def _enable_v2(root: str, parent: str, wanted: list[str]) -> list[str]:
+    """Enable controllers in cgroup.subtree_control from the root down to `parent`; the ones that
+    made it all the way. (A cgroup with processes in it cannot delegate: those fail here.)"""
+    ok = list(wanted)
+    d = root
+    for part in ["", *parent.split("/")]:
+        d = os.path.join(d, part) if part else d
+        for c in list(ok):
+            try:
+                if c not in _read(os.path.join(d, "cgroup.subtree_control")).split():
+                    _write(os.path.join(d, "cgroup.subtree_control"), f"+{c}")
+            except OSError as exc:
+                log.warning("cgroup v2: cannot enable %s in %s: %s", c, d, exc)
+                ok.remove(c)
+    return ok
+
+
+def detect(parent: str, mounts: str | None = None) -> Capabilities:
+    """Create the parent cgroups and find out what each hierarchy offers. Never raises: a node
+    without usable cgroups still runs jobs, without limits."""
+    parent = parent.strip("/")
+    if mounts is None:
+        try:
+            mounts = _read("/proc/self/mounts")
+        except OSError:
+            mounts = ""
+    v2, v1_all = parse_mounts(mounts)
+    features: dict[str, str] = {}
+    v1: dict[str, str] = {}
+    if v2 is not None:
+        base = os.path.join(v2, parent)
+        try:
+            os.makedirs(base, exist_ok=True)
+            available = _read(os.path.join(v2, "cgroup.controllers")).split()
+        except OSError as exc:
+            log.warning("cgroup v2 at %s is not usable: %s", v2, exc)
+            v2 = None
+        else:
+            for c in _enable_v2(v2, parent, [c for c in LIMITS if c in available]):
+                features[c] = "v2"
+            for f in ("kill", "freeze"):
+                if os.path.exists(os.path.join(base, f"cgroup.{f}")):
+                    features[f] = "v2"
+    for c in (*LIMITS, "freezer"):
+        feature = "freeze" if c == "freezer" else c
+        if feature in features or c not in v1_all:
+            continue
+        try:
+            os.makedirs(os.path.join(v1_all[c], parent), exist_ok=True)
+        except OSError as exc:
+            log.warning("cgroup v1 %s at %s is not usable: %s", c, v1_all[c], exc)
+            continue
+        v1[c] = v1_all[c]
+        features[feature] = "v1"
+    if (v2 or v1) and "kill" not in features:
+        features["kill"] = "v1"  # SIGKILL to every member (after a freeze where there is a freezer)
+    return Capabilities(parent=parent, v2=v2, v1=v1, features=features)
+
+
+class RunCgroup:
+    """The cgroups of one run. `dirs` maps "v2" or a v1 controller to the run's directory there."""
+
+    def __init__(self, caps: Capabilities, name: str) -> None:
+        self.caps = caps
+        self.name = name
+        self.dirs: dict[str, str] = {}
+        if caps.v2:
+            self.dirs["v2"] = os.path.join(caps.v2, caps.parent, name)
+        for c, mount in caps.v1.items():
+            self.dirs[c] = os.path.join(mount, caps.parent, name)
+        self.mem_mb: int | None = None
+
+    @property
+    def path(self) -> str:
+        """The path relative to every hierarchy's root (what runc calls cgroupsPath)."""
+        return "/" + "/".join(p for p in (self.caps.parent, self.name) if p)
+
+    def _dir(self, feature: str) -> str | None:
+        kind = self.caps.features.get(feature)
+        if kind == "v2":
+            return self.dirs.get("v2")
+        if kind == "v1":
+            return self.dirs.get("freezer" if feature == "freeze" else feature)
+        return None
+
+    def record(self) -> dict:
+        return {"caps": self.caps.to_wire(), "name": self.name, "mem_mb": self.mem_mb}
+
+    @classmethod
+    def from_record(cls, d: Mapping) -> "RunCgroup":
+        cg = cls(Capabilities.from_wire(d["caps"]), d["name"])
+        cg.mem_mb = d.get("mem_mb")
+        return cg
+
+    # -- setup --
+
+    def create(self, mem_mb: int | None, cpus: int | None, pids: int | None) -> None:
+        """Make the directories (clearing a stale one left by a crash) and write the limits."""
+        for d in self.dirs.values():
+            if os.path.isdir(d):
+                log.warning("removing a stale cgroup %s", d)
+                self.kill()
+                self.remove()
+            os.mkdir(d)
+        self.mem_mb = mem_mb
+        if mem_mb is not None and (d := self._dir("memory")):
+            limit = str(mem_mb * MIB)
+            if self.caps.features["memory"] == "v2":
+                _write(f"{d}/memory.max", limit)
+                self._try(f"{d}/memory.swap.max", "0")  # swap would let a job overrun its --mem
+                self._try(f"{d}/memory.oom.group", "1")  # an OOM kill ends all of the job
+            else:
+                _write(f"{d}/memory.limit_in_bytes", limit)
+                self._try(f"{d}/memory.memsw.limit_in_bytes", limit)
+        if cpus is not None and (d := self._dir("cpu")):
+            if self.caps.features["cpu"] == "v2":
+                _write(f"{d}/cpu.max", f"{cpus * CPU_PERIOD} {CPU_PERIOD}")
+            else:
+                _write(f"{d}/cpu.cfs_period_us", str(CPU_PERIOD))
+                _write(f"{d}/cpu.cfs_quota_us", str(cpus * CPU_PERIOD))
+        if pids and (d := self._dir("pids")):
+            _write(f"{d}/pids.max", str(pids))
+
+    @staticmethod
+    def _try(path: str, value: str) -> None:
+        try:
+            _write(path, value)
+        except OSError:  # no swap accounting, an old kernel: the limit itself still holds
+            pass
+
+    def procs_files(self) -> list[str]:
+        """The files a process writes "0" into to join every cgroup of the run."""
+        return [os.path.join(d, "cgroup.procs") for d in self.dirs.values()]
+
+    # -- state --
+
+    def _tracking(self) -> str | None:
+        return self.dirs.get("v2") or next(iter(self.dirs.values()), None)
+
+    def members(self) -> list[int]:
+        d = self._tracking()
+        if d is None:
+            return []
+        try:
+            return [int(p) for p in _read(os.path.join(d, "cgroup.procs")).split()]
+        except (OSError, ValueError):
+            return []
+
+    def oom_kills(self) -> int:
+        d = self._dir("memory")
+        if d is None:
+            return 0
+        if self.caps.features["memory"] == "v2":
+            return _keyed(f"{d}/memory.events", "oom_kill")
+        return _keyed(f"{d}/memory.oom_control", "oom_kill")
+
+    # -- actions --
+
+    def freeze(self, frozen: bool = True) -> bool:
+        d = self._dir("freeze")
+        if d is None:
+            return False
+        try:
+            if self.caps.features["freeze"] == "v2":
+                _write(f"{d}/cgroup.freeze", "1" if frozen else "0")
+            else:
+                _write(f"{d}/freezer.state", "FROZEN" if frozen else "THAWED")
+        except OSError as exc:
+            log.warning("cannot %s %s: %s", "freeze" if frozen else "thaw", d, exc)
+            return False
+        if frozen:  # the write only starts it; a process in uninterruptible sleep may take a while
+            deadline = time.monotonic() + FREEZE_WAIT
+            while not self._frozen(d) and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return True
+
+    def _frozen(self, d: str) -> bool:
+        try:
+            if self.caps.features["freeze"] == "v2":
+                return _keyed(f"{d}/cgroup.events", "frozen") == 1
+            return _read(f"{d}/freezer.state").strip() == "FROZEN"
+        except OSError:
+            return True
+
+    def kill(self) -> None:
+        """SIGKILL every process of the run, including those that left its process group."""
+        d = self._dir("kill")
+        if d is not None and self.caps.features["kill"] == "v2":
+            try:
+                _write(f"{d}/cgroup.kill", "1")
+                return
+            except OSError as exc:
+                log.warning("cgroup.kill in %s failed: %s", d, exc)
+        frozen = self.freeze(True)  # frozen processes cannot fork while we go through the list
+        try:
+            for _ in range(3):  # without a freezer, a fork may race a pass: go round again
+                pids = self.members()
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                if frozen or not pids:
+                    break
+        finally:
+            if frozen:
+                self.freeze(False)  # SIGKILLed processes die once thawed
+
+    def remove(self, timeout: float = 5.0) -> None:
+        """rmdir every directory; busy ones are retried while their last processes exit."""
+        deadline = time.monotonic() + timeout
+        for d in self.dirs.values():
+            while True:
+                try:
+                    os.rmdir(d)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                        log.warning("cannot remove cgroup %s: %s", d, exc)
+                        break
+                    self.kill()
+                    time.sleep(0.05)

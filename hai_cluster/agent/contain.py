@@ -1,0 +1,188 @@
+"""The shepherd's side of isolating one run: its cgroup (limits, membership, OOM, kill) and its
+runtime (the launch, the setup failure check, the cleanup).
+
+What must outlive the shepherd goes into the run dir as isolation.json (the cgroup and the cleanup
+commands), so the agent can still kill and remove everything of a run whose shepherd died.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+from . import runtimes, spool
+from .cgroups import RunCgroup
+from .isolation import NodeIsolation
+from .runspec import RunSpec
+
+log = logging.getLogger(__name__)
+
+NODE = "node.json"  # the agent's NodeIsolation when it started the run
+RECORD = "isolation.json"
+CLEANUP_TIMEOUT = 30.0
+
+
+class LaunchError(Exception):
+    pass
+
+
+def load_node(run_dir: Path) -> NodeIsolation:
+    raw = spool.read_json(run_dir / NODE)
+    if raw is None:  # a run dir made by an agent that predates runtimes: plain processes
+        return NodeIsolation(node=os.uname().nodename)
+    return NodeIsolation.from_wire(raw)
+
+
+class Containment:
+    def __init__(self, spec: RunSpec, run_dir: Path, node: NodeIsolation) -> None:
+        self.spec, self.dir, self.node = spec, run_dir, node
+        self.runtime = runtimes.get(node.runtime_for(spec))
+        self.cgroup: RunCgroup | None = None
+        self.ctx: runtimes.Context | None = None
+        self.launch: runtimes.Launch | None = None
+        self.oom_seen = False
+
+    def setup(self, groups: list[int], env: dict[str, str], script: str, control: str) -> runtimes.Launch:
+        """Make the cgroup (with the limits) and let the runtime build the launch."""
+        spec, node = self.spec, self.node
+        if node.cgroups is not None:
+            self.cgroup = RunCgroup(node.cgroups, spool.run_dir_name(spec.job_id, spec.attempt))
+            self.record()  # first: whatever happens next, the agent can find and remove it
+            try:
+                self.cgroup.create(spec.mem_mb, spec.cpus if node.limit_cpus else None, node.pids_limit or None)
+            except OSError as exc:
+                raise LaunchError(f"setting up the cgroup {self.cgroup.path} failed: {exc}") from None
+        self.ctx = runtimes.Context(spec=spec, run_dir=self.dir, node=node, groups=groups, env=env,
+                                    script=script, control=control,
+                                    cgroup_path=self.cgroup.path if self.cgroup else None)
+        try:
+            self.launch = self.runtime.prepare(self.ctx)
+        except runtimes.RuntimeRefused as exc:
+            raise LaunchError(str(exc)) from None
+        except OSError as exc:
+            raise LaunchError(f"preparing the {self.runtime.name} runtime failed: {exc}") from None
+        self.record()
+        log.info("job %s.%s: runtime %s, cgroup %s, limits mem=%s MiB cpus=%s pids=%s", spec.job_id,
+                 spec.attempt, self.runtime.name, self.cgroup.path if self.cgroup else "none",
+                 spec.mem_mb, spec.cpus if node.limit_cpus else None, node.pids_limit or None)
+        return self.launch
+
+    def record(self) -> None:
+        spool.write_json_atomic(self.dir / RECORD, {
+            "runtime": self.runtime.name, "cgroup": self.cgroup.record() if self.cgroup else None,
+            "cleanup": self.launch.cleanup if self.launch else [],
+            "signal_main": self.launch.signal_main if self.launch else True})
+
+    def deliver(self, pgid: int, sig: int) -> None:
+        deliver(pgid, sig, self.launch is None or self.launch.signal_main, self.cgroup)
+
+    def procs_files(self) -> list[str]:
+        if self.cgroup is None or self.launch is None or not self.launch.join_cgroup:
+            return []
+        return self.cgroup.procs_files()
+
+    def after_fork(self) -> None:
+        for fd in self.launch.keep_fds if self.launch else ():
+            os.close(fd)  # the child has them; the runtime writes, we read the file later
+
+    # -- while the job runs --
+
+    def alive(self) -> bool:
+        return bool(self.cgroup and self.cgroup.members())
+
+    def oom(self) -> bool:
+        """True once the kernel killed a process of the run for memory (checked each wakeup)."""
+        if not self.oom_seen and self.cgroup is not None and self.cgroup.oom_kills() > 0:
+            self.oom_seen = True
+            log.warning("job %s.%s: OOM kill in its cgroup (limit %s MiB)", self.spec.job_id,
+                        self.spec.attempt, self.spec.mem_mb)
+        return self.oom_seen
+
+    def oom_message(self) -> str:
+        if self.spec.mem_mb is not None:
+            return f"job exceeded its memory limit of {self.spec.mem_mb} MiB"
+        return "the kernel's OOM killer killed a process of the job (the node ran out of memory)"
+
+    def kill(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.kill()
+
+    # -- at the end --
+
+    def decode(self, wait_status: int) -> tuple[int | None, int | None]:
+        """(exit_code, signal) of the job: a runtime's exit 128+N means the job died of signal N."""
+        if os.WIFSIGNALED(wait_status):
+            return None, os.WTERMSIG(wait_status)
+        code = os.waitstatus_to_exitcode(wait_status)
+        if self.launch is not None and self.launch.signal_exit_codes and 128 < code < 128 + signal.NSIG:
+            return None, code - 128
+        return code, None
+
+    def setup_failure(self, wait_status: int | None) -> str | None:
+        if self.launch is None or self.ctx is None:
+            return None
+        return self.runtime.after_exit(self.ctx, self.launch, wait_status)
+
+    def teardown(self) -> None:
+        """The runtime's cleanup (runc delete), then the cgroup; the job's processes are gone."""
+        _teardown(self.cgroup, self.launch.cleanup if self.launch else [])
+
+
+def deliver(pgid: int, sig: int, signal_main: bool, cgroup: RunCgroup | None) -> None:
+    """Send a signal to the job's process group (pgid = its main process), sparing the main
+    process itself if its runtime cannot take it. Raises ProcessLookupError if nobody got it."""
+    if signal_main or sig == signal.SIGKILL:
+        os.killpg(pgid, sig)
+        return
+    frozen = cgroup is not None and cgroup.freeze(True)  # nothing forks between listing and kill
+    try:
+        targets = [p for p in spool.group_members(pgid) if p != pgid]
+        for p in targets:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+    finally:
+        if frozen:
+            cgroup.freeze(False)
+    if not targets:
+        raise ProcessLookupError(pgid)
+
+
+def deliver_recorded(run_dir: Path, pgid: int, sig: int) -> None:
+    """deliver() for the agent (signal_run), from what the shepherd recorded."""
+    rec = _read_record(run_dir)
+    cg = RunCgroup.from_record(rec["cgroup"]) if rec.get("cgroup") else None
+    deliver(pgid, sig, rec.get("signal_main", True), cg)
+
+
+def _read_record(run_dir: Path) -> dict:
+    try:
+        rec = spool.read_json(run_dir / RECORD)
+    except ValueError:
+        rec = None
+    return rec if isinstance(rec, dict) else {}
+
+
+def teardown_recorded(run_dir: Path) -> None:
+    """Kill and remove what isolation.json names. Also used by the agent for a run whose shepherd
+    died; every step is idempotent."""
+    rec = _read_record(run_dir)
+    _teardown(RunCgroup.from_record(rec["cgroup"]) if rec.get("cgroup") else None, rec.get("cleanup") or [])
+
+
+def _teardown(cg: RunCgroup | None, cleanup: list[list[str]]) -> None:
+    import subprocess  # only containers have cleanup commands: keep the shepherd's start lean
+    if cg is not None:
+        cg.kill()
+    for argv in cleanup:
+        try:
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=CLEANUP_TIMEOUT)
+            if proc.returncode != 0:
+                log.warning("%s exited %d: %s", " ".join(argv), proc.returncode, proc.stderr.strip())
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("%s failed: %s", " ".join(argv), exc)
+    if cg is not None:
+        cg.remove()

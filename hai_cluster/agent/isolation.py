@@ -1,0 +1,119 @@
+"""What this node offers to contain jobs: runtimes installed, cgroup features, device nodes.
+
+Found once at agent start (NodeIsolation.detect) and written into every run dir as node.json, which
+the run's shepherd reads: a run keeps the settings it started with, and the shepherd needs neither
+the agent's config file nor a second detection. Light imports only (the shepherd imports it).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
+
+from . import cgroups
+from .runspec import RunSpec
+
+if TYPE_CHECKING:
+    from ..config import AgentConfig
+
+log = logging.getLogger(__name__)
+
+TOOLS = {"bwrap": "bwrap", "runc": "runc", "podman": "podman", "apptainer": "apptainer", "enroot": "enroot"}
+# Static init binaries that can be bound into any image as its PID 1 (see runtimes/runc.py).
+INITS = ("/usr/bin/tini-static", "/usr/local/bin/tini-static", "/usr/bin/catatonit",
+         "/usr/libexec/podman/catatonit")
+_SEARCH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def agent_cgroup(node: str, spool: str) -> str:
+    """The agent's own level in the cgroup tree: its node name, and a hash of its spool, so that
+    two agents on one machine (test clusters, concurrent test runs) never share run cgroups."""
+    import hashlib
+    return f"{node}-{hashlib.sha256(os.path.realpath(spool).encode()).hexdigest()[:8]}"
+
+
+@dataclass(frozen=True)
+class NodeIsolation:
+    node: str
+    default_runtime: str = "none"
+    default_container_runtime: str = "bwrap"
+    device_dir: str = "/dev"
+    pids_limit: int = 0
+    limit_cpus: bool = True
+    container_init: str | None = None
+    tools: Mapping[str, str] = field(default_factory=dict)  # runtime -> its installed binary
+    cgroups: cgroups.Capabilities | None = None
+    image_cache: str = ""
+    runc_root: str = ""
+
+    @classmethod
+    def detect(cls, cfg: "AgentConfig") -> "NodeIsolation":
+        import shutil
+        iso = cfg.isolation
+        search = f"{os.environ.get('PATH', '')}:{_SEARCH}"
+        tools = {rt: path for rt, tool in TOOLS.items() if (path := shutil.which(tool, path=search))}
+        init = None
+        if iso.container_init == "auto":
+            init = next((p for p in INITS if os.access(p, os.X_OK)), None)
+        elif iso.container_init:
+            init = iso.container_init
+        caps = None
+        if iso.cgroups:
+            caps = cgroups.detect(f"{iso.cgroup_parent.strip('/')}/{agent_cgroup(cfg.name, cfg.spool)}")
+        node = cls(node=cfg.name, default_runtime=iso.default_runtime,
+                   default_container_runtime=iso.default_container_runtime, device_dir=iso.device_dir,
+                   pids_limit=iso.pids_limit, limit_cpus=iso.limit_cpus, container_init=init,
+                   tools=tools, cgroups=caps if caps is not None and caps.usable else None,
+                   image_cache=iso.image_cache or os.path.join(cfg.spool, "images"),
+                   runc_root=os.path.join(cfg.spool, "runc"))
+        node.log_summary()
+        return node
+
+    def log_summary(self) -> None:
+        if self.cgroups is None:
+            log.warning("no usable cgroups: jobs run without memory/CPU/process limits, and what "
+                        "leaves a job's process group is found only through the process tree")
+        else:
+            log.info("cgroups under %s: %s", self.cgroups.parent,
+                     ", ".join(f"{k}={v or 'no'}" for k, v in self.cgroups.summary().items()))
+        log.info("runtimes: %s (default %s, with an image %s); container init %s; devices in %s",
+                 ", ".join(self.runtimes()), self.default_runtime, self.default_container_runtime,
+                 self.container_init or "none", self.device_dir)
+
+    def release(self) -> None:
+        """At agent exit: remove this agent's level of the cgroup tree if no run is left in it
+        (a busy one stays, with its running jobs, for the next agent)."""
+        if self.cgroups is None:
+            return
+        for mount in (self.cgroups.v2, *self.cgroups.v1.values()):
+            if mount:
+                try:
+                    os.rmdir(os.path.join(mount, self.cgroups.parent))
+                except OSError:
+                    pass
+
+    def runtimes(self) -> list[str]:
+        return ["none", *self.tools]
+
+    def runtime_for(self, spec: RunSpec) -> str:
+        if spec.runtime is not None:
+            return spec.runtime
+        return self.default_container_runtime if spec.container_image else self.default_runtime
+
+    def hello(self) -> dict:
+        """For the controller: which limits are enforced and how, and which runtimes exist."""
+        summary = self.cgroups.summary() if self.cgroups else dict.fromkeys(cgroups.FEATURES)
+        return {"isolation": summary, "runtimes": self.runtimes(), "default_runtime": self.default_runtime}
+
+    def to_wire(self) -> dict:
+        d = asdict(self)
+        d["tools"] = dict(self.tools)
+        d["cgroups"] = self.cgroups.to_wire() if self.cgroups else None
+        return d
+
+    @classmethod
+    def from_wire(cls, d: Any) -> "NodeIsolation":
+        d = dict(d)
+        d["cgroups"] = cgroups.Capabilities.from_wire(d["cgroups"]) if d.get("cgroups") else None
+        return cls(**d)

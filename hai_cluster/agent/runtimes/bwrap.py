@@ -1,0 +1,86 @@
+"""Runtime `bwrap` (bubblewrap), run as the user (unprivileged user namespace).
+
+The root is the host's `/` or the image, read-only; fresh /proc, a minimal /dev (null, zero,
+full, random, urandom, tty, pts, shm) plus the rank's GPU device nodes; a private /tmp; the job's
+directories bound at their host paths. New PID, IPC and UTS namespaces: bwrap's own PID 1 reaps
+and waits for every process, and the outer bwrap exits with the job script's status as soon as the
+script ends (128+N if it died of signal N).
+
+The job's processes share the outer bwrap's process group, so the shepherd's signals reach all of
+them; not the outer bwrap itself, which has no handlers and would die of them (signal_main=False):
+it must live on to report the script's exit status. No --die-with-parent: when the script dies of
+the preempt signal, the rest of the job
+(say Python still writing its checkpoint) must keep its grace period, exactly as without a
+container. The shepherd kills what is left (process group and cgroup) when the run ends.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from . import Context, Launch, MountPlan, Runtime, RuntimeRefused
+from .common import container_env, gpu_devices, image_rootfs, job_binds, mount_plan_dirs
+
+STATUS = "bwrap-status.json"
+
+
+class Bwrap(Runtime):
+    name = "bwrap"
+
+    def prepare(self, ctx: Context) -> Launch:
+        tool = ctx.node.tools.get("bwrap")
+        if tool is None:
+            raise RuntimeRefused(f"bwrap is not installed on node {ctx.node.node}")
+        binds = job_binds(ctx)
+        mounts = None
+        root = "/"
+        if ctx.spec.container_image:
+            lower = image_rootfs(ctx)
+            scratch, root = str(ctx.run_dir / "overlay"), str(ctx.run_dir / "rootfs")
+            for d in (scratch, root):
+                os.makedirs(d, 0o700 if d == scratch else 0o755, exist_ok=True)
+            dirs, files = mount_plan_dirs(ctx, binds, ("/proc", "/dev", "/tmp", "/sys"))
+            mounts = MountPlan(lower=lower, scratch=scratch, root=root, dirs=dirs, files=files)
+        # Its status (child pid, exit code) tells a sandbox that never started from a job that failed.
+        status = os.open(ctx.run_dir / STATUS, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchown(status, ctx.spec.uid, ctx.spec.gid)  # bwrap writes it as the user
+        argv = [tool, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--ro-bind", root, "/",
+                "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        if mounts is not None:
+            argv += ["--ro-bind", "/sys", "/sys"]
+        for dev in gpu_devices(ctx):
+            argv += ["--dev-bind", dev.host, dev.path]
+        for b in binds:
+            argv += ["--bind" if b.rw else "--ro-bind", b.src, b.dst]
+        argv += ["--chdir", ctx.spec.workdir, "--json-status-fd", str(status),
+                 "--", ctx.script, *ctx.spec.script_args]
+        return Launch(argv=argv, env=container_env(ctx), mounts=mounts, keep_fds=(status,),
+                      signal_exit_codes=True, signal_main=False)
+
+    def after_exit(self, ctx: Context, launch: Launch, wait_status: int | None) -> str | None:
+        if wait_status is None or not os.WIFEXITED(wait_status) or os.WEXITSTATUS(wait_status) != 1:
+            return None  # the job ran (or was killed): its status is the job's
+        try:
+            text = (ctx.run_dir / STATUS).read_text()
+        except OSError:
+            text = ""
+        for line in text.splitlines():
+            try:
+                if "exit-code" in json.loads(line):
+                    return None
+            except ValueError:
+                continue
+        return f"bwrap could not set up the container: {_bwrap_error(ctx)}"
+
+
+def _bwrap_error(ctx: Context) -> str:
+    """bwrap's own message, from the end of the job's error file (its stderr)."""
+    path = ctx.spec.stderr or ctx.spec.stdout
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    found = [ln for ln in lines if ln.startswith("bwrap:")]
+    return found[-1] if found else f"see {path}"

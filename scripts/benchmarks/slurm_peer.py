@@ -1,0 +1,83 @@
+"""The Slurm side of the comparison: ../shared/peers/slurm (Debian's Slurm 22.05 on this machine,
+4 virtual nodes x 8 GPUs). Its scripts are tools we call, never copy: `up`, `bench`, `down`.
+
+`run_live` starts the peer (default profile: Slurm's own defaults), runs its bench tests a-d with
+the same sizes as ours, and stops it again whatever happens. A large `squeue` table needs a cold
+restart first: Slurm keeps finished jobs for MinJobAge (300 s) and refuses new ones beyond
+MaxJobCount (10,000). `load_saved` reads a results JSON of an earlier run instead (the peer's
+baseline in ../shared/peers/slurm/results/, or one that `run_live` left in $SLURM_PEER_DIR)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PEER = Path(os.environ.get("HAI_SLURM_PEER", REPO.parent / "shared" / "peers" / "slurm"))
+BASELINE = PEER / "results" / "2026-11-30-debian12-2core.json"
+SLURM_MAX_PENDING = 9990  # MaxJobCount defaults to 10,000; the 10,000th submission already blocks
+
+
+def log(msg: str) -> None:
+    print(f"[slurm_peer] {msg}", file=sys.stderr, flush=True)
+
+
+def _peer(cmd: str, *args: str, timeout: float = 1800) -> str:
+    env = {**os.environ, "SLURM_PEER_PROFILE": "default", "SLURM_PEER_PREEMPT": "0", "SLURM_PEER_SCHED_PARAMS": "",
+           "SLURM_PEER_NODES": "4", "SLURM_PEER_GPUS": "8"}
+    p = subprocess.run([str(PEER / cmd), *args], env=env, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"slurm peer {cmd} failed ({p.returncode}): {p.stderr.strip()[-2000:]}")
+    return p.stdout
+
+
+def _bench(*args: str) -> dict:
+    out = _peer("bench", *args)
+    m = re.search(r"^Raw values: (.+\.json)$", out, re.M)
+    if not m:
+        raise RuntimeError(f"slurm peer bench printed no results file:\n{out[-2000:]}")
+    return load_saved(Path(m.group(1)))
+
+
+def load_saved(path: Path) -> dict:
+    """{'results': the default profile's results, 'version', 'machine', 'date', 'source'}."""
+    doc = json.loads(Path(path).read_text())
+    name = "default" if "default" in doc["results"] else next(n for n in doc["results"] if n != "preemption")
+    return {"results": doc["results"][name], "version": doc.get("version", ""), "machine": doc.get("machine", ""),
+            "date": doc.get("date", ""), "source": str(path), "profile": name, "args": doc.get("args", {})}
+
+
+def run_live(jobs: int, submitters: int, reps: int, latency_jobs: int, latency_idle_jobs: int,
+             latency_gap: float, pending: int, pending_large: int) -> dict:
+    if not (PEER / "up").exists():
+        raise RuntimeError(f"no Slurm peer at {PEER}")
+    try:
+        log("./up (default profile, 4 nodes x 8 GPUs)")
+        _peer("up")
+        log(f"./bench --only a,b,c,d --jobs {jobs} --pending {pending} (a few minutes)")
+        main = _bench("--only", "a,b,c,d", "--jobs", str(jobs), "--submitters", str(submitters), "--reps", str(reps),
+                      "--latency-jobs", str(latency_jobs), "--latency-idle-jobs", str(latency_idle_jobs),
+                      "--latency-gap", str(latency_gap), "--pending", str(pending))
+        if pending_large:
+            # MaxJobCount (10,000 by default) counts every job slurmctld holds: stay just below it.
+            large_n = min(pending_large, SLURM_MAX_PENDING)
+            log(f"./down, ./up (cold start: an empty job table), ./bench --only d --pending {large_n}")
+            try:
+                _peer("down")
+                _peer("up")
+                large = _bench("--only", "d", "--pending", str(large_n))
+                main["results"]["pending_large"] = large["results"]["pending"]
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:  # keep the main results
+                log(f"the large squeue test failed: {exc}")
+                main["large_error"] = str(exc)[:300]
+        main["live"] = True
+        return main
+    finally:
+        log("./down")
+        try:
+            _peer("down", timeout=120)
+        except RuntimeError as exc:
+            log(f"./down failed: {exc}")

@@ -1,0 +1,135 @@
+"""hai-cluster and Slurm side by side on this machine: the same tests, the same sizes, one table.
+
+Ours run first on a `hai-dev` cluster (cluster_ops.py), then Slurm's through its peer scripts
+(slurm_peer.py), never both at once: on 2 cores each would slow the other. Raw values of both go
+to a JSON file under /tmp (its path is printed)."""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import cluster_ops, slurm_peer
+from .cluster_ops import pct
+
+GOALS = {  # the issue's goals, checked in the table
+    "submit": "≥ Slurm", "drain": "≥ Slurm", "latency": "< 0.5 s", "hqueue_large": "< 0.3 s",
+}
+
+
+def _med(v):
+    return statistics.median(v) if v else None
+
+
+def rows(ours: dict, slurm: dict | None, a) -> list[tuple]:
+    """(label, unit, ours, slurm, higher_is_better, goal, goal_met) for every measurement."""
+    s = (slurm or {}).get("results", {})
+    out = []
+
+    def add(label, unit, mine, theirs, higher, goal=None, met=None):
+        out.append((label, unit, mine, theirs, higher, goal, met))
+
+    t, st = ours.get("throughput", {}), s.get("throughput", {})
+    for mode in t:
+        mine, theirs = _med(t[mode]["submit_jobs_per_s"]), _med(st.get(mode, {}).get("submit_jobs_per_s", []))
+        add(f"a. submit {a.jobs} × `--wrap=true`, {mode}", "jobs/s", mine, theirs, True, GOALS["submit"],
+            None if theirs is None else mine >= theirs)
+    for mode in t:
+        mine, theirs = _med(t[mode]["drain_jobs_per_s"]), _med(st.get(mode, {}).get("drain_jobs_per_s", []))
+        add(f"b. drain {a.jobs} trivial jobs, {mode} submit (first submit → queue empty)", "jobs/s", mine, theirs,
+            True, GOALS["drain"], None if theirs is None else mine >= theirs)
+    lat, sl = ours.get("latency"), s.get("latency", {})
+    if lat:
+        for key, what in (("latency_s", f"back to back ({len(lat['latency_s'])} jobs)"),
+                          ("latency_idle_s", f"{lat['idle_gap_s']:g} s idle before each ({len(lat['latency_idle_s'])} jobs)")):
+            for q in (50, 95):
+                theirs = pct(sl[key], q) if sl.get(key) else None
+                mine = pct(lat[key], q)
+                add(f"c. submit → running, {what}, p{q}", "s", mine, theirs, False, GOALS["latency"], mine < 0.5)
+        add("c. the submit command itself (`hsubmit` / `sbatch --parsable`), p50", "ms",
+            _med(lat["sbatch_call_s"]) * 1000,
+            _med(sl["sbatch_call_s"]) * 1000 if sl.get("sbatch_call_s") else None, False)
+    p, sp = ours.get("pending"), s.get("pending", {})
+    if p:
+        add(f"d. submit {a.pending} held jobs (`--hold`), sequential", "jobs/s", p["held_submit_jobs_per_s"],
+            sp.get("held_submit_jobs_per_s"), True)
+        add(f"d. `hqueue` / `squeue` with {p['pending_seen']} pending jobs, median of 5", "s", _med(p["squeue_s"]),
+            _med(sp.get("squeue_s", [])), False)
+        add(f"d. `hcancel` / `scancel` of {a.pending} pending jobs (ids as arguments)", "s", p["scancel_cmd_s"],
+            sp.get("scancel_cmd_s"), False)
+        add("d. … until the queue is empty", "s", p["scancel_until_empty_s"], sp.get("scancel_until_empty_s"), False)
+    pl, spl = ours.get("pending_large"), s.get("pending_large", {})
+    if pl:
+        mine = _med(pl["squeue_s"])
+        slurm_n = f" (Slurm: {spl['pending_seen']}, below its MaxJobCount)" \
+            if spl.get("pending_seen") not in (None, pl["pending_seen"]) else ""
+        add(f"d. `hqueue` / `squeue` with {pl['pending_seen']} pending jobs{slurm_n}, median of 5", "s", mine,
+            _med(spl.get("squeue_s", [])), False, GOALS["hqueue_large"], mine < 0.3)
+    return out
+
+
+def _fmt(x, unit):
+    if x is None:
+        return "—"
+    if unit == "jobs/s":
+        return f"{x:.1f}"
+    if unit == "ms":
+        return f"{x:.0f}"
+    return f"{x:.3f}" if x < 1 else f"{x:.2f}"
+
+
+def _compare(mine, theirs, higher):
+    if mine is None or theirs is None or mine <= 0 or theirs <= 0:
+        return "—"
+    ratio = mine / theirs
+    better = ratio > 1 if higher else ratio < 1
+    factor = ratio if ratio >= 1 else 1 / ratio
+    if 0.95 <= ratio <= 1.05:
+        return f"{ratio:.2f}× (same)"
+    return f"{ratio:.2f}× ({factor:.1f}× {'better' if better else 'worse'})"
+
+
+def table(ours: dict, slurm: dict | None, a) -> str:
+    lines = ["| measurement | unit | hai-cluster | Slurm | hai / Slurm | goal |", "|---|---|---|---|---|---|"]
+    for label, unit, mine, theirs, higher, goal, met in rows(ours, slurm, a):
+        g = "" if goal is None else f"{goal}: {'met' if met else '**missed**'}" if met is not None else goal
+        lines.append(f"| {label} | {unit} | {_fmt(mine, unit)} | {_fmt(theirs, unit)} | {_compare(mine, theirs, higher)}"
+                     f" | {g} |")
+    return "\n".join(lines)
+
+
+def section(a) -> str:
+    ours = cluster_ops.measure(jobs=a.jobs, submitters=a.submitters, reps=a.throughput_reps,
+                               latency_jobs=a.latency_jobs, latency_idle_jobs=a.latency_idle_jobs,
+                               latency_gap=a.latency_gap, pending=a.pending, pending_large=a.pending_large)
+    slurm, how = None, "not measured (`--slurm none`)"
+    if a.slurm == "live":
+        try:
+            slurm = slurm_peer.run_live(a.jobs, a.submitters, a.throughput_reps, a.latency_jobs,
+                                        a.latency_idle_jobs, a.latency_gap, a.pending, a.pending_large)
+            how = "measured live, right after hai-cluster, on the same machine (`up`, `bench`, `down`)"
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            print(f"[vs_slurm] live Slurm run failed ({exc}); using the saved baseline", file=sys.stderr)
+            a.slurm = "saved"
+    if a.slurm == "saved" or a.slurm_results:
+        slurm = slurm_peer.load_saved(Path(a.slurm_results) if a.slurm_results else slurm_peer.BASELINE)
+        how = (f"from a saved run, `{slurm['source']}` ({slurm['date'][:10]}; sizes: its own, "
+               f"{slurm['args'].get('jobs')} jobs for a/b, {slurm['args'].get('pending')} for d)")
+    raw = Path(f"/tmp/hai-bench-vs-slurm-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    raw.write_text(json.dumps({"hai": ours, "slurm": slurm}, indent=1))
+    print(f"[vs_slurm] raw values: {raw}", file=sys.stderr)
+    version = (slurm or {}).get("version") or "Slurm"
+    return (
+        "### hai-cluster and Slurm on the same machine\n\n"
+        f"hai-cluster: `hai-dev up --nodes 4 --gpus-per-node 8` (controller on SQLite, MLFQ, tick 1 s; jobs run "
+        f"as root), the CLI run as a process per call. Slurm: {version}, the peer in `../shared/peers/slurm` "
+        f"(4 slurmd × 8 GPUs, Slurm's default settings), {how}. Both run the same tests "
+        "(`scripts/benchmarks/cluster_ops.py` mirrors the peer's `bench` a–d). hai / Slurm: above 1 is "
+        "more jobs/s or more seconds. Our 10,000 held jobs are written straight into the store (hqueue is "
+        "what is timed); Slurm's 9,990 go through sbatch after a cold restart (its MaxJobCount is 10,000). "
+        "Each agent offers the machine's "
+        "2 CPUs, so 8 trivial jobs run at once (Slurm's peer advertises 64 CPUs per node).\n\n"
+        + table(ours, slurm, a))

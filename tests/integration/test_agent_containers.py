@@ -1,0 +1,327 @@
+"""Jobs in containers through a real hai-agent, with the real runtimes (bubblewrap, runc), a
+busybox rootfs built here from /bin/busybox and fake GPU device nodes (char 195:N, made with
+mknod): each job sees only its own GPUs' nodes, runs as the user, writes its output where asked,
+gets the preempt notice and its grace, is held to its memory limit, and leaves nothing behind."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from hai_cluster.agent import spool
+from hai_cluster.transport.rpc import RpcError
+
+from .agent_helpers import AgentProcess, Sandbox, client, need_root, read_when, run, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+NODE = "ctrnode"
+GPUS = 4
+BUSYBOX = "/bin/busybox"
+
+
+def busybox_rootfs(path: Path) -> Path:
+    """A minimal image: busybox and its applet links, plus the usual top-level directories."""
+    for d in ("bin", "etc", "proc", "dev", "sys", "tmp", "home", "var"):
+        (path / d).mkdir(parents=True, exist_ok=True)
+    os.chmod(path / "tmp", 0o1777)
+    shutil.copy2(BUSYBOX, path / "bin" / "busybox")
+    subprocess.run(["chroot", str(path), "/bin/busybox", "--install", "-s", "/bin"], check=True)
+    (path / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+def fake_gpu_nodes(path: Path, count: int) -> Path:
+    """What the NVIDIA driver makes: /dev/nvidiaN (195:N) and the control nodes."""
+    path.mkdir(mode=0o755)
+    for i in range(count):
+        os.mknod(path / f"nvidia{i}", 0o666 | stat.S_IFCHR, os.makedev(195, i))
+    os.mknod(path / "nvidiactl", 0o666 | stat.S_IFCHR, os.makedev(195, 255))
+    os.mknod(path / "nvidia-uvm", 0o666 | stat.S_IFCHR, os.makedev(511, 0))
+    for p in (path, *path.iterdir()):
+        os.chmod(p, 0o755 if p == path else 0o666)
+    return path
+
+
+def isolation_agent(box: Sandbox, name: str, toml: str) -> AgentProcess:
+    """An AgentProcess whose config also has an [isolation] table."""
+    agent = AgentProcess(box, name=name)
+    with open(agent.config, "a") as f:
+        f.write(f"[isolation]\n{toml}")
+    return agent
+
+
+@pytest.fixture(scope="module")
+def env():
+    need_root()
+    for tool in ("bwrap", "runc", "chroot"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} is not installed; run the tests with scripts/test, which installs it")
+    box = Sandbox()
+    devices = fake_gpu_nodes(box.base / "fakedev", GPUS)
+    rootfs = busybox_rootfs(box.base / "images" / "busybox")
+    tarball = box.base / "images" / "busybox.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tf:
+        tf.add(rootfs, arcname=".")
+    os.chmod(box.base / "images", 0o755)
+    agent = isolation_agent(box, NODE, f'device_dir = "{devices}"\n').start()
+    yield agent, rootfs, tarball
+    agent.stop()
+    box.cleanup()
+
+
+def key(spec: dict, **more) -> dict:
+    return {"job_id": spec["job_id"], "attempt": spec["attempt"], **more}
+
+
+def run_dir(box: Sandbox, spec: dict) -> Path:
+    return spool.runs_dir(box.spool) / spool.run_dir_name(spec["job_id"], spec["attempt"])
+
+
+def procs_with(marker: str) -> list[int]:
+    """Live processes whose command line contains marker."""
+    out = []
+    for pid in spool._pids():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd and spool.proc_starttime(pid) is not None:
+            out.append(pid)
+    return out
+
+
+# (runtime, image): bwrap on the host's root, bwrap and runc on the busybox image, runc on its tarball
+CASES = [("bwrap", None), ("bwrap", "dir"), ("runc", "dir"), ("runc", "tar")]
+IDS = ["bwrap-host", "bwrap-image", "runc-image", "runc-tarball"]
+
+
+def image_for(env, kind):
+    _, rootfs, tarball = env
+    return None if kind is None else str(rootfs if kind == "dir" else tarball)
+
+
+@pytest.mark.parametrize("runtime,kind", CASES, ids=IDS)
+def test_job_sees_only_its_gpus_runs_as_the_user_and_writes_its_output(env, runtime, kind):
+    agent = env[0]
+    box = agent.box
+    script = ("#!/bin/sh\n"
+              'echo "uid=$(id -u) gid=$(id -g) cwd=$(pwd) args=$*"\n'
+              'echo "nvd=$NVIDIA_VISIBLE_DEVICES cvd=$CUDA_VISIBLE_DEVICES control=$HAI_CONTROL_DIR"\n'
+              "echo DEV $(ls /dev | grep nvidia)\n"
+              "echo ALLDEV $(ls /dev)\n"
+              "cat /dev/nvidia1 2>&1 | sed 's/^/OPEN /'\n"
+              'echo "pid1=$(cat /proc/1/comm)"\n'
+              "echo written > made-by-$HAI_JOB_ID\n"
+              "touch /etc/not-allowed 2>/dev/null && echo ROOT-WRITABLE\n"
+              "exit 7\n")
+    spec = box.spec(script, runtime=runtime, container_image=image_for(env, kind), gpus=[1, 2],
+                    script_args=["a", "b c"])
+    spec["environment"]["CUDA_VISIBLE_DEVICES"] = "1,2"
+
+    async def body():
+        async with client(agent) as c:
+            assert (await c.call("start_run", {"spec": spec}))["started"]
+            return await c.exited(spec["job_id"], timeout=60)
+
+    ended = run(body())
+    out = Path(spec["stdout"]).read_text()
+    assert ended["exit_code"] == 7 and ended["reason"] is None and ended["signal"] is None, (ended, out)
+    user = box.user
+    assert f"uid={user.pw_uid} gid={user.pw_gid} cwd={box.work} args=a b c\n" in out, out
+    # only the rank's GPUs, renumbered for CUDA; the control nodes that exist on the host
+    control = run_dir(box, spec) / spool.CONTROL
+    assert f"nvd=1,2 cvd=0,1 control={control}\n" in out, out
+    assert "DEV nvidia-uvm nvidia1 nvidia2 nvidiactl\n" in out, out
+    # a fake node has no driver behind it: ENXIO means the node (and the devices cgroup) let it through
+    assert "OPEN cat: can't open '/dev/nvidia1': No such device or address" in out or \
+        "OPEN cat: /dev/nvidia1: No such device or address" in out, out
+    assert "ROOT-WRITABLE" not in out  # the root is read-only
+    made = box.work / f"made-by-{spec['job_id']}"
+    assert made.read_text() == "written\n"
+    assert (os.stat(made).st_uid, os.stat(spec["stdout"]).st_uid) == (user.pw_uid, user.pw_uid)
+    # own PID namespace: PID 1 is bwrap's reaper, or the init bound into the runc container
+    assert f"pid1={'bwrap' if runtime == 'bwrap' else 'init'}\n" in out, out
+    devs = next(ln for ln in out.splitlines() if ln.startswith("ALLDEV ")).split()[1:]
+    assert not [d for d in devs if d.startswith(("sd", "vd", "nvme", "loop")) or d in ("nvidia0", "nvidia3")]
+    cg = json.loads((run_dir(box, spec) / "isolation.json").read_text())
+    assert cg["runtime"] == runtime
+    for d in cg["cgroup"] and _cgroup_dirs(cg["cgroup"]) or []:
+        assert not os.path.exists(d), f"{d} was not removed"
+
+
+def _cgroup_dirs(record: dict) -> list[str]:
+    from hai_cluster.agent.cgroups import RunCgroup
+    return list(RunCgroup.from_record(record).dirs.values())
+
+
+@pytest.mark.parametrize("runtime,kind", CASES[:3], ids=IDS[:3])
+def test_cancel_leaves_no_process_behind(env, runtime, kind):
+    agent = env[0]
+    box = agent.box
+    marker = str(31000 + len(runtime) * 10 + (kind == "dir"))
+    # in the group, a double-forked one that left the session, and one trapping TERM
+    script = ("#!/bin/sh\n"
+              f"sleep {marker} &\n"
+              f"setsid sh -c 'sleep {marker}1 & sleep {marker}2' &\n"
+              "trap '' TERM\n"
+              "echo ready > ready-$HAI_JOB_ID\n"
+              "while :; do sleep 0.1; done\n")
+    spec = box.spec(script, runtime=runtime, container_image=image_for(env, kind), grace=1)
+
+    async def body():
+        async with client(agent) as c:
+            await c.call("start_run", {"spec": spec})
+            await read_when(box.work / f"ready-{spec['job_id']}", "ready", timeout=60)
+            wait_for(lambda: len(procs_with(f"sleep {marker}")) >= 3, 20, "the job's sleeps")
+            assert await c.call("terminate_run", key(spec, reason="cancel")) == {"found": True}
+            return await c.exited(spec["job_id"], timeout=60)
+
+    ended = run(body())
+    assert ended["reason"] == "cancel" and ended["killed"] is True, ended
+    assert procs_with(f"sleep {marker}") == []
+    left = [p for p in spool._pids() if _uid(p) == box.user.pw_uid and _in_run(p, spec)]
+    assert left == []
+
+
+def _uid(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def _in_run(pid: int, spec: dict) -> bool:
+    try:
+        return f"/{spec['job_id']}.{spec['attempt']}" in Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("runtime,kind", CASES[:3], ids=IDS[:3])
+def test_preempt_notice_reaches_the_job_which_checkpoints_within_its_grace(env, runtime, kind):
+    agent = env[0]
+    box = agent.box
+    ckpt = box.work / "ckpt" / f"{runtime}-{kind}"
+    script = ("#!/bin/sh\n"
+              "trap 'cat \"$HAI_CONTROL_DIR/preempt\" > \"$HAI_CHECKPOINT_DIR/notice\"; "
+              "echo step-41 > \"$HAI_CHECKPOINT_DIR/state\"; exit 0' TERM\n"
+              "echo ready > ready-$HAI_JOB_ID\n"
+              "while :; do sleep 0.1; done\n")
+    spec = box.spec(script, runtime=runtime, container_image=image_for(env, kind), grace=30,
+                    checkpoint_dir=str(ckpt))
+    spec["environment"]["HAI_CHECKPOINT_DIR"] = str(ckpt)
+
+    async def body():
+        async with client(agent) as c:
+            await c.call("start_run", {"spec": spec})
+            await read_when(box.work / f"ready-{spec['job_id']}", "ready", timeout=60)
+            await c.call("terminate_run", key(spec, reason="preempt"))
+            return await c.exited(spec["job_id"], timeout=60)
+
+    ended = run(body())
+    out = Path(spec["stdout"]).read_text()
+    assert ended["reason"] == "preempt" and ended["killed"] is False and ended["exit_code"] == 0, (ended, out)
+    assert ended["end_time"] - ended["start_time"] < 30  # within the grace, not killed at its end
+    notice = json.loads((ckpt / "notice").read_text())
+    assert notice["reason"] == "preempt" and notice["signal"] == signal.SIGTERM and notice["grace"] == 30
+    assert (ckpt / "state").read_text() == "step-41\n"
+    assert os.stat(ckpt / "state").st_uid == box.user.pw_uid
+
+
+@pytest.mark.parametrize("runtime,kind", CASES[1:3], ids=IDS[1:3])
+def test_memory_limit_ends_the_job_as_oom(env, runtime, kind):
+    agent = env[0]
+    box = agent.box
+    # tail keeps the whole "line" of zeros in memory: far past the limit. The OOM killer kills
+    # tail only; the run must end all the same (the script would loop for ever).
+    script = "#!/bin/sh\nhead -c 300m /dev/zero | tail > /dev/null\nwhile :; do sleep 0.1; done\n"
+    spec = box.spec(script, runtime=runtime, container_image=image_for(env, kind), mem_mb=48)
+
+    async def body():
+        async with client(agent) as c:
+            await c.call("start_run", {"spec": spec})
+            return await c.exited(spec["job_id"], timeout=60)
+
+    ended = run(body())
+    assert ended["reason"] == "oom", (ended, Path(spec["stdout"]).read_text())
+    assert ended["message"] == "job exceeded its memory limit of 48 MiB"
+
+
+def test_a_tarball_is_unpacked_once_into_the_cache(env):
+    agent, _, tarball = env
+    box = agent.box
+    specs = [box.spec("#!/bin/sh\ncat /etc/passwd\n", runtime="runc", container_image=str(tarball))
+             for _ in range(2)]
+
+    async def body():
+        async with client(agent) as c:
+            out = []
+            for spec in specs:
+                await c.call("start_run", {"spec": spec})
+                out.append(await c.exited(spec["job_id"], timeout=60))
+            return out
+
+    for ended, spec in zip(run(body()), specs):
+        assert ended["exit_code"] == 0, ended
+        assert Path(spec["stdout"]).read_text() == "root:x:0:0:root:/root:/bin/sh\n"
+    cache = box.spool / "images"
+    entries = [e for e in os.listdir(cache) if not e.startswith(".")]
+    assert len(entries) == 1 and len(entries[0]) == 64  # sha256 of the tarball
+    assert not (cache / entries[0] / "bin" / "busybox").stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
+
+
+def test_launch_failures_name_the_reason(env):
+    agent, rootfs, _ = env
+    box = agent.box
+    missing = str(box.base / "images" / "missing")
+    private = box.base / "images" / "private"
+    shutil.copytree(rootfs, private / "rootfs", symlinks=True)
+    os.chmod(private, 0o700)
+    failing = [
+        (box.spec("#!/bin/sh\ntrue\n", runtime="bwrap", container_image=missing),
+         f"container image {missing} does not exist on node {NODE}"),
+        (box.spec("#!/bin/sh\ntrue\n", runtime="runc", container_image=missing),
+         f"container image {missing} does not exist on node {NODE}"),
+        (box.spec("#!/bin/sh\ntrue\n", runtime="runc", container_image=str(private / "rootfs")),
+         f"container image {private}/rootfs: permission denied for user"),
+        (box.spec("#!/bin/sh\ntrue\n", runtime="podman", container_image="docker.io/library/busybox"),
+         f"podman is not installed on node {NODE}"),
+        (box.spec("#!/bin/sh\ntrue\n", runtime="bwrap", container_image=str(rootfs),
+                  workdir="/nonexistent/dir"), "chdir to /nonexistent/dir failed"),
+    ]
+    refused = [
+        (box.spec("#!/bin/sh\ntrue\n", runtime="docker"), "spec.runtime must be one of none, bwrap, runc"),
+        (box.spec("#!/bin/sh\ntrue\n", runtime="runc"), "spec.runtime runc needs a container_image"),
+        (box.spec("#!/bin/sh\ntrue\n", runtime="bwrap", container_image="relative/dir"),
+         "spec.container_image must be an absolute path"),
+    ]
+
+    async def body():
+        async with client(agent) as c:
+            replies = [await c.call("start_run", {"spec": s}) for s, _ in failing]
+            errors = []
+            for s, _ in refused:
+                with pytest.raises(RpcError) as info:
+                    await c.call("start_run", {"spec": s})
+                errors.append(str(info.value))
+            return replies, errors
+
+    replies, errors = run(body())
+    if shutil.which("podman"):  # then it is installed, and refused as not supported yet
+        failing[3] = (failing[3][0], "the podman runtime is not supported by this agent yet")
+    for (spec, message), reply in zip(failing, replies):
+        st = reply["status"]
+        assert st["state"] == "ended" and st["reason"] == "launch_failed", st
+        assert message in st["message"], st["message"]
+        assert st["pid"] is None
+    for (_, message), error in zip(refused, errors):
+        assert message in error

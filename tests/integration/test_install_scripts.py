@@ -1,0 +1,282 @@
+"""scripts/install-controller and scripts/install-node, run for real under --root (nothing outside
+the temp root is touched): the files they make, idempotence (a second run changes no byte, no
+mode, no mtime), --add-node scanning a real sshd's host key, and a login with what they made.
+
+The package is installed from a wheel built from this checkout, with --no-deps (the tests make no
+network use beyond what building that wheel needs, as scripts/test's own install does)."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.infra.fixtures import require_binaries, require_root
+from tests.infra.sshd import keygen, start_sshd
+
+REPO = Path(__file__).resolve().parents[2]
+CONTROLLER = REPO / "scripts" / "install-controller"
+NODE = REPO / "scripts" / "install-node"
+SITE = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    """A wheel of this checkout, built from a copy (the checkout gets no build/ or egg-info)."""
+    require_root("the install scripts")
+    require_binaries("the install scripts", ["ssh-keygen", "ssh-keyscan", "systemctl"])
+    src = tmp_path_factory.mktemp("src") / "hai-cluster"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis"))
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
+                   check=True, capture_output=True, text=True)
+    (whl,) = out.glob("hai_cluster-*.whl")
+    return whl
+
+
+def run(script: Path, root: Path, wheel: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(script), "--root", str(root), "--source", str(wheel), "--pip-args", "--no-deps",
+                           *args], capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{script.name} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def tree(root: Path) -> dict[str, tuple]:
+    """Every entry under root: type, mode, mtime, and content hash or link target."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            st = p.lstat()
+            rel = str(p.relative_to(root))
+            if stat.S_ISLNK(st.st_mode):
+                out[rel] = ("link", os.readlink(p))
+            elif stat.S_ISDIR(st.st_mode):
+                out[rel] = ("dir", st.st_mode, st.st_mtime_ns)
+            else:
+                out[rel] = ("file", st.st_mode, st.st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+    return out
+
+
+def mode(p: Path) -> int:
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+def test_install_controller_makes_its_files_and_is_idempotent(wheel, tmp_path):
+    root = tmp_path / "root"
+    first = run(CONTROLLER, root, wheel)
+    assert "NOT started" in first.stdout  # --root: says clearly that nothing was started
+    venv = root / "opt/hai-cluster/venv"
+    for name in ("hai-controller", "hai-agent", "hsubmit", "hqueue"):
+        assert os.access(venv / "bin" / name, os.X_OK), name
+    assert (venv / "share/hai-cluster/migrations/versions/0001_initial.py").exists()  # a wheel install migrates
+    cfg = root / "etc/hai/controller.toml"
+    parsed = tomllib.loads(cfg.read_text())
+    assert parsed.get("nodes", []) == []  # the example nodes are commented out, not live
+    assert parsed["controller"]["database"] == "sqlite:////var/lib/hai/hai.db"
+    assert mode(cfg) == 0o640 and mode(root / "var/lib/hai") == 0o700
+    key = root / "etc/hai/id_ed25519"
+    assert mode(key) == 0o600 and (root / "etc/hai/known_hosts").exists()
+    pub = subprocess.run(["ssh-keygen", "-y", "-f", str(key)], capture_output=True, text=True, check=True).stdout
+    assert pub.split()[:2] == (root / "etc/hai/id_ed25519.pub").read_text().split()[:2]
+    unit = root / "etc/systemd/system/hai-controller.service"
+    assert unit.read_text() == (REPO / "conf/hai-controller.service").read_text()
+    wants = root / "etc/systemd/system/multi-user.target.wants/hai-controller.service"
+    assert os.readlink(wants) == "/etc/systemd/system/hai-controller.service"  # enabled, offline
+
+    # The installed package runs, and finds the migrations it ships (PYTHONPATH lends it the
+    # test venv's dependencies, since it was installed with --no-deps).
+    local = tmp_path / "local.toml"
+    local.write_text(f'[controller]\ndatabase = "sqlite:///{tmp_path}/db/hai.db"\n')
+    env = {**os.environ, "PYTHONPATH": SITE}
+    dry = subprocess.run([str(venv / "bin/hai-controller"), "db", "upgrade", "--dry-run", "--config", str(local)],
+                         capture_output=True, text=True, env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert "0001" in dry.stdout and "dry run: nothing changed" in dry.stdout
+    assert not (tmp_path / "db").exists()
+
+    before = tree(root)
+    second = run(CONTROLLER, root, wheel)
+    assert "nothing to do: everything was already in place" in second.stdout
+    assert tree(root) == before
+    # An operator's edits survive a re-run.
+    cfg.write_text(cfg.read_text().replace('tick_seconds = 1.0', 'tick_seconds = 2.0'))
+    run(CONTROLLER, root, wheel)
+    assert "tick_seconds = 2.0" in cfg.read_text()
+    # A different source (here: different pip arguments) reinstalls the package.
+    third = run(CONTROLLER, root, wheel, "--pip-args", "--no-deps --no-compile")
+    assert "installed hai-cluster from" in third.stdout
+    assert os.access(venv / "bin/hai-controller", os.X_OK)
+
+
+def test_install_node_makes_its_files_and_is_idempotent(wheel, tmp_path):
+    root = tmp_path / "root"
+    (root / "etc/ssh/sshd_config.d").mkdir(parents=True)
+    # A Debian-like sshd_config that forbids TCP forwarding (which also refuses stream-local).
+    (root / "etc/ssh/sshd_config").write_text(
+        "Include /etc/ssh/sshd_config.d/*.conf\nPermitRootLogin prohibit-password\nAllowTcpForwarding no\n"
+        "Match User nobody\n    AllowTcpForwarding yes\n")
+    host_key = keygen(root / "etc/ssh/ssh_host_ed25519_key", comment="host@n1")
+    ctl_key = keygen(tmp_path / "ctl_key", comment="hai-controller@test")
+    pub = Path(f"{ctl_key}.pub").read_text().strip()
+
+    first = run(NODE, root, wheel, "--name", "gpu07", "--address", "10.1.2.3", "--controller-key", f"{ctl_key}.pub")
+    assert "NOT started" in first.stdout
+    agent = tomllib.loads((root / "etc/hai/agent.toml").read_text())
+    assert agent["agent"]["name"] == "gpu07"
+    assert mode(root / "var/spool/hai") == 0o711
+    ak = root / "root/.ssh/authorized_keys"
+    assert ak.read_text().splitlines() == [pub]
+    assert mode(ak) == 0o600 and mode(root / "root/.ssh") == 0o700
+    wants = root / "etc/systemd/system/multi-user.target.wants/hai-agent.service"
+    assert os.readlink(wants) == "/etc/systemd/system/hai-agent.service"
+    algo, blob = Path(f"{host_key}.pub").read_text().split()[:2]
+    assert f"10.1.2.3 {algo} {blob}" in first.stdout.splitlines()  # the known_hosts line
+    assert "--add-node gpu07 10.1.2.3" in first.stdout
+
+    # What sshd really makes of it: the drop-in, read through a copy whose Include points here.
+    dropin = root / "etc/ssh/sshd_config.d/00-hai-cluster.conf"
+    assert "AllowStreamLocalForwarding yes" in dropin.read_text()
+    check = tmp_path / "sshd_config"
+    check.write_text(f"HostKey {host_key}\n" + (root / "etc/ssh/sshd_config").read_text().replace(
+        "/etc/ssh/sshd_config.d", str(root / "etc/ssh/sshd_config.d")))
+    effective = subprocess.run(["/usr/sbin/sshd", "-T", "-f", str(check)], capture_output=True, text=True)
+    assert effective.returncode == 0, effective.stderr
+    lines = effective.stdout.splitlines()
+    assert "allowstreamlocalforwarding yes" in lines and "allowtcpforwarding local" in lines
+
+    before = tree(root)
+    second = run(NODE, root, wheel, "--name", "gpu07", "--address", "10.1.2.3", "--controller-key", pub)
+    assert "nothing to do: everything was already in place" in second.stdout
+    assert tree(root) == before
+
+    bad = run(NODE, root, wheel, "--controller-key", "not a key", check=False)
+    assert bad.returncode != 0 and "not an SSH public key" in bad.stderr
+
+
+def test_sshd_without_dropin_directory_gets_a_block_on_top(wheel, tmp_path):
+    root = tmp_path / "root"
+    (root / "etc/ssh").mkdir(parents=True)
+    original = "PermitRootLogin prohibit-password\nMatch User nobody\n    X11Forwarding no\n"
+    (root / "etc/ssh/sshd_config").write_text(original)
+    run(NODE, root, wheel, "--name", "n1", "--no-start")
+    text = (root / "etc/ssh/sshd_config").read_text()
+    assert text.index("AllowStreamLocalForwarding yes") < text.index("Match User")  # not inside Match
+    assert text.endswith(original) and "AllowTcpForwarding" not in text  # nothing to override there
+    before = tree(root)
+    run(NODE, root, wheel, "--name", "n1", "--no-start")
+    assert tree(root) == before
+
+
+def test_add_node_scans_host_keys_and_the_controller_can_log_in(wheel, tmp_path):
+    import asyncssh
+
+    ctl_root, node_root = tmp_path / "ctl", tmp_path / "node"
+    run(CONTROLLER, ctl_root, wheel)
+    sshd = start_sshd(None, "local", tmp_path / "sshd")
+    try:
+        out = run(CONTROLLER, ctl_root, wheel, "--add-node", "n1", "127.0.0.1", "--port", str(sshd.port)).stdout
+        assert "added node n1" in out
+        known = (ctl_root / "etc/hai/known_hosts").read_text()
+        assert sshd.known_hosts_line() in known
+        nodes = tomllib.loads((ctl_root / "etc/hai/controller.toml").read_text())["nodes"]
+        assert nodes == [{"name": "n1", "address": "127.0.0.1", "port": sshd.port}]
+        before = tree(ctl_root)
+        again = run(CONTROLLER, ctl_root, wheel, "--add-node", "n1", "127.0.0.1", "--port", str(sshd.port))
+        assert "nothing to do" in again.stdout
+        assert tree(ctl_root) == before
+
+        # install-node authorizes the controller's key; this sshd reads its own authorized_keys.
+        node_root.mkdir()
+        run(NODE, node_root, wheel, "--name", "n1", "--controller-key", str(ctl_root / "etc/hai/id_ed25519.pub"))
+        sshd.authorize((node_root / "root/.ssh/authorized_keys").read_text())
+
+        async def login() -> None:
+            async with asyncssh.connect("127.0.0.1", port=sshd.port, username="root",
+                                        client_keys=[str(ctl_root / "etc/hai/id_ed25519")],
+                                        known_hosts=str(ctl_root / "etc/hai/known_hosts")):
+                pass
+        asyncio.run(login())
+
+        # A node whose host key changed is refused, and the message says what to do.
+        other = keygen(tmp_path / "other_host_key")
+        algo, blob = Path(f"{other}.pub").read_text().split()[:2]
+        lines = tmp_path / "keys.txt"
+        lines.write_text(f"[127.0.0.1]:{sshd.port} {algo} {blob}\n")
+        bad = run(CONTROLLER, ctl_root, wheel, "--add-node", "n1", "127.0.0.1", "--port", str(sshd.port),
+                  "--host-keys", str(lines), check=False)
+        assert bad.returncode != 0 and "ssh-keygen -R" in bad.stderr
+        assert tree(ctl_root) == before
+    finally:
+        sshd.stop()
+
+
+def test_add_node_from_the_line_install_node_printed(wheel, tmp_path):
+    root = tmp_path / "ctl"
+    key = keygen(tmp_path / "host_key")
+    algo, blob = Path(f"{key}.pub").read_text().split()[:2]
+    lines = tmp_path / "keys.txt"
+    lines.write_text(f"10.1.2.3 {algo} {blob}\n")
+    run(CONTROLLER, root, wheel, "--add-node", "gpu07", "10.1.2.3", "--host-keys", str(lines))
+    assert (root / "etc/hai/known_hosts").read_text() == f"10.1.2.3 {algo} {blob}\n"
+    assert tomllib.loads((root / "etc/hai/controller.toml").read_text())["nodes"] == [
+        {"name": "gpu07", "address": "10.1.2.3"}]
+    missing = run(CONTROLLER, root, wheel, "--add-node", "gpu08", "10.1.2.4", "--host-keys", str(lines), check=False)
+    assert missing.returncode != 0 and "no line for 10.1.2.4" in missing.stderr
+
+
+def test_db_commands_for_operators(tmp_path):
+    """hai-controller db current / db upgrade [--dry-run]: read-only until asked, clear errors."""
+    import sqlite3
+
+    from alembic.script import ScriptDirectory
+
+    from hai_cluster.store.engine import _migrations_dir, downgrade, make_engine
+
+    script = ScriptDirectory(str(_migrations_dir()))
+    head = script.get_current_head()
+    revisions = [r.revision for r in reversed(list(script.walk_revisions()))]
+    db = tmp_path / "state" / "hai.db"
+    cfg = tmp_path / "controller.toml"
+    cfg.write_text(f'[controller]\ndatabase = "sqlite:///{db}"\n')
+    ctl = str(Path(sys.executable).parent / "hai-controller")
+
+    def hc(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run([ctl, *args], capture_output=True, text=True, timeout=120)
+        assert not check or proc.returncode == 0, proc.stderr
+        return proc
+
+    current = hc("db", "current", "--config", str(cfg)).stdout
+    assert "does not exist yet" in current and f"{len(revisions)} migration(s) to run" in current
+    dry = hc("db", "upgrade", "--dry-run", "--config", str(cfg)).stdout
+    assert [line.split()[0] for line in dry.splitlines() if line.startswith("  ")] == revisions
+    assert not db.exists() and not db.parent.exists()  # a dry run creates nothing
+
+    assert f"upgraded to {head}" in hc("db", "upgrade", "--config", str(cfg)).stdout
+    assert "nothing to do" in hc("db", "upgrade", "--config", str(cfg)).stdout
+    assert "up to date" in hc("--config", str(cfg), "db", "current").stdout  # --config before the command too
+
+    downgrade(make_engine(f"sqlite:///{db}"), revisions[0])
+    dry = hc("--config", str(cfg), "db", "upgrade", "--dry-run").stdout
+    assert f"at {revisions[0]}, head {head}; would run {len(revisions) - 1} migration(s)" in dry
+    assert "dry run: nothing changed" in dry
+    assert f"current   {revisions[0]}" in hc("db", "current", "--config", str(cfg)).stdout
+
+    with sqlite3.connect(db) as c:
+        c.execute("UPDATE alembic_version SET version_num = 'f00d'")
+    bad = hc("db", "upgrade", "--config", str(cfg), check=False)
+    assert bad.returncode == 1 and "revision f00d, which this hai-cluster does not know" in bad.stderr
+
+    missing = hc(check=False)
+    assert missing.returncode == 2 and "Missing option '--config'" in missing.stderr
+    nofile = hc("db", "current", "--config", str(tmp_path / "nope.toml"), check=False)
+    assert nofile.returncode == 1 and "nope.toml" in nofile.stderr
