@@ -12,8 +12,7 @@ from typing import Any
 
 from .scheduling.mlfq import MlfqConfig
 
-DEFAULT_CONTROLLER_SOCKET = "/run/hai/controller.sock"
-DEFAULT_AGENT_SOCKET = "/run/hai/agent.sock"
+from .paths import DEFAULT_AGENT_SOCKET, DEFAULT_CONTROLLER_SOCKET
 
 
 class ConfigError(Exception):
@@ -329,11 +328,6 @@ def parse_scheduler(path: str, raw: Any) -> SchedulerConfig:
     if max_prio not in PRIORITY_CLASSES:
         raise ConfigError(f"{path}: scheduler.max_user_priority must be one of {', '.join(PRIORITY_CLASSES)}")
     return SchedulerConfig(policy=policy, mlfq=mlfq, max_user_priority=max_prio)
-
-
-def client_socket() -> str:
-    """Where the CLI finds the controller: $HAI_CONTROLLER, else the default path."""
-    return os.environ.get("HAI_CONTROLLER") or DEFAULT_CONTROLLER_SOCKET
 
 
 def resolve(base: str | os.PathLike, value: str) -> str:

@@ -25,8 +25,9 @@ def _write(path: Path, text: str) -> None:
 
 def _spawn(argv: list[str], log: Path, pidfile: Path) -> int:
     with open(log, "ab") as out:
+        # cwd=/: `python -m` must import the installed package, not one in the caller's directory.
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, cwd="/")
     pidfile.write_text(f"{proc.pid}\n")
     return proc.pid
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from ..config import client_socket
+from ..paths import client_socket
 from ..protocol import messages
 from ..protocol.codec import FrameDecoder, ProtocolError, encode_frame
 

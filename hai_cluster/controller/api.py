@@ -123,8 +123,7 @@ def build_api(ctl: Controller) -> RpcTable:
         partition = spec.partition or ctl.cfg.default_partition
         if partition not in ctl.cfg.partitions:
             raise RequestError(f"invalid partition specified: {partition}")
-        snapshot = await ctl.db(repo().load_snapshot, time.time())
-        known = tuple(n for n in snapshot.nodes if n.cpus > 0)  # nodes whose inventory we have seen
+        known = tuple(n for n in await ctl.db(repo().load_nodes) if n.cpus > 0)  # inventory seen
         if known:
             view = JobView(id=0, user=caller.user, state=JobState.PENDING, submit_time=0, nodes=spec.nodes,
                            gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,

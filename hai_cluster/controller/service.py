@@ -41,6 +41,7 @@ class Controller:
         sched = cfg.scheduler
         self.policy = make_policy(sched.policy, config=sched.mlfq)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
+        self._policy_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
         self.repo: Repository | None = None
         self.links: dict[str, NodeLink] = {
             n.name: NodeLink(n, cfg.ssh, cfg.ping_interval, on_hello=self._on_hello, on_event=self._on_event,
@@ -85,6 +86,7 @@ class Controller:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._executor.shutdown(wait=True)
+        self._policy_executor.shutdown(wait=True)
 
     def wake(self) -> None:
         self._wake.set()
@@ -112,7 +114,8 @@ class Controller:
     async def tick(self) -> None:
         await self._mark_silent_nodes_down()
         snapshot = await self.db(self.repo.load_snapshot, time.time())
-        plan = self.policy.decide(snapshot)
+        # The policy is pure CPU work: off the event loop, so API calls and link pings keep flowing.
+        plan = await asyncio.get_running_loop().run_in_executor(self._policy_executor, self.policy.decide, snapshot)
         await self.db(self.repo.set_reasons, {w.job_id: w.reason for w in plan.waits})
         for p in plan.preempts:
             await self.preempt(p.job_id, "preempt", p.reason)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from sqlalchemy import Engine, delete, func, insert, select, update
+from sqlalchemy import Engine, bindparam, delete, func, insert, select, update
 
 from ..core.model import GpuInfo, JobSpec, JobView, NodeView, Placement, Snapshot
 from ..core.outcome import combine, job_state_after
@@ -16,7 +16,13 @@ from ..core.states import ACTIVE_STATES, JobState
 from .schema import gpus, jobs, nodes, run_ranks, runs
 
 ACTIVE = [s.value for s in ACTIVE_STATES]
-NOT_RESPONDING = "Not responding"  # reason prefix of nodes the controller itself declared down
+NOT_RESPONDING = "Not responding"
+SNAPSHOT_COLUMNS = [jobs.c[name] for name in (
+    "id", "user", "state", "submit_time", "nodes", "gpus_per_node", "cpus_per_task", "mem_mb", "partition",
+    "priority", "hold", "hold_admin", "restart_count", "attained_gpu_seconds", "start_time", "nodelist",
+    "preemptible", "pending_since", "last_run_end", "time_limit")]
+# What job listings return: everything but the spec (script and environment can be large).
+LISTING_COLUMNS = [c for c in jobs.c if c.name != "spec"]  # reason prefix of nodes the controller itself declared down
 
 
 @dataclass(frozen=True)
@@ -97,20 +103,38 @@ class Repository:
     # ---- scheduling ----------------------------------------------------------------------
     def load_snapshot(self, now: float) -> Snapshot:
         with self.engine.connect() as c:
-            job_rows = c.execute(select(jobs).where(jobs.c.state.in_([JobState.PENDING.value] + ACTIVE))).all()
-            node_rows = c.execute(select(nodes)).all()
-            gpu_rows = c.execute(select(gpus).order_by(gpus.c.node, gpus.c.index)).all()
-            live = c.execute(select(run_ranks, runs.c.job_id).join(runs, runs.c.id == run_ranks.c.run_id)
-                             .where(run_ranks.c.state != "ended").order_by(run_ranks.c.rank)).all()
-        used: dict[str, list] = {}
+            # Only what the policy looks at: the spec (script, environment) is large and not needed.
+            job_rows = c.execute(select(*SNAPSHOT_COLUMNS).where(
+                jobs.c.state.in_([JobState.PENDING.value] + ACTIVE))).all()
+            live = self._live_ranks(c)
+            node_views = self._node_views(c, live)
         held: dict[int, list] = {}  # job id -> its live ranks, in rank order
         for r in live:
-            used.setdefault(r.node, []).append(r)
             held.setdefault(r.job_id, []).append(r)
+        job_views = tuple(self._job_view(j, held.get(j.id, ())) for j in job_rows)
+        return Snapshot(now=now, jobs=job_views, nodes=node_views)
+
+    def load_nodes(self) -> tuple[NodeView, ...]:
+        """The nodes as the policy sees them, without the jobs (e.g. to check a submission fits)."""
+        with self.engine.connect() as c:
+            return self._node_views(c, self._live_ranks(c))
+
+    @staticmethod
+    def _live_ranks(c) -> list:
+        return c.execute(select(run_ranks, runs.c.job_id).join(runs, runs.c.id == run_ranks.c.run_id)
+                         .where(run_ranks.c.state != "ended").order_by(run_ranks.c.rank)).all()
+
+    @staticmethod
+    def _node_views(c, live) -> tuple[NodeView, ...]:
+        node_rows = c.execute(select(nodes)).all()
+        gpu_rows = c.execute(select(gpus).order_by(gpus.c.node, gpus.c.index)).all()
+        used: dict[str, list] = {}
+        for r in live:
+            used.setdefault(r.node, []).append(r)
         node_gpus: dict[str, list[GpuInfo]] = {}
         for g in gpu_rows:
             node_gpus.setdefault(g.node, []).append(GpuInfo(g.index, g.uuid, g.name, g.memory_mb))
-        node_views = tuple(
+        return tuple(
             NodeView(
                 name=n.name, gpus=tuple(node_gpus.get(n.name, ())), cpus=n.cpus, mem_mb=n.mem_mb,
                 partitions=tuple(n.partitions), state=n.state, responding=n.responding,
@@ -120,15 +144,14 @@ class Repository:
             )
             for n in node_rows
         )
-        job_views = tuple(self._job_view(j, held.get(j.id, ())) for j in job_rows)
-        return Snapshot(now=now, jobs=job_views, nodes=node_views)
 
     @staticmethod
     def _job_view(j, ranks) -> JobView:
         return JobView(
             id=j.id, user=j.user, state=JobState(j.state), submit_time=j.submit_time, nodes=j.nodes,
             gpus_per_node=j.gpus_per_node, cpus_per_task=j.cpus_per_task, mem_mb=j.mem_mb,
-            partition=j.partition, priority=j.priority, hold=j.hold, held_by_admin=j.hold_admin, restart_count=j.restart_count,
+            partition=j.partition, priority=j.priority, hold=j.hold, held_by_admin=j.hold_admin,
+            restart_count=j.restart_count,
             attained_gpu_seconds=j.attained_gpu_seconds, run_start=j.start_time,
             nodelist=tuple(x for x in j.nodelist.split(",") if x),
             allocation=tuple((r.node, tuple(r.gpus)) for r in ranks),
@@ -136,12 +159,16 @@ class Repository:
             time_limit=j.time_limit)
 
     def set_reasons(self, reasons: Mapping[int, str]) -> None:
+        """Store the pending reasons that changed (most do not, tick after tick)."""
         if not reasons:
             return
         with self.engine.begin() as c:
-            for job_id, reason in reasons.items():
-                c.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.state == JobState.PENDING.value,
-                                             jobs.c.reason != reason).values(reason=reason))
+            current = dict(c.execute(select(jobs.c.id, jobs.c.reason).where(jobs.c.state == JobState.PENDING.value)).all())
+            changed = [{"jid": job_id, "new": reason} for job_id, reason in reasons.items()
+                       if job_id in current and current[job_id] != reason]
+            if changed:
+                c.execute(update(jobs).where(jobs.c.id == bindparam("jid"), jobs.c.state == JobState.PENDING.value)
+                          .values(reason=bindparam("new")), changed)
 
     def start_run(self, job_id: int, placement: Placement, now: float) -> dict | None:
         """Record a run of a pending job on `placement`. None if the decision no longer holds."""
@@ -306,7 +333,7 @@ class Repository:
     def jobs(self, *, ids: Sequence[int] | None = None, states: Sequence[str] | None = None,
              users: Sequence[str] | None = None, names: Sequence[str] | None = None,
              partitions: Sequence[str] | None = None) -> list[dict]:
-        q = select(jobs).order_by(jobs.c.id)
+        q = select(*LISTING_COLUMNS).order_by(jobs.c.id)
         if ids:
             q = q.where(jobs.c.id.in_(list(ids)))
         if states:

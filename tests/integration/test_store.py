@@ -135,3 +135,12 @@ def test_nodes_go_down_after_silence_and_come_back(repo):
     repo.set_node_state("a", "drain", "maintenance")
     repo.set_responding("a", True, now=21.0)
     assert {n["name"]: n for n in repo.nodes()}["a"]["state"] == "drain"  # an admin's drain stays
+
+
+def test_set_reasons_writes_only_what_changed(repo):
+    a = repo.submit(spec(), user="u", uid=1, gid=1, partition="gpu", now=1)
+    b = repo.submit(spec(), user="u", uid=1, gid=1, partition="gpu", now=2)
+    repo.set_reasons({a: "Resources", b: "Priority", 999: "Resources"})
+    repo.set_reasons({a: "Resources", b: "Resources"})
+    assert [(j["id"], j["reason"]) for j in repo.jobs()] == [(a, "Resources"), (b, "Resources")]
+    assert "spec" not in repo.jobs()[0] and "spec" in repo.job(a)
