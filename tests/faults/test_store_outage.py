@@ -3,17 +3,13 @@
 carries on by itself once the store is back."""
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from hai_cluster.cli.client import ClientError, ControllerClient
-from tests.e2e.harness import Cluster, Daemon, python_daemon, wait_for
+from tests.e2e.harness import start_local_cluster, wait_for
 from tests.infra.postgres import PrivatePostgres
 
 
@@ -27,25 +23,9 @@ def pg():
 
 @pytest.fixture
 def cluster(pg):
-    base = Path(tempfile.mkdtemp(prefix="hai-pgout-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    (base / "agent.toml").write_text(f'[agent]\nname = "local1"\nsocket = "{base}/agent.sock"\n'
-                                     f'spool = "{base}/spool"\nallow_root_jobs = true\n[gpus]\nbackend = "simulated"\nsimulated_count = 4\n')
-    (base / "controller.toml").write_text(
-        f'[controller]\nsocket = "{base}/ctl.sock"\ndatabase = "{pg.url("hai")}"\ntick_seconds = 0.2\n'
-        f'[[nodes]]\nname = "local1"\ntransport = "local"\nagent_socket = "{base}/agent.sock"\n')
-    agent = Daemon(python_daemon("hai_cluster.agent.daemon", base / "agent.toml"), base / "agent.log")
-    ctl = Daemon(python_daemon("hai_cluster.controller.daemon", base / "controller.toml"), base / "ctl.log")
-    agent.start()
-    ctl.start()
-    c = Cluster(str(base / "ctl.sock"), ctl, {"local1": agent}, base)
-    try:
-        c.wait_nodes(1)
-        yield c
-    finally:
-        c.stop()
-        if not os.environ.get("HAI_KEEP_TEST_DIRS"):
-            shutil.rmtree(base, ignore_errors=True)
+    c = start_local_cluster(database=pg.url("hai"), gpus=4, tick=0.2, agent_toml="allow_root_jobs = true")
+    yield c
+    c.close()
 
 
 def submitter(cluster, stop: threading.Event, acked: list, refused: list) -> None:

@@ -3,11 +3,7 @@ real requests with random bodies, and real requests with bytes flipped. After ev
 daemon still serves a well-behaved client; nothing it stores changes unless a request was valid."""
 from __future__ import annotations
 
-import os
-import shutil
 import socket
-import tempfile
-from pathlib import Path
 
 import msgpack
 import pytest
@@ -16,7 +12,7 @@ from hypothesis import strategies as st
 
 from hai_cluster.cli.client import ControllerClient
 from hai_cluster.protocol.codec import HEADER, encode_frame
-from tests.e2e.harness import Cluster, Daemon, python_daemon
+from tests.e2e.harness import Cluster, start_local_cluster
 
 CONTROLLER_METHODS = ["submit", "jobs", "show_job", "cancel", "nodes", "acct", "requeue", "preempt", "hold",
                       "release", "update_node", "ping", "nope"]
@@ -25,22 +21,9 @@ AGENT_METHODS = ["hello", "start_run", "terminate_run", "signal_run", "list_runs
 
 @pytest.fixture(scope="module")
 def daemons():
-    base = Path(tempfile.mkdtemp(prefix="hai-fuzz-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    (base / "agent.toml").write_text(f'[agent]\nname = "f1"\nsocket = "{base}/agent.sock"\nspool = "{base}/spool"\n'
-                                     '[gpus]\nbackend = "simulated"\nsimulated_count = 2\n')
-    (base / "controller.toml").write_text(
-        f'[controller]\nsocket = "{base}/ctl.sock"\ndatabase = "sqlite:///{base}/hai.db"\ntick_seconds = 0.5\n'
-        f'[[nodes]]\nname = "f1"\ntransport = "local"\nagent_socket = "{base}/agent.sock"\n')
-    agent = Daemon(python_daemon("hai_cluster.agent.daemon", base / "agent.toml"), base / "agent.log")
-    ctl = Daemon(python_daemon("hai_cluster.controller.daemon", base / "controller.toml"), base / "ctl.log")
-    agent.start()
-    ctl.start()
-    c = Cluster(str(base / "ctl.sock"), ctl, {"f1": agent}, base)
-    c.wait_nodes(1)
-    yield c, str(base / "agent.sock")
-    c.stop()
-    shutil.rmtree(base, ignore_errors=True)
+    c = start_local_cluster(node="f1", tick=0.5)
+    yield c, str(c.workdir / "agent.sock")
+    c.close()
 
 
 def send(path: str, data: bytes) -> None:

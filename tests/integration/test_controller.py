@@ -2,42 +2,22 @@
 controller SIGKILL, and bad input on its socket changes nothing."""
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import socket
-import tempfile
-from pathlib import Path
 
 import pytest
 
 from hai_cluster.cli.client import ClientError
 from hai_cluster.protocol.codec import HEADER
 
-from ..e2e.harness import TEST_USER, Cluster, Daemon, python_daemon, user_dir, wait_for
+from ..e2e.harness import TEST_USER, start_local_cluster, user_dir, wait_for
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def cluster(request):
-    base = Path(tempfile.mkdtemp(prefix="hai-ctl-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    url = f"sqlite:///{base}/hai.db" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
-    (base / "agent.toml").write_text(f'[agent]\nname = "local1"\nsocket = "{base}/agent.sock"\n'
-                                     f'spool = "{base}/spool"\n[gpus]\nbackend = "simulated"\nsimulated_count = 2\n')
-    (base / "controller.toml").write_text(
-        f'[controller]\nsocket = "{base}/ctl.sock"\ndatabase = "{url}"\ntick_seconds = 0.3\n'
-        f'[[nodes]]\nname = "local1"\ntransport = "local"\nagent_socket = "{base}/agent.sock"\n')
-    agent = Daemon(python_daemon("hai_cluster.agent.daemon", base / "agent.toml"), base / "agent.log")
-    ctl = Daemon(python_daemon("hai_cluster.controller.daemon", base / "controller.toml"), base / "ctl.log")
-    agent.start()
-    ctl.start()
-    c = Cluster(str(base / "ctl.sock"), ctl, {"local1": agent}, base)
-    try:
-        c.wait_nodes(1)
-        yield c
-    finally:
-        c.stop()
-        shutil.rmtree(base, ignore_errors=True)
+    c = start_local_cluster(database=None if request.param == "sqlite" else request.getfixturevalue("postgres_url"))
+    yield c
+    c.close()
 
 
 def test_job_survives_controller_kill(cluster):
