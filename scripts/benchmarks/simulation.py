@@ -47,15 +47,16 @@ def table(doc: dict) -> str:
     runs = doc["runs"]
     base = {(r["restart_cost"], r["load_scale"]): r["summary"] for r in runs if r["policy"] == "fifo"}
     lines = ["| policy | mean JCT | median | p95 | p99 | mean queueing | utilization | preemptions | GPU-h lost "
-             "| mean JCT / FIFO | p99 / FIFO | sim time |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| mean JCT / FIFO | p99 / FIFO | sim time | events/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         s = r["summary"]
         b = base.get((r["restart_cost"], r["load_scale"]))
         rel = (f"{s['mean_jct'] / b['mean_jct']:.2f} | {s['p99_jct'] / b['p99_jct']:.2f}" if b else "– | –")
         lines.append(f"| {r['label']} | {_h(s['mean_jct'])} | {_h(s['median_jct'])} | {_h(s['p95_jct'])} | "
                      f"{_h(s['p99_jct'])} | {_h(s['mean_queue_delay'])} | {100 * s['utilization']:.1f} % | "
-                     f"{s['preemptions']} | {s['lost_gpu_s'] / 3600:.1f} | {rel} | {r['perf']['wall_s']:.1f} s |")
+                     f"{s['preemptions']} | {s['lost_gpu_s'] / 3600:.1f} | {rel} | {r['perf']['wall_s']:.1f} s | "
+                     f"{r['perf']['events_per_s']:,.0f} |")
     return "\n".join(lines)
 
 
