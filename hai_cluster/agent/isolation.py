@@ -104,7 +104,8 @@ class NodeIsolation:
     def hello(self) -> dict:
         """For the controller: which limits are enforced and how, and which runtimes exist."""
         summary = self.cgroups.summary() if self.cgroups else dict.fromkeys(cgroups.FEATURES)
-        return {"isolation": summary, "runtimes": self.runtimes(), "default_runtime": self.default_runtime}
+        return {"isolation": summary, "runtimes": self.runtimes(), "default_runtime": self.default_runtime,
+                "default_container_runtime": self.default_container_runtime}
 
     def to_wire(self) -> dict:
         d = asdict(self)

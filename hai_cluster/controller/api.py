@@ -15,6 +15,7 @@ from ..config import PRIORITY_CLASSES
 from ..core.jobscript import JobScriptError, parse_submission
 from ..core.model import JobView
 from ..core.resources import could_ever_fit
+from ..store.repository import required_runtime
 from ..core.states import FINAL_STATES, JobState, parse_state
 from ..transport.rpc import RequestError, RpcTable
 from .service import Controller
@@ -127,7 +128,7 @@ def build_api(ctl: Controller) -> RpcTable:
         if known:
             view = JobView(id=0, user=caller.user, state=JobState.PENDING, submit_time=0, nodes=spec.nodes,
                            gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
-                           mem_mb=spec.mem_mb, partition=partition)
+                           mem_mb=spec.mem_mb, partition=partition, runtime=required_runtime(spec))
             fit = could_ever_fit(view, known)
             if not fit:
                 raise RequestError(f"Requested node configuration is not available: {fit.reason}")

@@ -83,6 +83,8 @@ class NodeView:
     used_gpus: frozenset[int] = frozenset()
     used_cpus: int = 0
     used_mem_mb: int = 0
+    runtimes: tuple[str, ...] = ("none",)  # what the agent can run jobs in (none, bwrap, runc, ...)
+    container_runtime: str | None = None  # its runtime for --container-image without --runtime
 
     @property
     def schedulable(self) -> bool:
@@ -118,6 +120,7 @@ class JobView:
     pending_since: float | None = None  # when it last entered the queue (submit or requeue)
     last_run_end: float | None = None  # end of its previous run, for round-robin at low levels
     time_limit: int | None = None  # seconds; the simulator puts the true duration here for oracles
+    runtime: str | None = None  # a runtime the job asked for; "container": any node's container default
 
     @property
     def gpus(self) -> int:

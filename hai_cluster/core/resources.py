@@ -25,6 +25,11 @@ def fits(job: JobView, node: NodeView, *, ignore_usage: bool = False) -> Fit:
         return Fit(False, f"{node.name} has {node.cpus} CPUs, job needs {job.cpus_per_task}")
     if job.mem_mb and node.mem_mb < job.mem_mb:
         return Fit(False, f"{node.name} has {node.mem_mb} MiB memory, job needs {job.mem_mb}")
+    if job.runtime == "container":
+        if node.container_runtime not in node.runtimes:
+            return Fit(False, f"{node.name} has no container runtime")
+    elif job.runtime and job.runtime not in node.runtimes:
+        return Fit(False, f"{node.name} has no {job.runtime} runtime")
     if ignore_usage:
         return Fit(True)
     if not node.schedulable:
@@ -48,5 +53,6 @@ def could_ever_fit(job: JobView, nodes: tuple[NodeView, ...]) -> Fit:
         return Fit(False, "the cluster has no nodes")
     best = max(len(n.gpus) for n in nodes)
     return Fit(False, f"{job.nodes} node(s) with {job.gpus_per_node} GPUs, {job.cpus_per_task} CPUs"
-                      f"{f', {job.mem_mb} MiB' if job.mem_mb else ''} each are needed; "
+                      f"{f', {job.mem_mb} MiB' if job.mem_mb else ''}"
+                      f"{f', the {job.runtime} runtime' if job.runtime else ''} each are needed; "
                       f"{len(candidates)} node(s) qualify (largest node has {best} GPUs)")

@@ -20,7 +20,7 @@ NOT_RESPONDING = "Not responding"
 SNAPSHOT_COLUMNS = [jobs.c[name] for name in (
     "id", "user", "state", "submit_time", "nodes", "gpus_per_node", "cpus_per_task", "mem_mb", "partition",
     "priority", "hold", "hold_admin", "restart_count", "attained_gpu_seconds", "start_time", "nodelist",
-    "preemptible", "pending_since", "last_run_end", "time_limit")]
+    "preemptible", "pending_since", "last_run_end", "time_limit", "runtime")]
 # What job listings return: everything but the spec (script and environment can be large).
 LISTING_COLUMNS = [c for c in jobs.c if c.name != "spec"]  # reason prefix of nodes the controller itself declared down
 
@@ -44,6 +44,13 @@ class RankEnd:
     stop_ranks: tuple[RankRef, ...] = ()  # other ranks still alive after a failure
 
 
+def required_runtime(spec: JobSpec) -> str | None:
+    """What a node must offer to run this job (None: anything, as plain processes do)."""
+    if spec.runtime and spec.runtime != "none":
+        return spec.runtime
+    return "container" if spec.container_image and not spec.runtime else None
+
+
 def _row(r) -> dict:
     return dict(r._mapping)
 
@@ -61,7 +68,7 @@ class Repository:
                 nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
                 mem_mb=spec.mem_mb, time_limit=spec.time_limit, hold=spec.hold, spec=spec.to_wire(),
                 restart_count=0, attempts=0, nodelist="", attained_gpu_seconds=0.0, version=1,
-                pending_since=now, preemptible=spec.requeue, hold_admin=False))
+                pending_since=now, preemptible=spec.requeue, hold_admin=False, runtime=required_runtime(spec)))
             return int(res.inserted_primary_key[0])
 
     def cancel_pending(self, job_id: int, now: float, by_uid: int | None = None) -> bool:
@@ -141,6 +148,7 @@ class Repository:
                 used_gpus=frozenset(i for r in used.get(n.name, ()) for i in r.gpus),
                 used_cpus=sum(r.cpus for r in used.get(n.name, ())),
                 used_mem_mb=sum(r.mem_mb for r in used.get(n.name, ())),
+                runtimes=tuple(n.runtimes or ("none",)), container_runtime=n.container_runtime,
             )
             for n in node_rows
         )
@@ -156,7 +164,7 @@ class Repository:
             nodelist=tuple(x for x in j.nodelist.split(",") if x),
             allocation=tuple((r.node, tuple(r.gpus)) for r in ranks),
             preemptible=j.preemptible, pending_since=j.pending_since, last_run_end=j.last_run_end,
-            time_limit=j.time_limit)
+            time_limit=j.time_limit, runtime=j.runtime)
 
     def set_reasons(self, reasons: Mapping[int, str]) -> None:
         """Store the pending reasons that changed (most do not, tick after tick)."""
@@ -291,7 +299,8 @@ class Repository:
         with self.engine.begin() as c:
             c.execute(update(nodes).where(nodes.c.name == name).values(
                 cpus=int(hello["cpus"]), mem_mb=int(hello["mem_mb"]), gpu_backend=str(hello["gpu_backend"]),
-                last_seen=now))
+                last_seen=now, runtimes=[str(r) for r in hello.get("runtimes") or ["none"]],
+                container_runtime=hello.get("default_container_runtime")))
             c.execute(delete(gpus).where(gpus.c.node == name))
             for g in hello["gpus"]:
                 c.execute(insert(gpus).values(node=name, index=int(g["index"]), uuid=str(g["uuid"]),

@@ -45,6 +45,7 @@ jobs = Table(
     Column("preemptible", Boolean, nullable=False, default=True),
     Column("end_reason", String(300)),  # why the controller asked the run to end (shown on the run)
     Column("hold_admin", Boolean, nullable=False, default=False),  # held by an admin: users cannot release
+    Column("runtime", String(16)),  # 0004: the runtime the job needs ("container": any container runtime)
     Index("ix_jobs_state", "state"),
 )
 
@@ -97,6 +98,8 @@ nodes = Table(
     Column("partitions", JSON, nullable=False),
     Column("last_seen", Float),
     Column("unreachable_since", Float),  # 0003: when the link went down; None while responding
+    Column("runtimes", JSON),  # 0004: what the agent can run jobs in
+    Column("container_runtime", String(16)),  # 0004: its default for --container-image
 )
 
 gpus = Table(

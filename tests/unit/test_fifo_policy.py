@@ -90,3 +90,16 @@ def test_plan_invariants(node_specs, job_specs):
                     assert g < len(by_name[name].gpus)
                     taken.add((name, g))
     assert decided == {j.id for j in jobs}  # every pending job gets a start or a reason
+
+
+def test_jobs_that_need_a_runtime_go_only_where_it_exists():
+    from dataclasses import replace as with_
+    from hai_cluster.core.resources import could_ever_fit
+    plain = node("plain")
+    boxed = with_(node("boxed"), runtimes=("none", "bwrap", "runc"), container_runtime="bwrap")
+    runc_job = with_(job(1), runtime="runc")
+    image_job = with_(job(2, t=2), runtime="container")
+    plan = decide(Snapshot(now=0, nodes=(plain, boxed), jobs=(runc_job, image_job, job(3, gpus=4, t=3))))
+    assert {s.job_id: s.placement.nodes for s in plan.starts} == {1: ("boxed",), 2: ("boxed",), 3: ("plain",)}
+    fit = could_ever_fit(with_(job(4), runtime="podman"), (plain, boxed))
+    assert not fit and "the podman runtime" in fit.reason
