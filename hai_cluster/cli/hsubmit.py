@@ -15,7 +15,7 @@ directives at the top of the script (the command line wins):
   -c, --cpus-per-task N   --mem SIZE             -t, --time LIMIT      -p, --partition NAME
   -o, --output PATTERN    -e, --error PATTERN    -D, --chdir DIR       --export ALL|NONE|VARS
   --signal [B:]SIG[@SECS] --grace SECONDS        --priority CLASS      --no-requeue   -H, --hold
-  --checkpoint-dir DIR    --wrap COMMAND         --parsable
+  --checkpoint-dir DIR    --wrap COMMAND         --parsable   -W, --wait   --test-only
   --container-image PATH (rootfs dir or .tar[.gz])  --runtime none|bwrap|runc
 Without SCRIPT and --wrap, the script is read from standard input.
 """
@@ -51,4 +51,30 @@ def main(argv: list[str] | None = None) -> None:
         fail("hsubmit", str(exc))
     reply = call("hsubmit", "submit", {"script": script, "script_name": script_name, "option_args": options,
                                        "script_args": script_args, "cwd": cwd, "env": env})
-    print(reply["job_id"] if sub.parsable else f"Submitted batch job {reply['job_id']}")
+    if sub.test_only:
+        t = reply["test_only"]
+        if t["start"] == "now":
+            print(f"hsubmit: Job would start now on nodes {','.join(t['nodes'])} in partition {t['partition']}",
+                  file=sys.stderr)
+        else:
+            print(f"hsubmit: Job would wait in partition {t['partition']}: {t['reason']}", file=sys.stderr)
+        return
+    job_id = reply["job_id"]
+    print(job_id if sub.parsable else f"Submitted batch job {job_id}", flush=True)
+    if sub.wait:
+        sys.exit(wait_for_end(job_id))
+
+
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
+
+
+def wait_for_end(job_id: int) -> int:
+    """sbatch -W: poll until the job ends; its exit code (1 when it ended without one, like Slurm)."""
+    import time
+    while True:
+        job = call("hsubmit", "show_job", {"job_id": job_id})["job"]
+        if job["state"] in FINAL:
+            if job["state"] == "COMPLETED":
+                return 0
+            return job["exit_code"] if job["exit_code"] else 1
+        time.sleep(0.5)

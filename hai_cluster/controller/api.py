@@ -8,15 +8,15 @@ from __future__ import annotations
 import pwd
 import signal as signals
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..config import PRIORITY_CLASSES
 from ..core.jobscript import JobScriptError, parse_submission
 from ..core.model import JobView
 from ..core.resources import could_ever_fit
-from ..store.repository import required_runtime
 from ..core.states import FINAL_STATES, JobState, parse_state
+from ..store.repository import required_runtime
 from ..transport.rpc import RequestError, RpcTable
 from .service import Controller
 
@@ -132,10 +132,28 @@ def build_api(ctl: Controller) -> RpcTable:
             fit = could_ever_fit(view, known)
             if not fit:
                 raise RequestError(f"Requested node configuration is not available: {fit.reason}")
+        if sub.test_only:
+            return {"test_only": await would_start(spec, partition, caller)}
         job_id = await ctl.db(repo().submit, spec, user=caller.user, uid=caller.uid, gid=caller.gid,
                               partition=partition, now=time.time())
         ctl.wake()
         return {"job_id": job_id}
+
+    async def would_start(spec, partition: str, caller: Caller) -> dict:
+        """sbatch --test-only: run the policy on the current state with this job added, change nothing."""
+        now = time.time()
+        snapshot = await ctl.db(repo().load_snapshot, now)
+        probe = JobView(id=-1, user=caller.user, state=JobState.PENDING, submit_time=now, nodes=spec.nodes,
+                        gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task, mem_mb=spec.mem_mb,
+                        partition=partition, priority=spec.priority, hold=spec.hold, pending_since=now,
+                        preemptible=spec.requeue, runtime=required_runtime(spec))
+        plan = await ctl.decide(replace(snapshot, jobs=snapshot.jobs + (probe,)))
+        for action in plan.actions:
+            if action.job_id == -1 and hasattr(action, "placement"):
+                return {"start": "now", "nodes": list(action.placement.nodes), "partition": partition}
+            if action.job_id == -1:
+                return {"start": None, "reason": action.reason, "partition": partition}
+        return {"start": None, "reason": "Priority", "partition": partition}
 
     @api.expose("jobs")
     async def jobs(body, caller: Caller):

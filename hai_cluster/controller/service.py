@@ -91,6 +91,10 @@ class Controller:
     def wake(self) -> None:
         self._wake.set()
 
+    async def decide(self, snapshot):
+        """The policy is pure CPU work: off the event loop, so API calls and link pings keep flowing."""
+        return await asyncio.get_running_loop().run_in_executor(self._policy_executor, self.policy.decide, snapshot)
+
     # ---- the loop --------------------------------------------------------------------------
     async def _loop(self) -> None:
         while True:
@@ -114,8 +118,7 @@ class Controller:
     async def tick(self) -> None:
         await self._mark_silent_nodes_down()
         snapshot = await self.db(self.repo.load_snapshot, time.time())
-        # The policy is pure CPU work: off the event loop, so API calls and link pings keep flowing.
-        plan = await asyncio.get_running_loop().run_in_executor(self._policy_executor, self.policy.decide, snapshot)
+        plan = await self.decide(snapshot)
         await self.db(self.repo.set_reasons, {w.job_id: w.reason for w in plan.waits})
         for p in plan.preempts:
             await self.preempt(p.job_id, "preempt", p.reason)

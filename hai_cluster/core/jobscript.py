@@ -44,6 +44,8 @@ class _Bad(Exception):
 class Submission:
     spec: JobSpec
     parsable: bool
+    wait: bool = False  # -W: hsubmit returns when the job ends, with its exit code
+    test_only: bool = False  # say where and when it would start; submit nothing
 
 
 # ---- option table ---------------------------------------------------------------------------
@@ -81,6 +83,8 @@ _OPTIONS = [
     _Option("runtime", None, True, "runtime"),
     _Option("wrap", None, True, "wrap"),
     _Option("parsable", None, False, "parsable"),
+    _Option("wait", "W", False, "wait"),
+    _Option("test-only", None, False, "test_only"),
 ]
 _LONG = {o.long: o for o in _OPTIONS}
 _SHORT = {o.short: o for o in _OPTIONS if o.short}
@@ -467,4 +471,5 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         container_image=container_image,
         runtime=runtime,
     )
-    return Submission(spec=spec, parsable=values.get("parsable", False))
+    return Submission(spec=spec, parsable=values.get("parsable", False), wait=values.get("wait", False),
+                      test_only=values.get("test_only", False))

@@ -168,3 +168,19 @@ def test_hinfo_and_hqueue_formats(cluster):
     out = cluster.cli("hqueue", "-h", "-o", "%i %T %r", "-j", str(held)).stdout.split()
     assert out == [str(held), "PENDING", "JobHeldUser"]
     cluster.cli("hcancel", str(held))
+
+
+def test_wait_returns_the_exit_code_and_test_only_submits_nothing(cluster):
+    proc = cluster.cli("hsubmit", "-W", "--wrap", "exit 7", check=False)
+    assert proc.returncode == 7 and proc.stdout.startswith("Submitted batch job ")
+    assert cluster.cli("hsubmit", "--wait", "--parsable", "--wrap", "true").returncode == 0
+    before = len(cluster.call("jobs", {"all": True})["jobs"])
+    proc = cluster.cli("hsubmit", "--test-only", "--gpus-per-node=2", "--wrap", "true")
+    assert "Job would start now on nodes hai-n" in proc.stderr and "partition gpu" in proc.stderr
+    blocker = cluster.submit("-N", "2", f"--gpus-per-node={GPUS_PER_NODE}", "--wrap", "sleep 1000")
+    cluster.wait_state(blocker, "RUNNING")
+    proc = cluster.cli("hsubmit", "--test-only", "--gpus-per-node=1", "--wrap", "true")
+    assert "Job would wait in partition gpu: Resources" in proc.stderr
+    assert len(cluster.call("jobs", {"all": True})["jobs"]) == before + 1  # only the blocker
+    cluster.cli("hcancel", str(blocker))
+    cluster.wait_state(blocker, "CANCELLED")
