@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from ..core.jobscript import JobScriptError, parse_submission, split_command_line
 from .common import call, fail
@@ -15,7 +16,7 @@ directives at the top of the script (the command line wins):
   -c, --cpus-per-task N   --mem SIZE             -t, --time LIMIT      -p, --partition NAME
   -o, --output PATTERN    -e, --error PATTERN    -D, --chdir DIR       --export ALL|NONE|VARS
   --signal [B:]SIG[@SECS] --grace SECONDS        --priority CLASS      --no-requeue   -H, --hold
-  --checkpoint-dir DIR    --wrap COMMAND         --parsable   -W, --wait   --test-only
+  --checkpoint-dir DIR    --wrap COMMAND         --parsable   -W, --wait   --test-only   -b, --begin TIME
   --container-image PATH (rootfs dir or .tar[.gz])  --runtime none|bwrap|runc
 Without SCRIPT and --wrap, the script is read from standard input.
 """
@@ -46,7 +47,8 @@ def main(argv: list[str] | None = None) -> None:
         script_name = "sbatch"
     cwd, env = os.getcwd(), dict(os.environ)
     try:
-        sub = parse_submission(script, options, cwd=cwd, env=env, script_args=script_args, script_name=script_name)
+        sub = parse_submission(script, options, cwd=cwd, env=env, script_args=script_args, script_name=script_name,
+                               now=time.time())
     except (JobScriptError, ValueError) as exc:
         fail("hsubmit", str(exc))
     reply = call("hsubmit", "submit", {"script": script, "script_name": script_name, "option_args": options,
@@ -70,7 +72,6 @@ FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_F
 
 def wait_for_end(job_id: int) -> int:
     """sbatch -W: poll until the job ends; its exit code (1 when it ended without one, like Slurm)."""
-    import time
     while True:
         job = call("hsubmit", "show_job", {"job_id": job_id})["job"]
         if job["state"] in FINAL:

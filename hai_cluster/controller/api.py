@@ -113,7 +113,7 @@ def build_api(ctl: Controller) -> RpcTable:
         script_name = _expect(body, "script_name", str)
         try:
             sub = parse_submission(script, option_args, cwd=cwd, env=env, script_args=script_args,
-                                   script_name=script_name)
+                                   script_name=script_name, now=time.time())
         except (JobScriptError, ValueError) as exc:
             raise RequestError(str(exc)) from None
         spec = sub.spec

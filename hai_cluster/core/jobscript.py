@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from .model import DEFAULT_GRACE_SECONDS, JobSpec
-from .timefmt import parse_size_mb, parse_time_limit
+from .timefmt import parse_datetime, parse_size_mb, parse_time_limit
 
 NOT_A_SCRIPT = ("This does not look like a batch script. The first line must start with #! "
                 "followed by the path to an interpreter. For instance: #!/bin/sh")
@@ -84,6 +84,7 @@ _OPTIONS = [
     _Option("wrap", None, True, "wrap"),
     _Option("parsable", None, False, "parsable"),
     _Option("wait", "W", False, "wait"),
+    _Option("begin", "b", True, "begin"),
     _Option("test-only", None, False, "test_only"),
 ]
 _LONG = {o.long: o for o in _OPTIONS}
@@ -310,8 +311,20 @@ def _export_parser(env: Mapping[str, str]) -> Callable[[str], dict[str, str]]:
     return parse
 
 
-def _parsers(env: Mapping[str, str]) -> dict[str, Callable[[str], Any]]:
+def _begin(now: float | None) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        if now is None:
+            raise _Bad("the submission time is needed to read --begin")
+        try:
+            return parse_datetime(text, now, future=True)
+        except ValueError as exc:
+            raise _Bad(str(exc)) from None
+    return parse
+
+
+def _parsers(env: Mapping[str, str], now: float | None = None) -> dict[str, Callable[[str], Any]]:
     return {
+        "begin": _begin(now),
         "job-name": _nonempty, "nodes": _nodes,
         "gpus-per-node": lambda v: ("per_node", _typed_count(v)),
         "gres": lambda v: ("per_node", _gres(v)),
@@ -387,7 +400,7 @@ def _directives(script: str) -> list[_Given]:
 
 def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str,
                      env: Mapping[str, str], script_args: Sequence[str] = (),
-                     script_name: str | None = None) -> Submission:
+                     script_name: str | None = None, now: float | None = None) -> Submission:
     """Build the job a submission asks for. `script` is the script's text (None with --wrap),
     `option_args` the command-line options, `env` the submitter's environment, `cwd` the
     absolute directory hsubmit ran in, `script_name` the script file's name (default name)."""
@@ -402,7 +415,7 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         _check_script(script)
         directives = _directives(script)
 
-    parsers = _parsers(env)
+    parsers = _parsers(env, now)  # now: the caller's clock, for --begin=now+1hour (this module reads none)
     values: dict[str, Any] = {}
     origin: dict[str, _Given] = {}
     for g in directives + cli:  # the command line comes last, so it wins
@@ -470,6 +483,7 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         submit_dir=posixpath.normpath(cwd),
         container_image=container_image,
         runtime=runtime,
+        begin_time=values.get("begin"),
     )
     return Submission(spec=spec, parsable=values.get("parsable", False), wait=values.get("wait", False),
                       test_only=values.get("test_only", False))

@@ -41,6 +41,7 @@ class JobSpec:
     submit_dir: str | None = None  # where hsubmit ran (SLURM_SUBMIT_DIR); workdir when unknown
     container_image: str | None = None  # rootfs dir or tarball (absolute), or a reference for podman
     runtime: str | None = None  # none | bwrap | runc | podman | apptainer | enroot; None: the node's default
+    begin_time: float | None = None  # --begin: not eligible before this (epoch seconds)
 
     def to_wire(self) -> dict[str, Any]:
         d = asdict(self)
@@ -121,6 +122,7 @@ class JobView:
     last_run_end: float | None = None  # end of its previous run, for round-robin at low levels
     time_limit: int | None = None  # seconds; the simulator puts the true duration here for oracles
     runtime: str | None = None  # a runtime the job asked for; "container": any node's container default
+    begin_time: float | None = None  # not eligible before this (--begin)
 
     @property
     def gpus(self) -> int:
@@ -135,6 +137,14 @@ class JobView:
     @property
     def hold_reason(self) -> str:
         return "JobHeldAdmin" if self.held_by_admin else "JobHeldUser"
+
+    def ineligible(self, now: float) -> str | None:
+        """Why the job may not start at all now, whatever the resources (a pending reason)."""
+        if self.hold:
+            return self.hold_reason
+        if self.begin_time is not None and self.begin_time > now:
+            return "BeginTime"
+        return None
 
     def waited(self, now: float) -> float:
         return max(0.0, now - (self.pending_since if self.pending_since is not None else self.submit_time))

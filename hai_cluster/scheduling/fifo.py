@@ -30,8 +30,8 @@ def decide(snapshot: Snapshot) -> Plan:
     blocked: set[str | None] = set()
     actions = []
     for job in pending:
-        if job.hold:
-            actions.append(Wait(job.id, job.hold_reason))
+        if (why := job.ineligible(snapshot.now)) is not None:
+            actions.append(Wait(job.id, why))
             continue
         if job.partition in blocked:
             actions.append(Wait(job.id, "Priority"))

@@ -143,8 +143,10 @@ class _Decision:
         failed: list[tuple[str | None, int, int, int, int]] = []  # shapes that found no room
         for job in pending:
             level = levels[job.id]
-            if job.hold:
-                self.actions.append(Wait(job.id, job.hold_reason))
+            if (why := job.ineligible(self.now)) is not None:
+                self.actions.append(Wait(job.id, why))
+                if job.begin_time is not None and job.begin_time > self.now:
+                    self.wake.append(job.begin_time)
                 continue
             if any(p == job.partition and level >= lv and job.gpus_per_node >= g and job.nodes >= n
                    and CLASS_RANK.get(job.priority, 2) >= c for p, lv, g, n, c in failed):

@@ -20,7 +20,7 @@ NOT_RESPONDING = "Not responding"
 SNAPSHOT_COLUMNS = [jobs.c[name] for name in (
     "id", "user", "state", "submit_time", "nodes", "gpus_per_node", "cpus_per_task", "mem_mb", "partition",
     "priority", "hold", "hold_admin", "restart_count", "attained_gpu_seconds", "start_time", "nodelist",
-    "preemptible", "pending_since", "last_run_end", "time_limit", "runtime")]
+    "preemptible", "pending_since", "last_run_end", "time_limit", "runtime", "begin_time")]
 # What job listings return: everything but the spec (script and environment can be large).
 LISTING_COLUMNS = [c for c in jobs.c if c.name != "spec"]  # reason prefix of nodes the controller itself declared down
 
@@ -68,7 +68,8 @@ class Repository:
                 nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
                 mem_mb=spec.mem_mb, time_limit=spec.time_limit, hold=spec.hold, spec=spec.to_wire(),
                 restart_count=0, attempts=0, nodelist="", attained_gpu_seconds=0.0, version=1,
-                pending_since=now, preemptible=spec.requeue, hold_admin=False, runtime=required_runtime(spec)))
+                pending_since=now, preemptible=spec.requeue, hold_admin=False, runtime=required_runtime(spec),
+                begin_time=spec.begin_time))
             return int(res.inserted_primary_key[0])
 
     def cancel_pending(self, job_id: int, now: float, by_uid: int | None = None) -> bool:
@@ -164,7 +165,7 @@ class Repository:
             nodelist=tuple(x for x in j.nodelist.split(",") if x),
             allocation=tuple((r.node, tuple(r.gpus)) for r in ranks),
             preemptible=j.preemptible, pending_since=j.pending_since, last_run_end=j.last_run_end,
-            time_limit=j.time_limit, runtime=j.runtime)
+            time_limit=j.time_limit, runtime=j.runtime, begin_time=j.begin_time)
 
     def set_reasons(self, reasons: Mapping[int, str]) -> None:
         """Store the pending reasons that changed (most do not, tick after tick)."""

@@ -46,6 +46,7 @@ jobs = Table(
     Column("end_reason", String(300)),  # why the controller asked the run to end (shown on the run)
     Column("hold_admin", Boolean, nullable=False, default=False),  # held by an admin: users cannot release
     Column("runtime", String(16)),  # 0004: the runtime the job needs ("container": any container runtime)
+    Column("begin_time", Float),  # 0005: --begin
     Index("ix_jobs_state", "state"),
 )
 

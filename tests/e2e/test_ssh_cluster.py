@@ -184,3 +184,13 @@ def test_wait_returns_the_exit_code_and_test_only_submits_nothing(cluster):
     assert len(cluster.call("jobs", {"all": True})["jobs"]) == before + 1  # only the blocker
     cluster.cli("hcancel", str(blocker))
     cluster.wait_state(blocker, "CANCELLED")
+
+
+def test_begin_time_holds_a_job_until_then(cluster):
+    job = cluster.submit("--begin=now+4", "--wrap", "true")
+    assert cluster.job(job)["state"] == "PENDING"
+    wait_for(lambda: cluster.job(job)["reason"] == "BeginTime", 10, what="reason BeginTime")
+    done = cluster.wait_state(job, "COMPLETED", timeout=60)
+    assert done["runs"][0]["start_time"] >= done["begin_time"]
+    proc = cluster.cli("hsubmit", "--begin=whenever", "--wrap", "true", check=False)
+    assert proc.returncode != 0 and "--begin=whenever" in proc.stderr

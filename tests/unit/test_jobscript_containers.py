@@ -64,3 +64,16 @@ def test_the_fields_cross_the_wire_and_old_specs_still_load():
     old = spec.to_wire()
     del old["container_image"], old["runtime"]  # stored before these options existed
     assert JobSpec.from_wire(old).runtime is None
+
+
+def test_begin_is_read_against_the_submission_time():
+    import datetime as dt
+
+    from hai_cluster.core.jobscript import JobScriptError, parse_submission
+    now = dt.datetime(2026, 11, 30, 14, 0).timestamp()
+    sub = parse_submission("#!/bin/sh\n#SBATCH --begin=now+1hour\ntrue\n", [], cwd="/tmp", env={}, now=now)
+    assert sub.spec.begin_time == now + 3600
+    sub = parse_submission(None, ["--begin=09:00", "--wrap=true"], cwd="/tmp", env={}, now=now)
+    assert sub.spec.begin_time == dt.datetime(2026, 12, 1, 9, 0).timestamp()  # 09:00 has passed: tomorrow
+    with pytest.raises(JobScriptError, match="--begin=soonish"):
+        parse_submission(None, ["--begin=soonish", "--wrap=true"], cwd="/tmp", env={}, now=now)

@@ -200,3 +200,11 @@ def test_plan_invariants(specs, now):
     pending_ids = [j.id for j in jobs if j.state == JobState.PENDING]
     decided = [a.job_id for a in plan.actions if not isinstance(a, Preempt)]
     assert sorted(decided) == sorted(pending_ids)  # each pending job exactly one start or reason
+
+
+def test_begin_time_keeps_a_job_waiting_and_wakes_the_policy():
+    later = replace(pending(1), begin_time=500.0)
+    plan = decide(snapshot(100.0, [node("a")], [later, pending(2)]))
+    assert plan.waits == (Wait(1, "BeginTime"),) and [s.job_id for s in plan.starts] == [2]
+    assert plan.wake_at == 500.0
+    assert [s.job_id for s in decide(snapshot(500.0, [node("a")], [later])).starts] == [1]

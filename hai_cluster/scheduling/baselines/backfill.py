@@ -35,8 +35,8 @@ class BackfillPolicy:
         spare: dict[str, int] = {}
         no_room: set[tuple] = set()  # shapes that found no spare room (it only shrinks)
         for job in pending:
-            if job.hold:
-                actions.append(Wait(job.id, job.hold_reason))
+            if (why := job.ineligible(now)) is not None:
+                actions.append(Wait(job.id, why))
                 continue
             if head is None:
                 placement = ws.place(job)

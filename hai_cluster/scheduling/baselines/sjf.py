@@ -24,8 +24,8 @@ class SjfPolicy:
                                         j.submit_time, j.id))
         actions = []
         for job in pending:
-            if job.hold:
-                actions.append(Wait(job.id, job.hold_reason))
+            if (why := job.ineligible(snapshot.now)) is not None:
+                actions.append(Wait(job.id, why))
                 continue
             placement = ws.place(job)
             if placement is None:

@@ -62,8 +62,8 @@ class TiresiasPolicy:
         waiting_for_ckpt: set[int] = set()
         for job in pending:
             level = lvl[job.id]
-            if job.hold:
-                actions.append(Wait(job.id, job.hold_reason))
+            if (why := job.ineligible(now)) is not None:
+                actions.append(Wait(job.id, why))
                 continue
             placement = ws.place(job)
             if placement is not None:
