@@ -44,6 +44,16 @@ class IsolationConfig:
 
 
 @dataclass(frozen=True)
+class AgentTelemetryConfig:
+    """[telemetry] on an agent: the GPU/run sampler (agent/telemetry.py)."""
+    enabled: bool = True
+    interval: float = 5.0  # seconds between samples
+    history: int = 720  # samples kept in the agent's ring buffer (unsent ones wait there for a link)
+    simulated_util: int = 90  # simulated GPUs: utilization % of a GPU a run holds (0 for free GPUs)
+    simulated_process_memory_mb: int = 4096  # simulated GPUs: memory a run's process uses per GPU
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     name: str
     socket: str = DEFAULT_AGENT_SOCKET
@@ -55,6 +65,7 @@ class AgentConfig:
     launch_timeout: float = 30.0  # how long start_run waits for the shepherd to report the launch
     log_level: str = "INFO"
     isolation: IsolationConfig = field(default_factory=IsolationConfig)
+    telemetry: AgentTelemetryConfig = field(default_factory=AgentTelemetryConfig)
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,16 @@ class SshConfig:
 
 
 PRIORITY_CLASSES = ("urgent", "high", "normal", "low")
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """[telemetry] on the controller: what it keeps of the agents' samples (controller/telemetry.py)."""
+    history: int = 720  # samples kept per node in memory (hstat, hstat JOB)
+    persist_interval: float = 30.0  # seconds between writes of live runs' rollups to the store
+    idle_util_below: float = 0.0  # percent; a run whose GPUs all stay under it is idle; 0 = off
+    idle_after: float = 600.0  # seconds under idle_util_below before a run is flagged idle
+    metrics_listen: str = ""  # [metrics] listen: "host:port" of the Prometheus endpoint; "" = off
 
 
 @dataclass(frozen=True)
@@ -105,6 +126,7 @@ class ControllerConfig:
     nodes: tuple[NodeConfig, ...] = ()
     log_level: str = "INFO"
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
 
 _TYPES: dict[type, str] = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
@@ -167,6 +189,7 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
     a = _Section(path, "agent", doc.get("agent", dict, {}))
     g = _Section(path, "gpus", doc.get("gpus", dict, {}))
     isolation = _isolation(path, doc.get("isolation", dict, {}))
+    telemetry = _agent_telemetry(path, doc.get("telemetry", dict, {}))
     doc.done()
     name = a.get("name", str, os.uname().nodename.split(".")[0])
     cfg = AgentConfig(
@@ -184,6 +207,7 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
             memory_mb=g.get("simulated_memory_mb", int, SimulatedGpus.memory_mb),
         ),
         isolation=isolation,
+        telemetry=telemetry,
     )
     a.done()
     g.done()
@@ -195,6 +219,53 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
     _positive(path, "agent.launch_timeout", cfg.launch_timeout)
     if cfg.log_level not in _LOG_LEVELS:
         raise ConfigError(f"{path}: agent.log_level must be one of {', '.join(_LOG_LEVELS)}, got {cfg.log_level!r}")
+    return cfg
+
+
+def _agent_telemetry(path: str, raw: Any) -> AgentTelemetryConfig:
+    sec = _Section(path, "telemetry", raw)
+    d = AgentTelemetryConfig()
+    cfg = AgentTelemetryConfig(
+        enabled=sec.get("enabled", bool, d.enabled),
+        interval=sec.get("interval", float, d.interval),
+        history=sec.get("history", int, d.history),
+        simulated_util=sec.get("simulated_util", int, d.simulated_util),
+        simulated_process_memory_mb=sec.get("simulated_process_memory_mb", int, d.simulated_process_memory_mb),
+    )
+    sec.done()
+    _positive(path, "telemetry.interval", cfg.interval)
+    _positive(path, "telemetry.history", cfg.history)
+    if not 0 <= cfg.simulated_util <= 100:
+        raise ConfigError(f"{path}: telemetry.simulated_util must be a percentage (0-100), got {cfg.simulated_util}")
+    if cfg.simulated_process_memory_mb < 0:
+        raise ConfigError(f"{path}: telemetry.simulated_process_memory_mb must be >= 0")
+    return cfg
+
+
+def _controller_telemetry(path: str, raw: Any, metrics: Any) -> TelemetryConfig:
+    sec = _Section(path, "telemetry", raw)
+    m = _Section(path, "metrics", metrics)
+    d = TelemetryConfig()
+    cfg = TelemetryConfig(
+        history=sec.get("history", int, d.history),
+        persist_interval=sec.get("persist_interval", float, d.persist_interval),
+        idle_util_below=sec.get("idle_util_below", float, d.idle_util_below),
+        idle_after=sec.get("idle_after", float, d.idle_after),
+        metrics_listen=m.get("listen", str, d.metrics_listen),
+    )
+    sec.done()
+    m.done()
+    _positive(path, "telemetry.history", cfg.history)
+    _positive(path, "telemetry.persist_interval", cfg.persist_interval)
+    _positive(path, "telemetry.idle_after", cfg.idle_after)
+    if not 0 <= cfg.idle_util_below <= 100:
+        raise ConfigError(f"{path}: telemetry.idle_util_below must be a percentage (0-100; 0 = off), "
+                          f"got {cfg.idle_util_below:g}")
+    if cfg.metrics_listen:
+        host, sep, port = cfg.metrics_listen.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"{path}: metrics.listen must be \"host:port\" (e.g. \"127.0.0.1:9464\"), "
+                              f"got {cfg.metrics_listen!r}")
     return cfg
 
 
@@ -239,6 +310,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     s = _Section(path, "ssh", doc.get("ssh", dict, {}))
     scheduler = parse_scheduler(path, doc.get("scheduler", dict, {}))
     raw_nodes = doc.get("nodes", list, [])
+    telemetry = _controller_telemetry(path, doc.get("telemetry", dict, {}), doc.get("metrics", dict, {}))
     doc.done()
     partitions = c.strings("partitions", ("gpu",))
     if not partitions:
@@ -286,6 +358,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         ),
         nodes=tuple(nodes),
         scheduler=scheduler,
+        telemetry=telemetry,
     )
     c.done()
     s.done()
@@ -319,6 +392,7 @@ def parse_scheduler(path: str, raw: Any) -> SchedulerConfig:
             starvation_floor=sec.get("starvation_floor", float, d.starvation_floor),
             reservation_after=sec.get("reservation_after", float, d.reservation_after),
             placement=sec.get("placement", str, d.placement),
+            prefer_idle_victims=sec.get("prefer_idle_victims", bool, d.prefer_idle_victims),
         )
     except ValueError as exc:
         raise ConfigError(f"{path}: [scheduler] {exc}") from None

@@ -22,6 +22,7 @@ from .gpus import GpuError, inventory
 from .isolation import NodeIsolation
 from .runs import RunTable
 from .service import build_table
+from .telemetry import RunRef, Sampler
 
 log = logging.getLogger("hai_cluster.agent.daemon")  # not __main__ under -m
 
@@ -38,6 +39,42 @@ class Agent:
         self.runs = RunTable(cfg.spool, cfg.launch_timeout, self.isolation)
         self.table = build_table(self)
         self.connections: set[RpcConnection] = set()
+        t = cfg.telemetry
+        self.sampler = Sampler(self._telemetry_nvml(), cfg.name, t.interval, t.history) if t.enabled else None
+
+    def _telemetry_nvml(self):
+        """The NVML module the inventory came from; simulated GPUs read this node's live runs."""
+        if self.gpu_backend == "simulated":
+            from .simgpu import SimulatedTelemetryNvml
+            s, t = self.cfg.simulated, self.cfg.telemetry
+            return SimulatedTelemetryNvml(self.cfg.name, s.count, s.model, s.memory_mb, occupancy=self.gpu_occupancy,
+                                          busy_util=t.simulated_util, process_memory_mb=t.simulated_process_memory_mb)
+        import pynvml
+        return pynvml
+
+    def live_runs(self) -> list[RunRef]:
+        return [RunRef(key[0], key[1], tuple(r.spec.gpus), r.status.pid, r.dir)
+                for key, r in sorted(self.runs.runs.items()) if r.spec is not None and not r.status.ended]
+
+    def gpu_occupancy(self) -> dict[int, list[int]]:
+        """GPU index -> main pids of the live runs holding it (what simulated GPUs report)."""
+        out: dict[int, list[int]] = {}
+        for run in self.live_runs():
+            if run.pid is not None:
+                for g in run.gpus:
+                    out.setdefault(g, []).append(run.pid)
+        return out
+
+    async def send_telemetry(self, batch: dict) -> bool:
+        """A batch to every controller connected; a link gap is not worth a warning."""
+        delivered = False
+        for conn in list(self.connections):
+            try:
+                await asyncio.wait_for(conn.push("telemetry", batch), PUSH_TIMEOUT)
+                delivered = True
+            except (ConnectionLost, asyncio.TimeoutError) as exc:
+                log.debug("telemetry not delivered to %s: %s", conn.name, exc)
+        return delivered
 
     async def on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         pid, uid, _ = peer_credentials(writer)
@@ -102,6 +139,7 @@ async def serve(cfg: AgentConfig, notifier: Notifier | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.create_task(agent.watch_spool())
+    sampling = asyncio.create_task(agent.sampler.run(agent.live_runs, agent.send_telemetry)) if agent.sampler else None
     log.info("serving on %s", cfg.socket)
     notifier.ready(status_line(agent))
 
@@ -115,6 +153,9 @@ async def serve(cfg: AgentConfig, notifier: Notifier | None = None) -> None:
         notifier.stopping("shutting down; running jobs stay with their shepherds")
         heartbeat.cancel()
         watcher.cancel()
+        if sampling is not None:
+            sampling.cancel()
+            await asyncio.gather(sampling, return_exceptions=True)
         agent.isolation.release()
         await close_server(server, agent.connections, cfg.socket)
 

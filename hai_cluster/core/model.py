@@ -123,6 +123,7 @@ class JobView:
     time_limit: int | None = None  # seconds; the simulator puts the true duration here for oracles
     runtime: str | None = None  # a runtime the job asked for; "container": any node's container default
     begin_time: float | None = None  # not eligible before this (--begin)
+    idle: bool = False  # its GPUs stayed under the idle threshold (controller telemetry)
 
     @property
     def gpus(self) -> int:

@@ -39,6 +39,9 @@ class MlfqConfig:
     # stream of small jobs cannot take them (one reservation per partition at a time).
     reservation_after: float = 7200.0
     placement: str = "binpack"  # binpack | spread
+    # Among the runs a job may preempt, take those whose GPUs sit idle (JobView.idle, from the
+    # controller's telemetry) first, whatever their level.
+    prefer_idle_victims: bool = False
 
     def __post_init__(self) -> None:
         if list(self.thresholds) != sorted(self.thresholds) or any(t <= 0 for t in self.thresholds):
@@ -91,8 +94,9 @@ class _Decision:
             if j.preemptible and j.run_start is not None:
                 for node, _gpus in j.allocation:
                     self.candidates.setdefault(node, []).append(j)
+        idle_first = cfg.prefer_idle_victims
         for lst in self.candidates.values():
-            lst.sort(key=lambda v: (-self.level(v), -v.attained(self.now), v.id))
+            lst.sort(key=lambda v: (idle_first and not v.idle, -self.level(v), -v.attained(self.now), v.id))
         self.victims: set[int] = set()
         self.node_order = sorted(self.nodes)  # deterministic, whatever the hash seed
         self.reserved: set[str] = set()  # nodes held for a starving job
@@ -227,6 +231,10 @@ class _Decision:
             return False
         return self.now - victim.run_start >= self.cfg.quanta[victim_level]
 
+    def _busy(self, victims: list[JobView]) -> int:
+        """How many victims are not idle, when idle victims are preferred (else 0: no preference)."""
+        return sum(not v.idle for v in victims) if self.cfg.prefer_idle_victims else 0
+
     def try_preempt(self, job: JobView, level: int) -> bool:
         options = []
         g = job.gpus_per_node
@@ -241,18 +249,22 @@ class _Decision:
             chosen: list[JobView] = []
             freed = 0
             for v in self.candidates.get(name, ()):
-                if freed >= need or (not urgent and self.level(v) <= level):
+                if freed >= need:
+                    break
+                if not urgent and self.level(v) <= level:
+                    if self.cfg.prefer_idle_victims:
+                        continue  # idle runs came first, whatever their level: look further
                     break  # candidates come lowest level first: the rest are not below this job
                 if self.may_preempt(v, job, level):
                     chosen.append(v)
                     freed += sum(len(gs) for n, gs in v.allocation if n == name)
             if freed >= need:
                 options.append((len(chosen), sum(v.gpus for v in chosen), name, chosen))
-                if job.nodes == 1 and options[-1][:2] == (1, need):
+                if job.nodes == 1 and options[-1][:2] == (1, need) and self._busy(chosen) == 0:
                     break  # one victim of exactly the size needed: nothing can be cheaper
         if len(options) < job.nodes:
             return False
-        options.sort(key=lambda o: o[:3])
+        options.sort(key=lambda o: (self._busy(o[3]), *o[:3]))
         picked = options[:job.nodes]
         victims = {v.id: v for o in picked for v in o[3]}
         if not victims:

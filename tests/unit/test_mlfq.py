@@ -208,3 +208,23 @@ def test_begin_time_keeps_a_job_waiting_and_wakes_the_policy():
     assert plan.waits == (Wait(1, "BeginTime"),) and [s.job_id for s in plan.starts] == [2]
     assert plan.wake_at == 500.0
     assert [s.job_id for s in decide(snapshot(500.0, [node("a")], [later])).starts] == [1]
+
+
+def test_prefer_idle_victims_picks_idle_runs_first_when_enabled():
+    # Two eligible 2-GPU victims on one node; job 1 has received more service (cheaper victim by
+    # default), job 2 sits idle. A 2-GPU job needs one of them.
+    jobs = [replace(running(1, [("a", [0, 1])], 0.0, attained=5000.0)),
+            replace(running(2, [("a", [2, 3])], 0.0), idle=True), pending(3, gpus=2)]
+    snap = snapshot(1000.0, [node("a")], jobs)
+    assert [p.job_id for p in decide(snap).preempts] == [1]
+    prefer = MlfqPolicy(replace(CFG, prefer_idle_victims=True))
+    assert [p.job_id for p in prefer.decide(snap).preempts] == [2]
+    # Across nodes too: the node whose victim is idle wins over the one with the cheaper busy victim.
+    jobs = [running(1, [("a", [0, 1, 2, 3])], 0.0, attained=5000.0),
+            replace(running(2, [("b", [0, 1, 2, 3])], 0.0), idle=True), pending(3, gpus=4)]
+    snap = snapshot(1000.0, [node("a"), node("b")], jobs)
+    assert [p.job_id for p in prefer.decide(snap).preempts] == [2]
+    # Idle is a preference, not a licence: a run the job may not preempt stays, idle or not.
+    fresh_idle = replace(running(2, [("a", [2, 3])], 995.0), idle=True)
+    jobs = [running(1, [("a", [0, 1])], 0.0, attained=5000.0), fresh_idle, pending(3, gpus=2)]
+    assert [p.job_id for p in prefer.decide(snapshot(1000.0, [node("a")], jobs)).preempts] == [1]
