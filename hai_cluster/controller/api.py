@@ -19,6 +19,7 @@ from ..core.states import FINAL_STATES, JobState, parse_state
 from ..store.repository import required_runtime
 from ..transport.rpc import RequestError, RpcTable
 from .service import Controller
+from .telemetry_view import job_telemetry, nodes_telemetry
 
 NOT_FINAL = [s.value for s in JobState if s not in FINAL_STATES and s not in (JobState.PREEMPTED,
                                                                                 JobState.REQUEUED)]
@@ -169,7 +170,30 @@ def build_api(ctl: Controller) -> RpcTable:
         rows = await ctl.db(repo().jobs, ids=_int_list(body, "ids"), states=states,
                             users=_str_list(body, "users"), names=_str_list(body, "names"),
                             partitions=_str_list(body, "partitions"))
-        return {"now": time.time(), "jobs": [public(j) for j in rows]}
+        return {"now": time.time(), "jobs": [with_telemetry(public(j)) for j in rows]}
+
+    def with_telemetry(job: dict) -> dict:
+        """A live run's latest GPU utilization and memory, and its idle flag (hqueue -o %g %G %I)."""
+        if JobState(job["state"]).holds_resources and job.get("attempts"):
+            job.update(ctl.telemetry.run_fields((job["id"], job["attempts"] - 1)))
+        return job
+
+    @api.expose("telemetry")
+    async def telemetry(body, caller: Caller):
+        """hstat and hinfo --gpus: each node's GPUs with their latest reading and the job holding
+        them; with job_id, that job's runs (rollups) and its recent history."""
+        job_id = _expect(body, "job_id", int)
+        if job_id is not None:
+            job = await ctl.db(repo().job, job_id)
+            if job is None:
+                raise RequestError(f"Invalid job id specified: {job_id}")
+            runs = await ctl.db(repo().runs, job_ids=[job_id])
+            return {"now": time.time(), **job_telemetry(ctl.telemetry, with_telemetry(public(job)), runs)}
+        rows = await ctl.db(repo().jobs, states=[s.value for s in JobState if s.holds_resources])
+        return {"now": time.time(), **nodes_telemetry(ctl.telemetry, await ctl.db(repo().nodes),
+                                                      await ctl.db(repo().load_nodes), await ctl.db(repo().live_ranks),
+                                                      [with_telemetry(public(j)) for j in rows],
+                                                      {n: link.connected for n, link in ctl.links.items()})}
 
     @api.expose("show_job")
     async def show_job(body, caller: Caller):

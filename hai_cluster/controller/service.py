@@ -21,6 +21,7 @@ from ..store.repository import RankRef, Repository
 from ..transport.rpc import ConnectionLost, RequestError, RpcError
 from .dispatch import rank_spec
 from .nodes import NodeLink, NodeUnavailable
+from .telemetry import TelemetryHub
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class Controller:
         self._tasks: list[asyncio.Task] = []
         self.store_down = False
         self._last_resync = 0.0
+        self.telemetry = TelemetryHub(cfg.telemetry)
 
     async def db(self, fn: Callable, *args, **kw) -> Any:
         try:
@@ -80,6 +82,7 @@ class Controller:
         self.repo = await self.db(open_store)
         self._tasks = [asyncio.create_task(link.run(), name=f"link-{name}") for name, link in self.links.items()]
         self._tasks.append(asyncio.create_task(self._loop(), name="scheduler"))
+        self._tasks.append(asyncio.create_task(self._persist_telemetry(), name="telemetry"))
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -118,7 +121,7 @@ class Controller:
     async def tick(self) -> None:
         await self._mark_silent_nodes_down()
         snapshot = await self.db(self.repo.load_snapshot, time.time())
-        plan = await self.decide(snapshot)
+        plan = await self.decide(self.telemetry.mark_idle(snapshot))
         await self.db(self.repo.set_reasons, {w.job_id: w.reason for w in plan.waits})
         for p in plan.preempts:
             await self.preempt(p.job_id, "preempt", p.reason)
@@ -222,6 +225,12 @@ class Controller:
         if result.run_state is not None:
             log.info("job %d attempt %d: run ended %s, job now %s", job_id, attempt,
                      result.run_state.value, result.job_state.value)
+            rollup = self.telemetry.finish((job_id, attempt))
+            if rollup is not None:
+                try:
+                    await self.db(self.repo.set_run_telemetry, [rollup])
+                except StoreUnavailable:  # the end is recorded; only the last rollup is lost
+                    log.warning("job %d attempt %d: final telemetry rollup not written", job_id, attempt)
         for peer in result.stop_ranks:
             log.info("job %d: rank on %s failed; stopping rank on %s", job_id, node, peer.node)
             await self._tell_to_end(peer, "cancel")
@@ -322,8 +331,22 @@ class Controller:
             log.warning("node %s: %d leftover run(s) still alive after %d s; taking work anyway",
                         node, len(strays), STRAY_WAIT_MAX)
 
+    async def _persist_telemetry(self) -> None:
+        """Live runs' rollups into the store now and then (their final one is written at the end)."""
+        while True:
+            await asyncio.sleep(self.cfg.telemetry.persist_interval)
+            rows = self.telemetry.dirty_rows()
+            try:
+                await self.db(self.repo.set_run_telemetry, rows)
+            except StoreUnavailable:
+                pass  # the next round writes newer sums
+            except Exception:
+                log.exception("writing telemetry rollups failed")
+
     async def _on_event(self, node: str, name: str, body: Any) -> None:
-        if name == "run_exited" and isinstance(body, dict) and "job_id" in body and "attempt" in body:
+        if name == "telemetry":
+            self.telemetry.ingest(node, body)  # checks the batch; garbage is logged and dropped
+        elif name == "run_exited" and isinstance(body, dict) and "job_id" in body and "attempt" in body:
             try:
                 await self._run_ended(node, body)
             except StoreUnavailable:

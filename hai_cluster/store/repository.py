@@ -386,6 +386,16 @@ class Repository:
             r["jobs"] = len(mine)
         return rows
 
+    def set_run_telemetry(self, rollups: Sequence[Mapping[str, Any]]) -> None:
+        """Write runs' telemetry rollups (each: job_id, attempt and the 0006 columns)."""
+        if not rollups:
+            return
+        cols = ("gpu_util_mean", "gpu_util_max", "gpu_mem_max_mb", "energy_j", "cpu_mean", "telemetry_samples")
+        with self.engine.begin() as c:
+            c.execute(update(runs).where(runs.c.job_id == bindparam("jid"), runs.c.attempt == bindparam("att"))
+                      .values({k: bindparam(f"v_{k}") for k in cols}),
+                      [{"jid": r["job_id"], "att": r["attempt"], **{f"v_{k}": r[k] for k in cols}} for r in rollups])
+
     def open_jobs_with_end_request(self) -> list[dict]:
         with self.engine.connect() as c:
             return [_row(r) for r in c.execute(select(jobs.c.id, jobs.c.end_request).where(

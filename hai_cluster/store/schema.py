@@ -64,6 +64,13 @@ runs = Table(
     Column("nodelist", String(1000), nullable=False),
     Column("gpus", Integer, nullable=False),
     Column("reason", String(200)),
+    # 0006: telemetry rollups over the run (controller/telemetry.py), for hacct
+    Column("gpu_util_mean", Float),  # percent, over every sample of every GPU of the run
+    Column("gpu_util_max", Float),
+    Column("gpu_mem_max_mb", Integer),  # peak GPU memory of the run's processes on one node
+    Column("energy_j", Float),  # joules drawn by the run's GPUs
+    Column("cpu_mean", Float),  # percent of one CPU, per rank, averaged
+    Column("telemetry_samples", Integer),
     UniqueConstraint("job_id", "attempt", name="uq_runs_job_attempt"),
 )
 
