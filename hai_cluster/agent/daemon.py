@@ -53,8 +53,10 @@ class Agent:
         return pynvml
 
     def live_runs(self) -> list[RunRef]:
+        """Runs with a job process to measure (a run still launching has none yet)."""
         return [RunRef(key[0], key[1], tuple(r.spec.gpus), r.status.pid, r.dir)
-                for key, r in sorted(self.runs.runs.items()) if r.spec is not None and not r.status.ended]
+                for key, r in sorted(self.runs.runs.items())
+                if r.spec is not None and not r.status.ended and r.status.pid is not None]
 
     def gpu_occupancy(self) -> dict[int, list[int]]:
         """GPU index -> main pids of the live runs holding it (what simulated GPUs report)."""

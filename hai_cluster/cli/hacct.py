@@ -1,7 +1,8 @@
 """hacct: accounting, one row per run of each job (like sacct, which shows requeued runs too).
 
 A job that never started has one row with its own state. Fields are sacct's names; the extra ones
-are AllocGPUS, GPUHours, Restarts and Reason."""
+are AllocGPUS, GPUHours, Restarts and Reason, and the GPU telemetry rollups GPUUtil, MaxGPUUtil,
+MaxGPUMem and Energy (sacct's ConsumedEnergy), with AveCPU."""
 from __future__ import annotations
 
 import datetime
@@ -16,6 +17,7 @@ import click
 from ..core.hostlist import compress
 from ..core.timefmt import format_duration, parse_datetime
 from .common import call, fail, print_table, split_list
+from .telemetry_fmt import energy, mib
 
 DEFAULT_FIELDS = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
 LONG_FIELDS = "JobID,JobName,Partition,State,ExitCode,Elapsed,Restarts,NodeList,AllocGPUS,GPUHours,Reason"
@@ -30,6 +32,10 @@ def _state(row: dict) -> str:
     if row["state"] == "CANCELLED" and why.startswith("cancelled by "):
         return f"CANCELLED by {why.split()[-1]}"
     return row["state"]
+
+
+def _opt(v, fmt: str) -> str:
+    return "" if v is None else fmt.format(v)
 
 
 def _elapsed(row: dict) -> int:
@@ -56,8 +62,16 @@ FIELDS: dict[str, Callable[[dict], object]] = {
     "nodelist": lambda r: compress([n for n in (r.get("nodelist") or "").split(",") if n]) or "None assigned",
     "gpuhours": lambda r: f"{r['gpus'] * _elapsed(r) / 3600:.2f}",
     "reason": lambda r: r.get("reason") or "",
+    # GPU telemetry rollups of the run (empty when no sample came)
+    "gpuutil": lambda r: _opt(r.get("gpu_util_mean"), "{:.1f}%"),
+    "maxgpuutil": lambda r: _opt(r.get("gpu_util_max"), "{:.0f}%"),
+    "maxgpumem": lambda r: mib(r["gpu_mem_max_mb"]) if r.get("gpu_mem_max_mb") is not None else "",
+    "energy": lambda r: energy(r.get("energy_j")),
+    "consumedenergy": lambda r: energy(r.get("energy_j")),
+    "avecpu": lambda r: _opt(r.get("cpu_mean"), "{:.1f}%"),
 }
-RIGHT = {"jobid", "alloccpus", "allocgpus", "elapsed", "restarts", "gpuhours"}
+RIGHT = {"jobid", "alloccpus", "allocgpus", "elapsed", "restarts", "gpuhours", "gpuutil", "maxgpuutil", "maxgpumem",
+         "energy", "consumedenergy", "avecpu"}
 _FIELD = re.compile(r"([A-Za-z]+)(?:%(\d+))?")
 
 

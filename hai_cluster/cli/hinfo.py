@@ -8,6 +8,7 @@ import click
 
 from ..core.hostlist import compress
 from .common import call, fail, print_table
+from .gpuview import GPU_HEADERS, GPU_RIGHT, gpu_rows
 
 
 def node_state(n: dict) -> str:
@@ -28,9 +29,12 @@ def node_state(n: dict) -> str:
 @click.option("-h", "--noheader", is_flag=True, help="no header line")
 @click.option("-p", "--partition", "partition", help="only this partition")
 @click.option("-t", "--states", "states", help="only nodes in these states, e.g. idle,mix or drain,down")
+@click.option("--gpus", "per_gpu", is_flag=True, help="one line per GPU, with its latest telemetry (with -N)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def main(per_node, noheader, partition, states, as_json):
+def main(per_node, noheader, partition, states, per_gpu, as_json):
     """Show nodes, their state and their GPUs."""
+    if per_gpu:
+        return gpus_view(noheader, partition, as_json)
     wanted = {s.strip().lower().rstrip("*") for s in states.split(",")} if states else None
     known = {"idle", "mix", "alloc", "drain", "down"}
     if wanted and not wanted <= known:
@@ -67,3 +71,16 @@ def main(per_node, noheader, partition, states, as_json):
         rows.append([p, "up", len(members), state, f"{alloc}/{total}", compress([m["name"] for m in members])])
     print_table(["PARTITION", "AVAIL", "NODES", "STATE", "GPUS(A/T)", "NODELIST"], rows,
                 header=not noheader, right=[2, 4])
+
+
+def gpus_view(noheader: bool, partition: str | None, as_json: bool) -> None:
+    """hinfo -N --gpus: every GPU, the job holding it and its latest reading."""
+    reply = call("hinfo", "telemetry", {})
+    if partition:
+        wanted = {n["name"] for n in call("hinfo", "nodes", {})["nodes"] if partition in n["partitions"]}
+        reply["nodes"] = [n for n in reply["nodes"] if n["name"] in wanted]
+    if as_json:
+        json.dump({"nodes": reply["nodes"]}, sys.stdout, indent=2, default=str)
+        print()
+        return
+    print_table(GPU_HEADERS, gpu_rows(reply), header=not noheader, right=GPU_RIGHT)

@@ -5,6 +5,7 @@ from typing import Callable
 
 from ..core.hostlist import compress
 from ..core.timefmt import format_duration, format_limit
+from .telemetry_fmt import mib, pct
 
 
 def elapsed(job: dict, now: float) -> int:
@@ -50,8 +51,12 @@ FIELDS: dict[str, tuple[str, Callable[[dict, float], str]]] = {
     "p": ("PRIORITY", lambda j, now: j.get("priority", "normal")),
     "q": ("RESTARTS", lambda j, now: str(j.get("restart_count", 0))),
     "L": ("LEVEL", lambda j, now: str(j.get("level", 0))),
+    # ours (squeue's group letters; we have no groups): the run's latest GPU telemetry
+    "g": ("GPU_UTIL", lambda j, now: pct(j.get("gpu_util"))),
+    "G": ("GPU_MEM", lambda j, now: mib(j.get("gpu_mem_mb"))),
+    "I": ("IDLE", lambda j, now: "idle" if j.get("idle") else "-"),
 }
-RIGHT = {"i", "M", "l", "D", "C", "q", "L"}
+RIGHT = {"i", "M", "l", "D", "C", "q", "L", "g", "G"}
 # Slurm's columns plus LEVEL: the job's MLFQ level (0 = newest work, served first).
 DEFAULT_FORMAT = "%i %P %j %u %t %M %D %L %R"
 LONG_FORMAT = "%i %P %j %u %T %M %l %D %L %q %R"

@@ -144,7 +144,7 @@ def python_daemon(module: str, config: Path) -> list[str]:
 
 
 def start_ssh_cluster(ssh_nodes, *, gpus_per_node: int, scheduler_toml: str = "", tick: float = 0.3,
-                      controller_toml: str = "") -> Cluster:
+                      controller_toml: str = "", agent_toml: str = "") -> Cluster:
     """Agents in the nodes' namespaces behind their sshd, a controller reaching them over SSH.
 
     Everything lives under a fresh /tmp directory readable by the test users (pytest's own tmp
@@ -159,7 +159,7 @@ def start_ssh_cluster(ssh_nodes, *, gpus_per_node: int, scheduler_toml: str = ""
         sock = base / f"{node.name}.sock"
         (nd / "agent.toml").write_text(
             f'[agent]\nname = "{node.name}"\nsocket = "{sock}"\nspool = "{nd}/spool"\n'
-            f'[gpus]\nbackend = "simulated"\nsimulated_count = {gpus_per_node}\n')
+            f'[gpus]\nbackend = "simulated"\nsimulated_count = {gpus_per_node}\n{agent_toml}\n')
         agents[node.name] = Daemon(python_daemon("hai_cluster.agent.daemon", nd / "agent.toml"),
                                    nd / "agent.log", spawn=node.popen)
         node_tables.append(f'[[nodes]]\nname = "{node.name}"\naddress = "{node.address}"\nport = {node.port}\n'
