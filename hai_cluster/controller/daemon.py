@@ -20,6 +20,7 @@ from ..sdnotify import Notifier
 from ..transport.rpc import RpcConnection
 from ..transport.unix import SocketInUse, bind_socket, close_server, peer_credentials
 from .api import build_api, caller_from_creds
+from .metrics import render, start_metrics_server
 from .service import Controller
 
 log = logging.getLogger("hai.controller")
@@ -51,6 +52,13 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
     notifier = notifier or Notifier(None)
     sock = bind_socket(cfg.socket, 0o666, "controller")  # anyone may connect; the kernel says who
     ctl = Controller(cfg)
+    metrics = None
+    if cfg.telemetry.metrics_listen:  # first: a port in use ends the start before anything else
+        try:
+            metrics = await start_metrics_server(cfg.telemetry.metrics_listen,
+                                                 lambda: render(ctl.telemetry, [n.name for n in cfg.nodes]))
+        except OSError as exc:
+            raise ConfigError(f"metrics.listen {cfg.telemetry.metrics_listen}: {exc.strerror or exc}") from None
     notifier.status("migrating the store and starting")
     await ctl.start()
     api = build_api(ctl)
@@ -78,6 +86,8 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
         heartbeat.cancel()
         log.info("shutting down (running jobs keep running)")
         await close_server(server, connections, cfg.socket)
+        if metrics is not None:
+            metrics.close()
         await ctl.stop()
 
 
@@ -100,7 +110,7 @@ def run_daemon(config_path: str) -> None:
 
     try:
         asyncio.run(run())
-    except SocketInUse as exc:
+    except (SocketInUse, ConfigError) as exc:
         click.echo(f"hai-controller: {exc}", err=True)
         sys.exit(2)
 

@@ -169,3 +169,16 @@ def test_undelivered_samples_wait_in_a_bounded_ring(tmp_path):
     times = [s["t"] for batch in delivered for s in batch]
     assert times == sorted(times) and len(times) == len(set(times))
     assert sampler.sent == sampler.seq or sampler.sent == sampler.seq - 1
+
+
+def test_agent_config(tmp_path):
+    from hai_cluster.config import ConfigError, load_agent_config
+    path = tmp_path / "a.toml"
+    path.write_text('[agent]\nname = "n1"\n[telemetry]\ninterval = 1\nsimulated_util = 40\n')
+    t = load_agent_config(path).telemetry
+    assert (t.enabled, t.interval, t.simulated_util, t.history) == (True, 1.0, 40, 720)
+    for text, words in (("interval = 0", "positive"), ("simulated_util = 101", "percentage"),
+                        ("enabled = 1", "true or false"), ("rate = 2", "unknown")):
+        path.write_text(f'[agent]\nname = "n1"\n[telemetry]\n{text}\n')
+        with pytest.raises(ConfigError, match=words):
+            load_agent_config(path)
