@@ -131,8 +131,13 @@ class Sampler:
             return
         registered = 0
         for index, handle in enumerate(self.handles):
+            # a GPU without ECC refuses the whole mask: ask only for what it supports
+            supported = _nvml_value(nvml, lambda: nvml.nvmlDeviceGetSupportedEventTypes(handle))
+            wanted = (EVENT_SBE | EVENT_DBE | EVENT_XID) & (supported if supported is not None else ~0)
+            if not wanted:
+                continue
             try:
-                nvml.nvmlDeviceRegisterEvents(handle, EVENT_SBE | EVENT_DBE | EVENT_XID, event_set)
+                nvml.nvmlDeviceRegisterEvents(handle, wanted, event_set)
                 registered += 1
             except nvml.NVMLError as exc:
                 log.info("GPU %d: XID/ECC events not supported (%s)", index, exc)

@@ -3,6 +3,8 @@ hqueue, hinfo while the job runs, and its rollups in hacct after it ended."""
 from __future__ import annotations
 
 import re
+import socket
+import urllib.request
 
 import pytest
 
@@ -14,14 +16,26 @@ AGENT = "[telemetry]\ninterval = 0.5\nsimulated_util = 90\nsimulated_process_mem
 CONTROLLER = "[telemetry]\npersist_interval = 1\nidle_util_below = 95\nidle_after = 1\n"
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
-def cluster(ssh_nodes):
-    c = start_ssh_cluster(ssh_nodes, gpus_per_node=2, agent_toml=AGENT, controller_toml=CONTROLLER)
+def metrics_port():
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def cluster(ssh_nodes, metrics_port):
+    c = start_ssh_cluster(ssh_nodes, gpus_per_node=2, agent_toml=AGENT,
+                          controller_toml=CONTROLLER + f'[metrics]\nlisten = "127.0.0.1:{metrics_port}"\n')
     yield c
     c.close()
 
 
-def test_running_job_telemetry_reaches_hstat_hqueue_hinfo_and_hacct(cluster):
+def test_running_job_telemetry_reaches_hstat_hqueue_hinfo_prometheus_and_hacct(cluster, metrics_port):
     d = user_dir(cluster.workdir, TEST_USER)
     stop = d / "stop-telemetry"
     script = d / "busy.sh"
@@ -43,6 +57,11 @@ def test_running_job_telemetry_reaches_hstat_hqueue_hinfo_and_hacct(cluster):
     mine = [line.split() for line in gpus if line.split()[0] == node]
     assert len(mine) == 2  # one row per GPU of the node
     assert sum(1 for line in gpus if f" {job_id} " in line and " 90% " in line) == 2, gpus
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as page:
+        metrics = page.read().decode()
+    for g in (0, 1):
+        assert f'hai_gpu_utilization_percent{{node="{node}",gpu="{g}",job="{job_id}"}} 90\n' in metrics, metrics
+    assert f'hai_job_gpu_idle{{job="{job_id}",attempt="0"}} 1\n' in metrics
     history = cluster.cli("hstat", str(job_id)).stdout
     assert "GPU utilization, last" in history and "▇" in history, history
 

@@ -185,3 +185,48 @@ def test_history_of_a_run_and_events():
     assert [p["t"] for p in points] == [2.0, 3.0, 4.0]  # bounded per node
     assert [p["gpu_util"] for p in points] == [20.0, 30.0, 40.0]
     assert [(e["node"], e["kind"], e["value"]) for e in h.events] == [("n1", "xid", 13)]
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
+                     st.text(max_size=5), st.binary(max_size=5))
+_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                                max_size=4), max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=_values)
+def test_random_bodies_never_raise(body):
+    h = hub()
+    assert h.ingest("n1", body) == 0
+
+
+def _paths(obj, prefix=()):
+    yield prefix
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _paths(v, prefix + (i,))
+
+
+_ALL_PATHS = [p for p in _paths(GOOD) if p]
+
+
+@settings(max_examples=300, deadline=None)
+@given(path=st.sampled_from(_ALL_PATHS), value=_values)
+def test_one_field_changed_is_taken_whole_or_dropped_whole(path, value):
+    body = mutate(list(path), value)
+    try:
+        validate_batch(copy.deepcopy(body), "n1")
+        valid = True
+    except BatchError:
+        valid = False
+    h = hub()
+    taken = h.ingest("n1", body)
+    assert h.dropped == (0 if valid else 1)
+    if not valid:
+        assert taken == 0 and h.latest("n1") is None and h.rollups == {}
