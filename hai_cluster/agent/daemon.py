@@ -39,6 +39,7 @@ class Agent:
         self.runs = RunTable(cfg.spool, cfg.launch_timeout, self.isolation)
         self.table = build_table(self)
         self.connections: set[RpcConnection] = set()
+        self._occupancy: dict[int, list[int]] = {}
         t = cfg.telemetry
         self.sampler = Sampler(self._telemetry_nvml(), cfg.name, t.interval, t.history) if t.enabled else None
 
@@ -53,19 +54,22 @@ class Agent:
         return pynvml
 
     def live_runs(self) -> list[RunRef]:
-        """Runs with a job process to measure (a run still launching has none yet)."""
-        return [RunRef(key[0], key[1], tuple(r.spec.gpus), r.status.pid, r.dir)
+        """Runs with a job process to measure (a run still launching has none yet). Called on the
+        event loop before each sample; it also notes which GPUs they hold, for simulated GPUs."""
+        runs = [RunRef(key[0], key[1], tuple(r.spec.gpus), r.status.pid, r.dir)
                 for key, r in sorted(self.runs.runs.items())
                 if r.spec is not None and not r.status.ended and r.status.pid is not None]
+        occupancy: dict[int, list[int]] = {}
+        for run in runs:
+            for g in run.gpus:
+                occupancy.setdefault(g, []).append(run.pid)
+        self._occupancy = occupancy
+        return runs
 
     def gpu_occupancy(self) -> dict[int, list[int]]:
-        """GPU index -> main pids of the live runs holding it (what simulated GPUs report)."""
-        out: dict[int, list[int]] = {}
-        for run in self.live_runs():
-            if run.pid is not None:
-                for g in run.gpus:
-                    out.setdefault(g, []).append(run.pid)
-        return out
+        """GPU index -> main pids of the live runs holding it (what simulated GPUs report). Read on
+        the NVML thread: a dict swapped whole on the loop, never the run table itself."""
+        return self._occupancy
 
     async def send_telemetry(self, batch: dict) -> bool:
         """A batch to every controller connected; a link gap is not worth a warning."""
