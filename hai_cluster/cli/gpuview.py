@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from .telemetry_fmt import mib, num, pct
+from .jobfields import nodelist
+from .telemetry_fmt import energy, mib, num, pct
 
 GPU_HEADERS = ["NODELIST", "GPU", "NAME", "JOBID", "UTIL", "MEM_USED", "MEM_TOTAL", "POWER", "TEMP", "SM_MHZ",
                "ECC(C/U)"]
@@ -48,8 +49,6 @@ def node_rows(reply: dict) -> list[list[str]]:
 
 
 def job_rows(reply: dict) -> list[list[str]]:
-    from .jobfields import nodelist
-    from .telemetry_fmt import energy
     rows = []
     for j in reply["jobs"]:
         rows.append([str(j["id"]), j["user"], j["name"], j["code"], nodelist(j), str(j["nodes"] * j["gpus_per_node"]),
