@@ -101,6 +101,8 @@ class ControllerConfig:
     admins: tuple[str, ...] = ("root",)
     partitions: tuple[str, ...] = ("gpu",)
     default_partition: str = "gpu"
+    max_array_size: int = 1001  # --array task indices must be below this (Slurm's MaxArraySize)
+    kill_invalid_depend: bool = False  # cancel a job whose dependency can never be satisfied
     ssh: SshConfig = field(default_factory=SshConfig)
     nodes: tuple[NodeConfig, ...] = ()
     log_level: str = "INFO"
@@ -277,6 +279,8 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         admins=c.strings("admins", ("root",)),
         partitions=partitions,
         default_partition=c.get("default_partition", str, partitions[0]),
+        max_array_size=c.get("max_array_size", int, 1001),
+        kill_invalid_depend=c.get("kill_invalid_depend", bool, False),
         log_level=c.get("log_level", str, "INFO"),
         ssh=SshConfig(
             user=s.get("user", str, "root"),
@@ -292,6 +296,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     if cfg.default_partition not in partitions:
         raise ConfigError(f"{path}: controller.default_partition {cfg.default_partition!r} is not in partitions")
     _positive(path, "controller.tick_seconds", cfg.tick_seconds)
+    _positive(path, "controller.max_array_size", cfg.max_array_size)
     _positive(path, "controller.node_down_after", cfg.node_down_after)
     _positive(path, "controller.ping_interval", cfg.ping_interval)
     return cfg

@@ -6,6 +6,7 @@ import datetime
 import click
 
 from ..core.timefmt import format_duration, format_limit
+from ..core.jobids import ArrayError, parse_job_ref
 from .common import call, fail
 from .hinfo import node_state
 from .jobfields import elapsed, nodelist
@@ -18,11 +19,13 @@ def _time(t) -> str:
 def job_lines(job: dict, now: float) -> list[str]:
     spec = job["spec"]
     pairs = [
-        [("JobId", job["id"]), ("JobName", job["name"])],
+        [("JobId", job["id"])] + ([("ArrayJobId", job["array_job_id"]), ("ArrayTaskId", job["array_task_id"])]
+                                  if job.get("array_job_id") is not None else []) + [("JobName", job["name"])],
         [("UserId", f"{job['user']}({job['uid']})"), ("GroupId", job["gid"])],
         [("Priority", job["priority"]), ("Partition", job["partition"]), ("Level", job["level"]),
          ("Preemptible", int(bool(job["preemptible"])))],
-        [("JobState", job["state"]), ("Reason", job["reason"] or "None"), ("Hold", job["hold"])],
+        [("JobState", job["state"]), ("Reason", job["reason"] or "None"), ("Hold", job["hold"]),
+         ("Dependency", job.get("dependency") or "(null)")],
         [("Restarts", job["restart_count"]), ("ExitCode", f"{job['exit_code'] or 0}:{job['exit_signal'] or 0}")],
         [("RunTime", format_duration(elapsed(job, now))), ("TimeLimit", format_limit(job["time_limit"]))],
         [("SubmitTime", _time(job["submit_time"])), ("StartTime", _time(job["start_time"])),
@@ -57,21 +60,33 @@ def show():
 @show.command("job")
 @click.argument("job_id")
 def show_job(job_id):
+    """One job; every task for an array's id (as scontrol does); one task for 12_4."""
+    body = _job_body(job_id)
+    reply = call("hcontrol", "show_job", body)
+    shown = [reply["job"]]
+    if "task_id" not in body and reply["job"].get("array_job_id") == body["job_id"]:
+        tasks = call("hcontrol", "jobs", {"ids": [body["job_id"]], "all": True})["jobs"]
+        shown += [call("hcontrol", "show_job", {"job_id": t["id"]})["job"] for t in tasks if t["id"] != body["job_id"]]
+    for job in shown:
+        for line in job_lines(job, reply["now"]):
+            print(("   " if not line.startswith("JobId") else "") + line)
+
+
+def _job_body(job_id: str) -> dict:
+    """'12' -> {'job_id': 12}; '12_4' -> {'job_id': 12, 'task_id': 4}."""
     try:
-        jid = int(job_id)
-    except ValueError:
-        fail("hcontrol", f"Invalid job id specified: {job_id}")
-    reply = call("hcontrol", "show_job", {"job_id": jid})
-    for line in job_lines(reply["job"], reply["now"]):
-        print(("   " if not line.startswith("JobId") else "") + line)
+        ref = parse_job_ref(job_id)
+    except ArrayError as exc:
+        fail("hcontrol", str(exc))
+    if ref.tasks is None:
+        return {"job_id": ref.job_id}
+    if len(ref.tasks) != 1:
+        fail("hcontrol", f"Invalid job id specified: {job_id} (give one task, e.g. {ref.job_id}_{ref.tasks[0]})")
+    return {"job_id": ref.job_id, "task_id": ref.tasks[0]}
 
 
 def _job_action(method: str, job_id: str) -> None:
-    try:
-        jid = int(job_id)
-    except ValueError:
-        fail("hcontrol", f"Invalid job id specified: {job_id}")
-    call("hcontrol", method, {"job_id": jid})
+    call("hcontrol", method, _job_body(job_id))
 
 
 @main.command()

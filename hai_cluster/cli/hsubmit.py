@@ -18,6 +18,7 @@ directives at the top of the script (the command line wins):
   --signal [B:]SIG[@SECS] --grace SECONDS        --priority CLASS      --no-requeue   -H, --hold
   --checkpoint-dir DIR    --wrap COMMAND         --parsable   -W, --wait   --test-only   -b, --begin TIME
   --container-image PATH (rootfs dir or .tar[.gz])  --runtime none|bwrap|runc
+  -a, --array 0-7|1,3,5-9|0-15:4|0-15%2             -d, --dependency afterok:ID[:ID],singleton,...
 Without SCRIPT and --wrap, the script is read from standard input.
 """
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     cwd, env = os.getcwd(), dict(os.environ)
     try:
         sub = parse_submission(script, options, cwd=cwd, env=env, script_args=script_args, script_name=script_name,
-                               now=time.time())
+                               now=time.time(), max_array_size=None)  # the controller knows its bound
     except (JobScriptError, ValueError) as exc:
         fail("hsubmit", str(exc))
     reply = call("hsubmit", "submit", {"script": script, "script_name": script_name, "option_args": options,

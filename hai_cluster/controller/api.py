@@ -12,6 +12,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..config import PRIORITY_CLASSES
+from ..core.dependency import parse_dependency
+from ..core.jobids import JobRef, job_label
 from ..core.jobscript import JobScriptError, parse_submission
 from ..core.model import JobView
 from ..core.resources import could_ever_fit
@@ -61,6 +63,16 @@ def _int_list(body: Any, key: str) -> list[int] | None:
     return values
 
 
+def _task_list(body: Any) -> list[tuple[int, int]] | None:
+    """'tasks': [[array job id, task id], ...] (hcancel 12_4, hqueue -j 12_[1-3])."""
+    values = _expect(body, "tasks", list)
+    if values is not None and not all(
+            isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+            for v in values):
+        raise RequestError("field 'tasks' must be a list of [array job id, task id] pairs")
+    return [tuple(v) for v in values] if values is not None else None
+
+
 def _str_list(body: Any, key: str) -> list[str] | None:
     values = _expect(body, key, list)
     if values is not None and not all(isinstance(v, str) for v in values):
@@ -89,7 +101,7 @@ def build_api(ctl: Controller) -> RpcTable:
         return _public(job, mlfq, time.time())
 
     async def own_job(body: Any, caller: Caller) -> dict:
-        job_id = _expect(body, "job_id", int, required=True)
+        job_id = await task_job_id(body)
         job = await ctl.db(repo().job, job_id)
         if job is None:
             raise RequestError(f"Invalid job id specified: {job_id}")
@@ -113,7 +125,8 @@ def build_api(ctl: Controller) -> RpcTable:
         script_name = _expect(body, "script_name", str)
         try:
             sub = parse_submission(script, option_args, cwd=cwd, env=env, script_args=script_args,
-                                   script_name=script_name, now=time.time())
+                                   script_name=script_name, now=time.time(),
+                                   max_array_size=ctl.cfg.max_array_size)
         except (JobScriptError, ValueError) as exc:
             raise RequestError(str(exc)) from None
         spec = sub.spec
@@ -132,6 +145,11 @@ def build_api(ctl: Controller) -> RpcTable:
             fit = could_ever_fit(view, known)
             if not fit:
                 raise RequestError(f"Requested node configuration is not available: {fit.reason}")
+        if spec.dependency:
+            missing = await ctl.db(repo().missing_targets, parse_dependency(spec.dependency).targets)
+            if missing:
+                names = ", ".join(str(JobRef(j, (t,) if t is not None else None)) for j, t in missing)
+                raise RequestError(f"Job dependency problem: no such job {names}")
         if sub.test_only:
             return {"test_only": await would_start(spec, partition, caller)}
         job_id = await ctl.db(repo().submit, spec, user=caller.user, uid=caller.uid, gid=caller.gid,
@@ -168,12 +186,12 @@ def build_api(ctl: Controller) -> RpcTable:
             states = states or NOT_FINAL
         rows = await ctl.db(repo().jobs, ids=_int_list(body, "ids"), states=states,
                             users=_str_list(body, "users"), names=_str_list(body, "names"),
-                            partitions=_str_list(body, "partitions"))
+                            partitions=_str_list(body, "partitions"), tasks=_task_list(body))
         return {"now": time.time(), "jobs": [public(j) for j in rows]}
 
     @api.expose("show_job")
     async def show_job(body, caller: Caller):
-        job_id = _expect(body, "job_id", int, required=True)
+        job_id = await task_job_id(body)
         job = await ctl.db(repo().job, job_id)
         if job is None:
             raise RequestError(f"Invalid job id specified: {job_id}")
@@ -182,15 +200,27 @@ def build_api(ctl: Controller) -> RpcTable:
         out["runs"] = await ctl.db(repo().runs, job_ids=[job_id])
         return {"now": time.time(), "job": out}
 
+    async def task_job_id(body: Any) -> int:
+        """'job_id', or 'array_job_id' with 'task_id' (hcontrol ... 12_4): the job id of that task."""
+        task = _expect(body, "task_id", int)
+        if task is None:
+            return _expect(body, "job_id", int, required=True)
+        array_id = _expect(body, "job_id", int, required=True)
+        rows = await ctl.db(repo().jobs, tasks=[(array_id, task)])
+        if not rows:
+            raise RequestError(f"Invalid job id specified: {array_id}_{task}")
+        return rows[0]["id"]
+
     @api.expose("cancel")
     async def cancel(body, caller: Caller):
         ids = _int_list(body, "ids")
+        tasks = _task_list(body)
         users = _str_list(body, "users")
         states = _str_list(body, "states")
         names = _str_list(body, "names")
         partitions = _str_list(body, "partitions")
         signum = _expect(body, "signal", int)
-        if not (ids or users or states or names or partitions):
+        if not (ids or tasks or users or states or names or partitions):
             raise RequestError("No job identification provided")
         if signum is not None and signum not in set(signals.valid_signals()):
             raise RequestError(f"invalid signal number {signum}")
@@ -198,24 +228,30 @@ def build_api(ctl: Controller) -> RpcTable:
             states = [parse_state(s).value for s in states] if states else NOT_FINAL
         except ValueError as exc:
             raise RequestError(str(exc)) from None
-        rows = await ctl.db(repo().jobs, ids=ids, users=users, states=states, names=names, partitions=partitions)
+        rows = await ctl.db(repo().jobs, ids=ids, users=users, states=states, names=names, partitions=partitions,
+                            tasks=tasks)
         errors = []
-        found = {j["id"] for j in rows}
-        for missing in sorted(set(ids or ()) - found):
-            known = await ctl.db(repo().job, missing)
-            if known is None:
-                errors.append(f"Invalid job id specified: {missing}")
+        found = {j["id"] for j in rows} | {j["array_job_id"] for j in rows}
+        found_tasks = {(j["array_job_id"], j["array_task_id"]) for j in rows}
+        missing_refs = [(i, None) for i in sorted(set(ids or ()) - found)]
+        missing_refs += [t for t in sorted(set(tasks or ())) if t not in found_tasks]
+        for job_id, task in missing_refs:
+            label = str(JobRef(job_id, (task,) if task is not None else None))
+            known = await ctl.db(repo().jobs, ids=[job_id] if task is None else None,
+                                 tasks=[(job_id, task)] if task is not None else None)
+            if not known:
+                errors.append(f"Invalid job id specified: {label}")
             else:
-                errors.append(f"Kill job error on job id {missing}: Job/step already completing or completed")
+                errors.append(f"Kill job error on job id {label}: Job/step already completing or completed")
         done = []
         for job in rows:
             if job["user"] != caller.user and not caller.admin:
-                errors.append(f"Kill job error on job id {job['id']}: Access/permission denied")
+                errors.append(f"Kill job error on job id {job_label(job)}: Access/permission denied")
                 continue
             state = JobState(job["state"])
             if signum is not None:
                 if state == JobState.PENDING:
-                    errors.append(f"Signal job error on job id {job['id']}: job is pending")
+                    errors.append(f"Signal job error on job id {job_label(job)}: job is pending")
                 else:
                     await ctl.signal_job(job["id"], signum)
                     done.append(job["id"])
@@ -238,6 +274,9 @@ def build_api(ctl: Controller) -> RpcTable:
     async def acct(body, caller: Caller):
         ids = _int_list(body, "ids")
         users = _str_list(body, "users")
+        tasks = _task_list(body)
+        if tasks:  # hacct -j 12_4: those tasks' own job ids
+            ids = (ids or []) + [j["id"] for j in await ctl.db(repo().jobs, tasks=tasks)] or [-1]
         run_rows = await ctl.db(repo().runs, job_ids=ids, users=users)
         job_rows = await ctl.db(repo().jobs, ids=ids, users=users)
         return {"now": time.time(), "runs": run_rows, "jobs": [public(j) for j in job_rows]}

@@ -409,3 +409,34 @@ def test_core_text_modules_import_nothing_that_does_io():
               "print(sorted(bad & set(sys.modules)))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# ---- arrays and dependencies ----------------------------------------------------------------
+
+def test_array_and_dependency_from_directives_and_the_command_line():
+    text = script("""
+        #SBATCH --array=0-15:4
+        #HAI -d afterok:12:13
+        echo hi
+    """)
+    spec = parse(text)
+    assert (spec.array, spec.dependency) == ("0,4,8,12", "afterok:12,afterok:13")
+    spec = parse(text, "-a", "1,3,5-9%2", "--dependency=singleton")
+    assert (spec.array, spec.dependency) == ("1,3,5-9%2", "singleton")
+    assert JobSpec.from_wire(spec.to_wire()) == spec
+
+
+@pytest.mark.parametrize("option, message", [
+    ("--array=5-1", "--array=5-1: invalid job array specification: invalid range '5-1': the end is below the start"),
+    ("--array=0-100000", "max_array_size is 1001"),
+    ("--array=a", "--array=a: invalid job array specification"),
+    ("--dependency=afterok", "--dependency=afterok: invalid dependency specification"),
+    ("--dependency=sometime:3", "invalid dependency type 'sometime'"),
+])
+def test_bad_arrays_and_dependencies(option, message):
+    assert message in error(None, "--wrap=true", option)
+
+
+def test_array_bound_is_the_callers():
+    assert parse(None, "--wrap=true", "--array=0-5000", max_array_size=None).array == "0-5000"
+    assert "max_array_size is 10" in error(None, "--wrap=true", "--array=10", max_array_size=10)
