@@ -98,6 +98,13 @@ def requeue(job_id):
 
 @main.command()
 @click.argument("job_id")
+def requeuehold(job_id):
+    """Requeue a running job and hold it (JobHeldUser; JobHeldAdmin when an admin does it to another's job)."""
+    _job_action("requeuehold", job_id)
+
+
+@main.command()
+@click.argument("job_id")
 def hold(job_id):
     """Keep a pending job from starting (JobHeldUser; JobHeldAdmin when an admin holds another's job)."""
     _job_action("hold", job_id)
@@ -120,16 +127,25 @@ def preempt(job_id):
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.argument("assignments", nargs=-1, required=True)
 def update(assignments):
-    """Change a node, scontrol style: update NodeName=X State=DRAIN|RESUME|DOWN Reason="..."."""
+    """Change a node or a pending job, scontrol style:
+    update NodeName=X State=DRAIN|RESUME|DOWN Reason="...";
+    update JobId=N [TimeLimit=T] [Partition=P] [Dependency=D] (users may only lower TimeLimit)."""
     fields = {}
     for item in assignments:
         key, sep, value = item.partition("=")
         if not sep:
             fail("hcontrol", f"Invalid input: {item} (expected KEY=VALUE)")
         fields[key.lower()] = value
+    if "jobid" in fields:
+        body = _job_body(fields.pop("jobid"))
+        if not fields:
+            fail("hcontrol", "update JobId=... needs TimeLimit=, Partition= or Dependency=")
+        names = {item.partition("=")[0].lower(): item.partition("=")[0] for item in assignments}
+        call("hcontrol", "update_job", {**body, "fields": {names[k]: v for k, v in fields.items()}})
+        return
     name = fields.pop("nodename", None) or fields.pop("node", None)
     if not name:
-        fail("hcontrol", "update needs NodeName=NAME (jobs and accounts come later)")
+        fail("hcontrol", "update needs NodeName=NAME or JobId=ID")
     if "state" not in fields:
         fail("hcontrol", "update NodeName=... needs State=DRAIN, RESUME or DOWN")
     body = {"name": name, "state": fields.pop("state"), "reason": fields.pop("reason", None)}

@@ -18,6 +18,7 @@ from ..core.jobscript import JobScriptError, parse_submission
 from ..core.model import JobView
 from ..core.resources import could_ever_fit
 from ..core.states import FINAL_STATES, JobState, parse_state
+from ..core.timefmt import format_limit, parse_time_limit
 from ..store.repository import required_runtime
 from ..transport.rpc import RequestError, RpcTable
 from .service import Controller
@@ -146,10 +147,7 @@ def build_api(ctl: Controller) -> RpcTable:
             if not fit:
                 raise RequestError(f"Requested node configuration is not available: {fit.reason}")
         if spec.dependency:
-            missing = await ctl.db(repo().missing_targets, parse_dependency(spec.dependency).targets)
-            if missing:
-                names = ", ".join(str(JobRef(j, (t,) if t is not None else None)) for j, t in missing)
-                raise RequestError(f"Job dependency problem: no such job {names}")
+            await checked_dependency(spec.dependency)
         if sub.test_only:
             return {"test_only": await would_start(spec, partition, caller)}
         job_id = await ctl.db(repo().submit, spec, user=caller.user, uid=caller.uid, gid=caller.gid,
@@ -330,6 +328,69 @@ def build_api(ctl: Controller) -> RpcTable:
             raise RequestError(f"Invalid node name specified: {name}")
         ctl.wake()
         return {"name": name, "state": target}
+
+    @api.expose("requeuehold")
+    async def requeuehold(body, caller: Caller):
+        """Requeue a running job and hold it (a pending job is just held): JobHeldAdmin when an
+        administrator does it to another's job, else JobHeldUser."""
+        job = await own_job(body, caller)
+        if job["state"] == JobState.PENDING.value:
+            return await set_hold(body, caller, True)
+        if not job["preemptible"]:
+            raise RequestError(f"Requeue of job {job['id']} refused: it was submitted with --no-requeue")
+        if job["state"] != JobState.RUNNING.value:
+            raise RequestError(f"Job {job['id']} is {job['state']}; only a running or pending job can be requeued held")
+        admin = caller.admin and job["user"] != caller.user
+        if not await ctl.db(repo().hold_running, job["id"], admin=admin):
+            raise RequestError(f"Job {job['id']} is no longer running")
+        await ctl.preempt(job["id"], "requeue", f"requeued and held by {caller.user}")
+        return {"job_id": job["id"]}
+
+    @api.expose("update_job")
+    async def update_job(body, caller: Caller):
+        """scontrol update JobId=N TimeLimit= Partition= Dependency= (pending jobs; owner or admin;
+        a user may only lower the time limit)."""
+        job = await own_job(body, caller)
+        fields = _expect(body, "fields", dict, required=True)
+        if not fields or not all(isinstance(k, str) and isinstance(v, str) for k, v in fields.items()):
+            raise RequestError("field 'fields' must map job fields to values")
+        changes: dict[str, Any] = {}
+        for key, value in fields.items():
+            if key.lower() == "timelimit":
+                try:
+                    limit = parse_time_limit(value)
+                except ValueError as exc:
+                    raise RequestError(f"Invalid TimeLimit={value}: {exc}") from None
+                old = job["time_limit"]
+                if not caller.admin and old is not None and (limit is None or limit > old):
+                    raise RequestError(f"Access/permission denied: only an administrator may raise the time limit "
+                                       f"of job {job['id']} (from {format_limit(old)} to {format_limit(limit)})")
+                changes["time_limit"] = limit
+            elif key.lower() == "partition":
+                if value not in ctl.cfg.partitions:
+                    raise RequestError(f"invalid partition specified: {value}")
+                changes["partition"] = value
+            elif key.lower() == "dependency":
+                changes["dependency"] = await checked_dependency(value) if value else None
+            else:
+                raise RequestError(f"Update of job {job['id']} failed: unknown field {key} "
+                                   f"(TimeLimit, Partition and Dependency can be changed)")
+        error = await ctl.db(repo().update_pending, job["id"], changes)
+        if error:
+            raise RequestError(error)
+        ctl.wake()
+        return {"job_id": job["id"]}
+
+    async def checked_dependency(text: str) -> str:
+        try:
+            dep = parse_dependency(text)
+        except ValueError as exc:
+            raise RequestError(f"invalid dependency specification: {exc}") from None
+        missing = await ctl.db(repo().missing_targets, dep.targets)
+        if missing:
+            names = ", ".join(str(JobRef(j, (t,) if t is not None else None)) for j, t in missing)
+            raise RequestError(f"Job dependency problem: no such job {names}")
+        return dep.text
 
     api.add("hold", lambda body, caller: set_hold(body, caller, True))
     api.add("release", lambda body, caller: set_hold(body, caller, False))

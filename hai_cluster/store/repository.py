@@ -175,6 +175,26 @@ class Repository:
                 reason=("JobHeldAdmin" if admin else "JobHeldUser") if hold else "None"))
             return None
 
+    def hold_running(self, job_id: int, *, admin: bool) -> bool:
+        """requeuehold: the running job is held now, so that it waits when its run has ended."""
+        with self.engine.begin() as c:
+            res = c.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.state == JobState.RUNNING.value)
+                            .values(hold=True, hold_admin=admin, version=jobs.c.version + 1))
+            return res.rowcount == 1
+
+    def update_pending(self, job_id: int, changes: Mapping[str, Any]) -> str | None:
+        """hcontrol update JobId=: change time_limit, partition or dependency of a pending job (the
+        columns and the spec alike). Returns an error text, or None when done."""
+        with self.engine.begin() as c:
+            job = c.execute(select(jobs.c.state, jobs.c.spec).where(jobs.c.id == job_id)).first()
+            if job is None:
+                return f"Invalid job id specified: {job_id}"
+            if job.state != JobState.PENDING.value:
+                return f"Job {job_id} is {job.state}; only a pending job can be updated"
+            c.execute(update(jobs).where(jobs.c.id == job_id).values(
+                **changes, spec={**job.spec, **changes}, version=jobs.c.version + 1))
+            return None
+
     # ---- scheduling ----------------------------------------------------------------------
     def load_snapshot(self, now: float) -> Snapshot:
         with self.engine.connect() as c:
