@@ -15,12 +15,13 @@ from ..config import PRIORITY_CLASSES
 from ..core.dependency import parse_dependency
 from ..core.jobids import JobRef, job_label
 from ..core.jobscript import JobScriptError, parse_submission
-from ..core.model import JobView
+from ..core.model import JobSpec, JobView
 from ..core.resources import could_ever_fit
 from ..core.states import FINAL_STATES, JobState, parse_state
 from ..core.timefmt import format_limit, parse_time_limit
 from ..store.repository import required_runtime
 from ..transport.rpc import RequestError, RpcTable
+from .partitions import PartitionRefused, admit, groups_of
 from .service import Controller
 
 NOT_FINAL = [s.value for s in JobState if s not in FINAL_STATES and s not in (JobState.PREEMPTED,
@@ -135,9 +136,11 @@ def build_api(ctl: Controller) -> RpcTable:
         if not caller.admin and PRIORITY_CLASSES.index(spec.priority) < allowed:
             raise RequestError(f"Access/permission denied: --priority={spec.priority} is above what users may "
                                f"ask for ({ctl.cfg.scheduler.max_user_priority})")
-        partition = spec.partition or ctl.cfg.default_partition
-        if partition not in ctl.cfg.partitions:
-            raise RequestError(f"invalid partition specified: {partition}")
+        try:
+            partition, spec = admit(spec, ctl.cfg, user=caller.user, groups=groups_of(caller.user, caller.gid),
+                                    admin=caller.admin)
+        except PartitionRefused as exc:
+            raise RequestError(str(exc)) from None
         known = tuple(n for n in await ctl.db(repo().load_nodes) if n.cpus > 0)  # inventory seen
         if known:
             view = JobView(id=0, user=caller.user, state=JobState.PENDING, submit_time=0, nodes=spec.nodes,
@@ -266,7 +269,9 @@ def build_api(ctl: Controller) -> RpcTable:
     @api.expose("nodes")
     async def nodes(body, caller: Caller):
         return {"now": time.time(), "nodes": await ctl.db(repo().nodes),
-                "links": {name: link.last_error for name, link in ctl.links.items()}}
+                "links": {name: link.last_error for name, link in ctl.links.items()},
+                "partitions": [{"name": p, "default": p == ctl.cfg.default_partition,
+                                "max_time": ctl.cfg.partition(p).max_time} for p in ctl.cfg.partitions]}
 
     @api.expose("acct")
     async def acct(body, caller: Caller):
@@ -367,9 +372,13 @@ def build_api(ctl: Controller) -> RpcTable:
                                        f"of job {job['id']} (from {format_limit(old)} to {format_limit(limit)})")
                 changes["time_limit"] = limit
             elif key.lower() == "partition":
-                if value not in ctl.cfg.partitions:
-                    raise RequestError(f"invalid partition specified: {value}")
-                changes["partition"] = value
+                probe = JobSpec.from_wire({**job["spec"], "partition": value,
+                                           "time_limit": changes.get("time_limit", job["time_limit"])})
+                try:
+                    changes["partition"], _ = admit(probe, ctl.cfg, user=job["user"],
+                                                    groups=groups_of(job["user"], job["gid"]), admin=caller.admin)
+                except (PartitionRefused, ValueError) as exc:
+                    raise RequestError(str(exc)) from None
             elif key.lower() == "dependency":
                 changes["dependency"] = await checked_dependency(value) if value else None
             else:

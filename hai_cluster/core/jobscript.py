@@ -252,11 +252,14 @@ def _time(text: str) -> int | None:
 
 
 def _partition(text: str) -> str:
-    if "," in text:
-        raise _Bad("only one partition may be given")
-    if not _WORD.fullmatch(text):
-        raise _Bad("expected a partition name (letters, digits, '_', '.', '-')")
-    return text
+    """NAME or NAME,NAME,...: the job starts in whichever of them can start it first."""
+    names = text.split(",")
+    for name in names:
+        if not _WORD.fullmatch(name):
+            raise _Bad("expected partition names (letters, digits, '_', '.', '-'), separated by commas")
+    if len(set(names)) != len(names):
+        raise _Bad("a partition is given twice")
+    return ",".join(names)
 
 
 def _signal_spec(text: str) -> tuple[int, int]:

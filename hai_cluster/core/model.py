@@ -133,6 +133,11 @@ class JobView:
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
 
+    @property
+    def partitions(self) -> tuple[str, ...]:
+        """The candidate partitions (-p a,b: whichever can start the job first); () for any."""
+        return tuple(self.partition.split(",")) if self.partition else ()
+
     def attained(self, now: float) -> float:
         """GPU-seconds received so far, the current run included (Tiresias' 2D-LAS service)."""
         if self.run_start is not None and self.state.holds_resources:

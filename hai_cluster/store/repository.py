@@ -284,9 +284,14 @@ class Repository:
                 if any((name, g) in busy for g in gpu_ids):
                     return None
             attempt = job.attempts
+            # -p a,b: the run is in the first candidate partition that holds all its nodes
+            partition = next((p for p in job.partition.split(",")
+                              if all(not node_rows[n].partitions or p in node_rows[n].partitions
+                                     for n in placement.nodes)), job.partition)
             res = c.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.version == job.version).values(
                 state=JobState.RUNNING.value, reason="None", start_time=now, end_time=None,
-                attempts=attempt + 1, nodelist=",".join(placement.nodes), version=job.version + 1))
+                attempts=attempt + 1, nodelist=",".join(placement.nodes), version=job.version + 1,
+                partition=partition))
             if res.rowcount != 1:
                 return None
             run_id = c.execute(insert(runs).values(
@@ -297,7 +302,7 @@ class Repository:
                 c.execute(insert(run_ranks).values(
                     run_id=run_id, rank=rank, node=name, gpus=list(gpu_ids), cpus=job.cpus_per_task,
                     mem_mb=job.mem_mb or 0, state="starting", killed=False))
-            return {**_row(job), "attempt": attempt, "run_id": run_id}
+            return {**_row(job), "partition": partition, "attempt": attempt, "run_id": run_id}
 
     # ---- what agents report --------------------------------------------------------------
     def live_ranks(self, node: str | None = None) -> list[RankRef]:
@@ -363,6 +368,8 @@ class Repository:
                 end_request=None, end_reason=None, last_run_end=end,
                 attained_gpu_seconds=job.attained_gpu_seconds + gpu_seconds, version=job.version + 1)
             if new_state == JobState.PENDING:
+                if spec.partition and "," in spec.partition:  # back to all its candidate partitions
+                    values["partition"] = spec.partition
                 values.update(restart_count=job.restart_count + 1, nodelist="", start_time=None, pending_since=end,
                               reason="Preempted" if outcome.state == JobState.PREEMPTED else "Requeued")
             else:
