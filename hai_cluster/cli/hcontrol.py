@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import datetime
+import sys
 
 import click
 
 from ..core.timefmt import format_duration, format_limit
-from ..core.jobids import ArrayError, parse_job_ref
+from ..core.jobids import ArrayError, job_label, parse_job_ref
+from .client import ClientError, ControllerClient
 from .common import call, fail
 from .hinfo import node_state
 from .jobfields import elapsed, nodelist
@@ -86,7 +88,27 @@ def _job_body(job_id: str) -> dict:
 
 
 def _job_action(method: str, job_id: str) -> None:
-    call("hcontrol", method, _job_body(job_id))
+    """Act on one job, one task (12_4), or every unfinished task of an array (12), as scontrol does."""
+    body = _job_body(job_id)
+    tasks = [] if "task_id" in body else [
+        j for j in call("hcontrol", "jobs", {"ids": [body["job_id"]]})["jobs"] if j.get("array_job_id") == body["job_id"]]
+    if len(tasks) <= 1:
+        call("hcontrol", method, body)
+        return
+    errors = []
+    client = ControllerClient()
+    try:
+        for t in tasks:
+            try:
+                client.call(method, {"job_id": t["id"]})
+            except ClientError as exc:
+                errors.append(f"{job_label(t)}: {exc}")
+    finally:
+        client.close()
+    for e in errors:
+        print(f"hcontrol: error: {e}", file=sys.stderr)
+    if errors:
+        sys.exit(1)
 
 
 @main.command()

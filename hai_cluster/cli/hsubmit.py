@@ -72,11 +72,10 @@ FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_F
 
 
 def wait_for_end(job_id: int) -> int:
-    """sbatch -W: poll until the job ends; its exit code (1 when it ended without one, like Slurm)."""
+    """sbatch -W: poll until the job (every task of an array) ends; its exit code, the highest of
+    an array's tasks (1 for a job that ended without one, like Slurm)."""
     while True:
-        job = call("hsubmit", "show_job", {"job_id": job_id})["job"]
-        if job["state"] in FINAL:
-            if job["state"] == "COMPLETED":
-                return 0
-            return job["exit_code"] if job["exit_code"] else 1
+        jobs = call("hsubmit", "jobs", {"ids": [job_id], "all": True})["jobs"]
+        if jobs and all(j["state"] in FINAL for j in jobs):
+            return max(0 if j["state"] == "COMPLETED" else (j["exit_code"] or 1) for j in jobs)
         time.sleep(0.5)

@@ -278,10 +278,8 @@ def build_api(ctl: Controller) -> RpcTable:
         ids = _int_list(body, "ids")
         users = _str_list(body, "users")
         tasks = _task_list(body)
-        if tasks:  # hacct -j 12_4: those tasks' own job ids
-            ids = (ids or []) + [j["id"] for j in await ctl.db(repo().jobs, tasks=tasks)] or [-1]
-        run_rows = await ctl.db(repo().runs, job_ids=ids, users=users)
-        job_rows = await ctl.db(repo().jobs, ids=ids, users=users)
+        run_rows = await ctl.db(repo().runs, job_ids=ids, users=users, tasks=tasks)
+        job_rows = await ctl.db(repo().jobs, ids=ids, users=users, tasks=tasks)
         return {"now": time.time(), "runs": run_rows, "jobs": [public(j) for j in job_rows]}
 
     @api.expose("requeue")
@@ -381,6 +379,9 @@ def build_api(ctl: Controller) -> RpcTable:
                     raise RequestError(str(exc)) from None
             elif key.lower() == "dependency":
                 changes["dependency"] = await checked_dependency(value) if value else None
+                own = {job["id"], job.get("array_job_id")}
+                if value and any(j in own for j, _t in parse_dependency(value).targets):
+                    raise RequestError(f"Job dependency problem: job {job['id']} cannot depend on itself or its array")
             else:
                 raise RequestError(f"Update of job {job['id']} failed: unknown field {key} "
                                    f"(TimeLimit, Partition and Dependency can be changed)")

@@ -460,12 +460,13 @@ class Repository:
             r = c.execute(select(jobs).where(jobs.c.id == job_id)).first()
             return _row(r) if r else None
 
-    def runs(self, *, job_ids: Sequence[int] | None = None, users: Sequence[str] | None = None) -> list[dict]:
+    def runs(self, *, job_ids: Sequence[int] | None = None, users: Sequence[str] | None = None,
+             tasks: Sequence[tuple[int, int]] | None = None) -> list[dict]:
         q = (select(runs, jobs.c.name, jobs.c.user, jobs.c.partition, jobs.c.state.label("job_state"),
                     jobs.c.array_job_id, jobs.c.array_task_id)
              .join(jobs, jobs.c.id == runs.c.job_id).order_by(runs.c.job_id, runs.c.attempt))
-        if job_ids:
-            q = q.where(_selected(job_ids, None))
+        if job_ids or tasks:
+            q = q.where(_selected(job_ids, tasks))
         if users:
             q = q.where(jobs.c.user.in_(list(users)))
         with self.engine.connect() as c:

@@ -47,8 +47,9 @@ def test_array_from_a_directive_with_a_list_shows_in_hacct(cluster):
     wait_all(cluster, array_id)
     ids = cluster.cli("hacct", "-j", str(array_id), "-P", "-n", "-o", "JobID,JobName,State").stdout.split()
     assert ids == [f"{array_id}_{t}|listed|COMPLETED" for t in (1, 3, 5, 6, 7, 8, 9)]
-    one = cluster.cli("hacct", "-j", f"{array_id}_5", "-P", "-n", "-o", "JobID").stdout.split()
-    assert one == [f"{array_id}_5"]
+    for task in (5, 1):  # task 1 is the array's first: its job id is the array's
+        one = cluster.cli("hacct", "-j", f"{array_id}_{task}", "-P", "-n", "-o", "JobID").stdout.split()
+        assert one == [f"{array_id}_{task}"]
 
 
 def test_array_task_limit_never_lets_more_tasks_run_at_once(cluster):
@@ -82,6 +83,16 @@ def test_hqueue_collapses_pending_tasks_and_expands_them_with_r(cluster):
     rows = [" ".join(r.split()) for r in cluster.cli("hqueue", "-h", "-o", "%i %t", "-t", "PD", "-j", str(array_id)).stdout.splitlines()]
     assert rows == [f"{array_id}_[0-1,3-7] PD"]
     cluster.cli("hcancel", "--quiet", str(array_id))
+
+
+def test_hold_and_release_by_array_id_act_on_every_task(cluster):
+    array_id = cluster.submit("--array=0-2", "--hold", "-o", "/dev/null", "--wrap", "true")
+    cluster.cli("hcontrol", "release", str(array_id))
+    done = wait_all(cluster, array_id)
+    assert [j["state"] for j in done.values()] == ["COMPLETED"] * 3
+    res = cluster.cli("hsubmit", "-W", "--array=0-2", "-o", "/dev/null", "--wrap", 'exit "$HAI_ARRAY_TASK_ID"',
+                      check=False)
+    assert res.returncode == 2  # -W: the highest exit code of the tasks
 
 
 def test_hcancel_one_task_a_range_or_the_whole_array(cluster):
