@@ -259,7 +259,9 @@ def _partition(text: str) -> str:
             raise _Bad("expected partition names (letters, digits, '_', '.', '-'), separated by commas")
     if len(set(names)) != len(names):
         raise _Bad("a partition is given twice")
-    return ",".join(names)
+    if len(text) > 64:  # what the job table holds
+        raise _Bad("the partition list is too long (at most 64 characters)")
+    return text
 
 
 def _signal_spec(text: str) -> tuple[int, int]:
@@ -340,9 +342,12 @@ def _array(max_size: int | None) -> Callable[[str], str]:
 
 def _dependency(text: str) -> str:
     try:
-        return parse_dependency(text).text
+        canonical = parse_dependency(text).text
     except DependencyError as exc:
         raise _Bad(f"invalid dependency specification: {exc}") from None
+    if len(canonical) > 1000:  # what the job table holds
+        raise _Bad("the dependency is too long (at most 1000 characters)")
+    return canonical
 
 
 def _parsers(env: Mapping[str, str], now: float | None = None,

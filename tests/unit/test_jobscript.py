@@ -434,6 +434,7 @@ def test_array_and_dependency_from_directives_and_the_command_line():
     ("--array=a", "--array=a: invalid job array specification"),
     ("--dependency=afterok", "--dependency=afterok: invalid dependency specification"),
     ("--dependency=sometime:3", "invalid dependency type 'sometime'"),
+    ("--dependency=afterok:" + ":".join(str(i) for i in range(1000, 1300)), "too long"),
 ])
 def test_bad_arrays_and_dependencies(option, message):
     assert message in error(None, "--wrap=true", option)
@@ -442,3 +443,7 @@ def test_bad_arrays_and_dependencies(option, message):
 def test_array_bound_is_the_callers():
     assert parse(None, "--wrap=true", "--array=0-5000", max_array_size=None).array == "0-5000"
     assert "max_array_size is 10" in error(None, "--wrap=true", "--array=10", max_array_size=10)
+
+
+def test_a_partition_list_longer_than_the_job_table_holds_is_refused():
+    assert "the partition list is too long" in error(None, "--wrap=true", "-p", ",".join(f"p{i}" for i in range(30)))
