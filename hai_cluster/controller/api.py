@@ -396,6 +396,8 @@ def build_api(ctl: Controller) -> RpcTable:
             dep = parse_dependency(text)
         except ValueError as exc:
             raise RequestError(f"invalid dependency specification: {exc}") from None
+        if len(dep.text) > 1000:
+            raise RequestError("invalid dependency specification: too long (at most 1000 characters)")
         missing = await ctl.db(repo().missing_targets, dep.targets)
         if missing:
             names = ", ".join(str(JobRef(j, (t,) if t is not None else None)) for j, t in missing)

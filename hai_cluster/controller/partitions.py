@@ -36,6 +36,8 @@ def groups_of(user: str, gid: int) -> set[str]:
 def admit(spec: JobSpec, cfg: ControllerConfig, *, user: str, groups: set[str], admin: bool) -> tuple[str, JobSpec]:
     """(the partitions column: 'a' or 'a,b', the spec as it will run), or PartitionRefused."""
     names = spec.partition.split(",") if spec.partition else [cfg.default_partition]
+    if len(set(names)) != len(names):
+        raise PartitionRefused(f"a partition is given twice in {spec.partition}")
     unknown = [n for n in names if n not in cfg.partitions]
     if unknown:
         raise PartitionRefused(f"invalid partition specified: {unknown[0]}")
