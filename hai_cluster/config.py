@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .core.timefmt import parse_time_limit
 from .scheduling.mlfq import MlfqConfig
 
 from .paths import DEFAULT_AGENT_SOCKET, DEFAULT_CONTROLLER_SOCKET
@@ -108,6 +109,21 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class PartitionConfig:
+    """A [[partitions]] table: a named node set with limits (Slurm's PartitionName= line)."""
+    name: str
+    max_time: int | None = None  # seconds; longer -t is refused, a job without -t gets this
+    allowed_users: tuple[str, ...] | None = None  # None: everyone (with allowed_groups: either)
+    allowed_groups: tuple[str, ...] | None = None
+    nodes: tuple[str, ...] | None = None  # None: nodes join through their own `partitions`
+
+    def allows(self, user: str, groups: set[str]) -> bool:
+        if self.allowed_users is None and self.allowed_groups is None:
+            return True
+        return user in (self.allowed_users or ()) or bool(groups & set(self.allowed_groups or ()))
+
+
+@dataclass(frozen=True)
 class ControllerConfig:
     socket: str = DEFAULT_CONTROLLER_SOCKET
     database: str = "sqlite:////var/lib/hai/hai.db"
@@ -122,11 +138,17 @@ class ControllerConfig:
     admins: tuple[str, ...] = ("root",)
     partitions: tuple[str, ...] = ("gpu",)
     default_partition: str = "gpu"
+    partition_limits: tuple[PartitionConfig, ...] = ()  # from [[partitions]] tables
+    max_array_size: int = 1001  # --array task indices must be below this (Slurm's MaxArraySize)
+    kill_invalid_depend: bool = False  # cancel a job whose dependency can never be satisfied
     ssh: SshConfig = field(default_factory=SshConfig)
     nodes: tuple[NodeConfig, ...] = ()
     log_level: str = "INFO"
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+
+    def partition(self, name: str) -> PartitionConfig:
+        return next((p for p in self.partition_limits if p.name == name), PartitionConfig(name))
 
 
 _TYPES: dict[type, str] = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
@@ -311,8 +333,18 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     scheduler = parse_scheduler(path, doc.get("scheduler", dict, {}))
     raw_nodes = doc.get("nodes", list, [])
     telemetry = _controller_telemetry(path, doc.get("telemetry", dict, {}), doc.get("metrics", dict, {}))
+    raw_partitions = doc.get("partitions", list, None)
     doc.done()
-    partitions = c.strings("partitions", ("gpu",))
+    tables: tuple[PartitionConfig, ...] = ()
+    table_default = None
+    if raw_partitions is not None:
+        if "partitions" in c.data:
+            raise ConfigError(f"{path}: give partitions either as controller.partitions or as [[partitions]] "
+                              f"tables, not both")
+        tables, table_default = _partition_tables(path, raw_partitions)
+        partitions = tuple(p.name for p in tables)
+    else:
+        partitions = c.strings("partitions", ("gpu",))
     if not partitions:
         raise ConfigError(f"{path}: controller.partitions must name at least one partition")
     nodes = []
@@ -327,11 +359,14 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
             transport=n.get("transport", str, "ssh"),
             port=n.get("port", int, 22),
             agent_socket=n.get("agent_socket", str, DEFAULT_AGENT_SOCKET),
-            partitions=n.strings("partitions", partitions),
+            partitions=_node_partitions(name, n.strings("partitions", None), partitions, tables),
         )
         n.done()
         if node.transport not in ("ssh", "local"):
             raise ConfigError(f"{path}: nodes[{i}].transport must be ssh or local, got {node.transport!r}")
+        if not node.partitions:
+            raise ConfigError(f"{path}: nodes[{i}] ({name}) is in no partition: name it in a [[partitions]] "
+                              f"table's nodes or give nodes[{i}].partitions")
         for p in node.partitions:
             if p not in partitions:
                 raise ConfigError(f"{path}: nodes[{i}].partitions names unknown partition {p!r}")
@@ -339,6 +374,13 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     names = [n.name for n in nodes]
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: node names must be unique")
+    for i, p in enumerate(tables):
+        for node in p.nodes or ():
+            if node not in names:
+                raise ConfigError(f"{path}: partitions[{i}].nodes names unknown node {node!r}")
+    if table_default is not None and "default_partition" in c.data:
+        raise ConfigError(f"{path}: the default partition is set twice (controller.default_partition and "
+                          f"default = true in [[partitions]] {table_default!r})")
     cfg = ControllerConfig(
         socket=c.get("socket", str, DEFAULT_CONTROLLER_SOCKET),
         database=c.get("database", str, "sqlite:////var/lib/hai/hai.db"),
@@ -348,7 +390,10 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         ping_interval=c.get("ping_interval", float, 5.0),
         admins=c.strings("admins", ("root",)),
         partitions=partitions,
-        default_partition=c.get("default_partition", str, partitions[0]),
+        default_partition=table_default or c.get("default_partition", str, partitions[0]),
+        partition_limits=tables,
+        max_array_size=c.get("max_array_size", int, 1001),
+        kill_invalid_depend=c.get("kill_invalid_depend", bool, False),
         log_level=c.get("log_level", str, "INFO"),
         ssh=SshConfig(
             user=s.get("user", str, "root"),
@@ -365,9 +410,49 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     if cfg.default_partition not in partitions:
         raise ConfigError(f"{path}: controller.default_partition {cfg.default_partition!r} is not in partitions")
     _positive(path, "controller.tick_seconds", cfg.tick_seconds)
+    _positive(path, "controller.max_array_size", cfg.max_array_size)
     _positive(path, "controller.node_down_after", cfg.node_down_after)
     _positive(path, "controller.ping_interval", cfg.ping_interval)
     return cfg
+
+
+def _partition_tables(path: str, raw: list) -> tuple[tuple[PartitionConfig, ...], str | None]:
+    """[[partitions]] tables: name, nodes, max_time, allowed_users, allowed_groups, default."""
+    out, default = [], None
+    for i, item in enumerate(raw):
+        sec = _Section(path, f"partitions[{i}]", item)
+        name = sec.get("name", str, None)
+        if not name:
+            raise ConfigError(f"{path}: partitions[{i}].name is required")
+        max_time_text = sec.get("max_time", str, None)
+        try:
+            max_time = parse_time_limit(max_time_text) if max_time_text is not None else None
+        except ValueError as exc:
+            raise ConfigError(f"{path}: partitions[{i}].max_time: {exc}") from None
+        nodes = sec.strings("nodes", None)
+        part = PartitionConfig(name=name, max_time=max_time, allowed_users=sec.strings("allowed_users", None),
+                               allowed_groups=sec.strings("allowed_groups", None), nodes=nodes)
+        if sec.get("default", bool, False):
+            if default is not None:
+                raise ConfigError(f"{path}: partitions[{i}].default: {default!r} is already the default partition")
+            default = name
+        sec.done()
+        if name in (p.name for p in out):
+            raise ConfigError(f"{path}: partitions[{i}].name {name!r} is given twice")
+        out.append(part)
+    return tuple(out), default
+
+
+def _node_partitions(node: str, explicit: tuple[str, ...] | None, partitions: tuple[str, ...],
+                     tables: tuple[PartitionConfig, ...]) -> tuple[str, ...]:
+    """A node's partitions: its own `partitions` list (default: every partition table without a
+    `nodes` list, as Slurm's Nodes=ALL), plus every table whose `nodes` names it."""
+    if not tables:
+        return partitions if explicit is None else explicit
+    own = set(p.name for p in tables if p.nodes is None) if explicit is None else set(explicit)
+    named = {p.name for p in tables if p.nodes is not None and node in p.nodes}
+    known = [p.name for p in tables if p.name in own | named]
+    return tuple(known + sorted(own - set(known)))  # unknown names stay, to be reported
 
 
 def _numbers(sec: _Section, key: str, default: tuple[float, ...]) -> tuple[float, ...]:

@@ -15,6 +15,7 @@ from typing import Callable
 import click
 
 from ..core.hostlist import compress
+from ..core.jobids import ArrayError, job_label, parse_job_refs, refs_to_wire
 from ..core.timefmt import format_duration, parse_datetime
 from .common import call, fail, print_table, split_list
 from .telemetry_fmt import energy, mib
@@ -45,7 +46,7 @@ def _elapsed(row: dict) -> int:
 
 
 FIELDS: dict[str, Callable[[dict], object]] = {
-    "jobid": lambda r: r["job_id"],
+    "jobid": lambda r: job_label({**r, "id": r["job_id"]}),  # 12_4 for a task of array 12
     "jobname": lambda r: r["name"],
     "partition": lambda r: r["partition"],
     "account": lambda r: r.get("account") or "",
@@ -104,7 +105,8 @@ def rows_for(reply: dict) -> list[dict]:
         runs = by_job.get(job["id"], [])
         rows.extend(runs)
         if job["state"] == "PENDING" or (not runs and job["state"] not in ("RUNNING", "COMPLETING", "PREEMPTING")):
-            rows.append({"job_id": job["id"], "name": job["name"], "partition": job["partition"], "user": job["user"],
+            rows.append({"job_id": job["id"], "array_job_id": job.get("array_job_id"),
+                         "array_task_id": job.get("array_task_id"), "name": job["name"], "partition": job["partition"], "user": job["user"],
                          "state": job["state"], "exit_code": job["exit_code"], "exit_signal": job["exit_signal"],
                          "start_time": None, "end_time": job["end_time"], "submit_time": job["submit_time"],
                          "now": now, "attempt": job["restart_count"], "nodelist": "", "gpus": 0,
@@ -135,9 +137,9 @@ def main(job_ids, users, me, starttime, endtime, fmt, long_, noheader, parsable,
     body: dict = {}
     if job_ids:
         try:
-            body["ids"] = [int(x) for x in split_list(job_ids)]
-        except ValueError:
-            fail("hacct", f"invalid job id in {','.join(job_ids)!r}")
+            body.update(refs_to_wire(parse_job_refs(job_ids)))
+        except ArrayError as exc:
+            fail("hacct", str(exc))
     if me:
         import getpass
         body["users"] = [getpass.getuser()]

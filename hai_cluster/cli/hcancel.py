@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from ..core.jobids import ArrayError, parse_job_refs, refs_to_wire
 from .common import call, fail, split_list
 
 
@@ -33,11 +34,9 @@ def main(job_ids, users, me, states, names, partitions, sig, quiet):
     """Cancel jobs (or send them a signal)."""
     body: dict = {}
     try:
-        ids = [int(x) for x in split_list(job_ids) or []]
-    except ValueError:
-        fail("hcancel", f"Invalid job id specified: {' '.join(job_ids)}")
-    if ids:
-        body["ids"] = ids
+        body.update(refs_to_wire(parse_job_refs(job_ids)))  # 12 (a job, or a whole array), 12_4, 12_[1-3]
+    except ArrayError as exc:
+        fail("hcancel", str(exc))
     if me:
         import getpass
         body["users"] = [getpass.getuser()]

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import datetime
+import sys
 
 import click
 
 from ..core.timefmt import format_duration, format_limit
+from ..core.jobids import ArrayError, job_label, parse_job_ref
+from .client import ClientError, ControllerClient
 from .common import call, fail
 from .hinfo import node_state
 from .jobfields import elapsed, nodelist
@@ -18,11 +21,13 @@ def _time(t) -> str:
 def job_lines(job: dict, now: float) -> list[str]:
     spec = job["spec"]
     pairs = [
-        [("JobId", job["id"]), ("JobName", job["name"])],
+        [("JobId", job["id"])] + ([("ArrayJobId", job["array_job_id"]), ("ArrayTaskId", job["array_task_id"])]
+                                  if job.get("array_job_id") is not None else []) + [("JobName", job["name"])],
         [("UserId", f"{job['user']}({job['uid']})"), ("GroupId", job["gid"])],
         [("Priority", job["priority"]), ("Partition", job["partition"]), ("Level", job["level"]),
          ("Preemptible", int(bool(job["preemptible"])))],
-        [("JobState", job["state"]), ("Reason", job["reason"] or "None"), ("Hold", job["hold"])],
+        [("JobState", job["state"]), ("Reason", job["reason"] or "None"), ("Hold", job["hold"]),
+         ("Dependency", job.get("dependency") or "(null)")],
         [("Restarts", job["restart_count"]), ("ExitCode", f"{job['exit_code'] or 0}:{job['exit_signal'] or 0}")],
         [("RunTime", format_duration(elapsed(job, now))), ("TimeLimit", format_limit(job["time_limit"]))],
         [("SubmitTime", _time(job["submit_time"])), ("StartTime", _time(job["start_time"])),
@@ -57,21 +62,53 @@ def show():
 @show.command("job")
 @click.argument("job_id")
 def show_job(job_id):
+    """One job; every task for an array's id (as scontrol does); one task for 12_4."""
+    body = _job_body(job_id)
+    reply = call("hcontrol", "show_job", body)
+    shown = [reply["job"]]
+    if "task_id" not in body and reply["job"].get("array_job_id") == body["job_id"]:
+        tasks = call("hcontrol", "jobs", {"ids": [body["job_id"]], "all": True})["jobs"]
+        shown += [call("hcontrol", "show_job", {"job_id": t["id"]})["job"] for t in tasks if t["id"] != body["job_id"]]
+    for job in shown:
+        for line in job_lines(job, reply["now"]):
+            print(("   " if not line.startswith("JobId") else "") + line)
+
+
+def _job_body(job_id: str) -> dict:
+    """'12' -> {'job_id': 12}; '12_4' -> {'job_id': 12, 'task_id': 4}."""
     try:
-        jid = int(job_id)
-    except ValueError:
-        fail("hcontrol", f"Invalid job id specified: {job_id}")
-    reply = call("hcontrol", "show_job", {"job_id": jid})
-    for line in job_lines(reply["job"], reply["now"]):
-        print(("   " if not line.startswith("JobId") else "") + line)
+        ref = parse_job_ref(job_id)
+    except ArrayError as exc:
+        fail("hcontrol", str(exc))
+    if ref.tasks is None:
+        return {"job_id": ref.job_id}
+    if len(ref.tasks) != 1:
+        fail("hcontrol", f"Invalid job id specified: {job_id} (give one task, e.g. {ref.job_id}_{ref.tasks[0]})")
+    return {"job_id": ref.job_id, "task_id": ref.tasks[0]}
 
 
 def _job_action(method: str, job_id: str) -> None:
+    """Act on one job, one task (12_4), or every unfinished task of an array (12), as scontrol does."""
+    body = _job_body(job_id)
+    tasks = [] if "task_id" in body else [
+        j for j in call("hcontrol", "jobs", {"ids": [body["job_id"]]})["jobs"] if j.get("array_job_id") == body["job_id"]]
+    if len(tasks) <= 1:
+        call("hcontrol", method, body)
+        return
+    errors = []
+    client = ControllerClient()
     try:
-        jid = int(job_id)
-    except ValueError:
-        fail("hcontrol", f"Invalid job id specified: {job_id}")
-    call("hcontrol", method, {"job_id": jid})
+        for t in tasks:
+            try:
+                client.call(method, {"job_id": t["id"]})
+            except ClientError as exc:
+                errors.append(f"{job_label(t)}: {exc}")
+    finally:
+        client.close()
+    for e in errors:
+        print(f"hcontrol: error: {e}", file=sys.stderr)
+    if errors:
+        sys.exit(1)
 
 
 @main.command()
@@ -79,6 +116,13 @@ def _job_action(method: str, job_id: str) -> None:
 def requeue(job_id):
     """Checkpoint a running job now and put it back in the queue (same id, Restarts + 1)."""
     _job_action("requeue", job_id)
+
+
+@main.command()
+@click.argument("job_id")
+def requeuehold(job_id):
+    """Requeue a running job and hold it (JobHeldUser; JobHeldAdmin when an admin does it to another's job)."""
+    _job_action("requeuehold", job_id)
 
 
 @main.command()
@@ -105,16 +149,25 @@ def preempt(job_id):
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.argument("assignments", nargs=-1, required=True)
 def update(assignments):
-    """Change a node, scontrol style: update NodeName=X State=DRAIN|RESUME|DOWN Reason="..."."""
+    """Change a node or a pending job, scontrol style:
+    update NodeName=X State=DRAIN|RESUME|DOWN Reason="...";
+    update JobId=N [TimeLimit=T] [Partition=P] [Dependency=D] (users may only lower TimeLimit)."""
     fields = {}
     for item in assignments:
         key, sep, value = item.partition("=")
         if not sep:
             fail("hcontrol", f"Invalid input: {item} (expected KEY=VALUE)")
         fields[key.lower()] = value
+    if "jobid" in fields:
+        body = _job_body(fields.pop("jobid"))
+        if not fields:
+            fail("hcontrol", "update JobId=... needs TimeLimit=, Partition= or Dependency=")
+        names = {item.partition("=")[0].lower(): item.partition("=")[0] for item in assignments}
+        call("hcontrol", "update_job", {**body, "fields": {names[k]: v for k, v in fields.items()}})
+        return
     name = fields.pop("nodename", None) or fields.pop("node", None)
     if not name:
-        fail("hcontrol", "update needs NodeName=NAME (jobs and accounts come later)")
+        fail("hcontrol", "update needs NodeName=NAME or JobId=ID")
     if "state" not in fields:
         fail("hcontrol", "update NodeName=... needs State=DRAIN, RESUME or DOWN")
     body = {"name": name, "state": fields.pop("state"), "reason": fields.pop("reason", None)}

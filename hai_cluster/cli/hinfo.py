@@ -7,6 +7,7 @@ import sys
 import click
 
 from ..core.hostlist import compress
+from ..core.timefmt import format_limit
 from .common import call, fail, print_table
 from .gpuview import GPU_HEADERS, GPU_RIGHT, gpu_rows
 
@@ -65,12 +66,16 @@ def main(per_node, noheader, partition, states, per_gpu, as_json):
                 continue
             groups.setdefault((p, n["state_text"]), []).append(n)
     rows = []
-    for (p, state), members in sorted(groups.items()):
+    parts = {p["name"]: p for p in reply.get("partitions", ())}
+    order = {name: i for i, name in enumerate(parts)}
+    for (p, state), members in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0])):
         alloc = sum(m["gpus_alloc"] for m in members)
         total = sum(m["gpus_total"] for m in members)
-        rows.append([p, "up", len(members), state, f"{alloc}/{total}", compress([m["name"] for m in members])])
-    print_table(["PARTITION", "AVAIL", "NODES", "STATE", "GPUS(A/T)", "NODELIST"], rows,
-                header=not noheader, right=[2, 4])
+        info = parts.get(p, {})
+        rows.append([p + ("*" if info.get("default") else ""), "up", format_limit(info.get("max_time")), len(members),
+                     state, f"{alloc}/{total}", compress([m["name"] for m in members])])
+    print_table(["PARTITION", "AVAIL", "TIMELIMIT", "NODES", "STATE", "GPUS(A/T)", "NODELIST"], rows,
+                header=not noheader, right=[2, 3, 5])
 
 
 def gpus_view(noheader: bool, partition: str | None, as_json: bool) -> None:

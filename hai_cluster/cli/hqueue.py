@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from ..core.jobids import ArrayError, collapse_pending, parse_job_refs, refs_to_wire
 from .common import call, fail, print_table, split_list
 from .jobfields import DEFAULT_FORMAT, FIELDS, LONG_FORMAT, RIGHT
 
@@ -35,8 +36,9 @@ def parse_format(fmt: str) -> list[tuple[str, str]]:
 @click.option("-l", "--long", "long_", is_flag=True, help="more columns")
 @click.option("-h", "--noheader", is_flag=True, help="no header line")
 @click.option("-o", "--format", "fmt", help="squeue-style format, e.g. '%i %j %T %R'")
+@click.option("-r", "--array", "expand", is_flag=True, help="one row per array task (pending ones too)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def main(users, me, job_ids, states, partitions, names, long_, noheader, fmt, as_json):
+def main(users, me, job_ids, states, partitions, names, long_, noheader, fmt, expand, as_json):
     """Show the job queue."""
     body: dict = {}
     if me:
@@ -46,9 +48,9 @@ def main(users, me, job_ids, states, partitions, names, long_, noheader, fmt, as
         body["users"] = split_list(users)
     if job_ids:
         try:
-            body["ids"] = [int(x) for x in split_list(job_ids)]
-        except ValueError:
-            fail("hqueue", f"invalid job id in {','.join(job_ids)!r}")
+            body.update(refs_to_wire(parse_job_refs(job_ids)))
+        except ArrayError as exc:
+            fail("hqueue", str(exc))
     wanted = split_list(states)
     if wanted and [s.lower() for s in wanted] == ["all"]:
         body["all"] = True
@@ -70,6 +72,7 @@ def main(users, me, job_ids, states, partitions, names, long_, noheader, fmt, as
         print()
         return
     now = reply["now"]
-    rows = [[FIELDS[c][1](job, now) for c in columns] for job in reply["jobs"]]
+    listed = [(j, None) for j in reply["jobs"]] if expand else collapse_pending(reply["jobs"])
+    rows = [[FIELDS[c][1]({**job, "label": label}, now) for c in columns] for job, label in listed]
     print_table([FIELDS[c][0] for c in columns], rows, header=not noheader,
                 right=[i for i, c in enumerate(columns) if c in RIGHT])

@@ -18,6 +18,7 @@ directives at the top of the script (the command line wins):
   --signal [B:]SIG[@SECS] --grace SECONDS        --priority CLASS      --no-requeue   -H, --hold
   --checkpoint-dir DIR    --wrap COMMAND         --parsable   -W, --wait   --test-only   -b, --begin TIME
   --container-image PATH (rootfs dir or .tar[.gz])  --runtime none|bwrap|runc
+  -a, --array 0-7|1,3,5-9|0-15:4|0-15%2             -d, --dependency afterok:ID[:ID],singleton,...
 Without SCRIPT and --wrap, the script is read from standard input.
 """
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     cwd, env = os.getcwd(), dict(os.environ)
     try:
         sub = parse_submission(script, options, cwd=cwd, env=env, script_args=script_args, script_name=script_name,
-                               now=time.time())
+                               now=time.time(), max_array_size=None)  # the controller knows its bound
     except (JobScriptError, ValueError) as exc:
         fail("hsubmit", str(exc))
     reply = call("hsubmit", "submit", {"script": script, "script_name": script_name, "option_args": options,
@@ -71,11 +72,10 @@ FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_F
 
 
 def wait_for_end(job_id: int) -> int:
-    """sbatch -W: poll until the job ends; its exit code (1 when it ended without one, like Slurm)."""
+    """sbatch -W: poll until the job (every task of an array) ends; its exit code, the highest of
+    an array's tasks (1 for a job that ended without one, like Slurm)."""
     while True:
-        job = call("hsubmit", "show_job", {"job_id": job_id})["job"]
-        if job["state"] in FINAL:
-            if job["state"] == "COMPLETED":
-                return 0
-            return job["exit_code"] if job["exit_code"] else 1
+        jobs = call("hsubmit", "jobs", {"ids": [job_id], "all": True})["jobs"]
+        if jobs and all(j["state"] in FINAL for j in jobs):
+            return max(0 if j["state"] == "COMPLETED" else (j["exit_code"] or 1) for j in jobs)
         time.sleep(0.5)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..core.hostlist import compress
+from ..core.jobids import job_label
 from ..core.timefmt import format_duration, format_limit
 from .telemetry_fmt import mib, pct
 
@@ -33,7 +34,7 @@ def gres(job: dict) -> str:
 
 # letter -> (header, getter); the letters are squeue's where squeue has one.
 FIELDS: dict[str, tuple[str, Callable[[dict, float], str]]] = {
-    "i": ("JOBID", lambda j, now: str(j["id"])),
+    "i": ("JOBID", lambda j, now: j.get("label") or job_label(j)),
     "P": ("PARTITION", lambda j, now: j["partition"]),
     "j": ("NAME", lambda j, now: j["name"]),
     "u": ("USER", lambda j, now: j["user"]),

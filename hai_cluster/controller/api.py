@@ -12,12 +12,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..config import PRIORITY_CLASSES
+from ..core.dependency import parse_dependency
+from ..core.jobids import JobRef, job_label
 from ..core.jobscript import JobScriptError, parse_submission
-from ..core.model import JobView
+from ..core.model import JobSpec, JobView
 from ..core.resources import could_ever_fit
 from ..core.states import FINAL_STATES, JobState, parse_state
+from ..core.timefmt import format_limit, parse_time_limit
 from ..store.repository import required_runtime
 from ..transport.rpc import RequestError, RpcTable
+from .partitions import PartitionRefused, admit, groups_of
 from .service import Controller
 from .telemetry_view import job_telemetry, nodes_telemetry
 
@@ -62,6 +66,16 @@ def _int_list(body: Any, key: str) -> list[int] | None:
     return values
 
 
+def _task_list(body: Any) -> list[tuple[int, int]] | None:
+    """'tasks': [[array job id, task id], ...] (hcancel 12_4, hqueue -j 12_[1-3])."""
+    values = _expect(body, "tasks", list)
+    if values is not None and not all(
+            isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+            for v in values):
+        raise RequestError("field 'tasks' must be a list of [array job id, task id] pairs")
+    return [tuple(v) for v in values] if values is not None else None
+
+
 def _str_list(body: Any, key: str) -> list[str] | None:
     values = _expect(body, key, list)
     if values is not None and not all(isinstance(v, str) for v in values):
@@ -90,7 +104,7 @@ def build_api(ctl: Controller) -> RpcTable:
         return _public(job, mlfq, time.time())
 
     async def own_job(body: Any, caller: Caller) -> dict:
-        job_id = _expect(body, "job_id", int, required=True)
+        job_id = await task_job_id(body)
         job = await ctl.db(repo().job, job_id)
         if job is None:
             raise RequestError(f"Invalid job id specified: {job_id}")
@@ -114,7 +128,8 @@ def build_api(ctl: Controller) -> RpcTable:
         script_name = _expect(body, "script_name", str)
         try:
             sub = parse_submission(script, option_args, cwd=cwd, env=env, script_args=script_args,
-                                   script_name=script_name, now=time.time())
+                                   script_name=script_name, now=time.time(),
+                                   max_array_size=ctl.cfg.max_array_size)
         except (JobScriptError, ValueError) as exc:
             raise RequestError(str(exc)) from None
         spec = sub.spec
@@ -122,9 +137,11 @@ def build_api(ctl: Controller) -> RpcTable:
         if not caller.admin and PRIORITY_CLASSES.index(spec.priority) < allowed:
             raise RequestError(f"Access/permission denied: --priority={spec.priority} is above what users may "
                                f"ask for ({ctl.cfg.scheduler.max_user_priority})")
-        partition = spec.partition or ctl.cfg.default_partition
-        if partition not in ctl.cfg.partitions:
-            raise RequestError(f"invalid partition specified: {partition}")
+        try:
+            partition, spec = admit(spec, ctl.cfg, user=caller.user, groups=groups_of(caller.user, caller.gid),
+                                    admin=caller.admin)
+        except PartitionRefused as exc:
+            raise RequestError(str(exc)) from None
         known = tuple(n for n in await ctl.db(repo().load_nodes) if n.cpus > 0)  # inventory seen
         if known:
             view = JobView(id=0, user=caller.user, state=JobState.PENDING, submit_time=0, nodes=spec.nodes,
@@ -133,6 +150,8 @@ def build_api(ctl: Controller) -> RpcTable:
             fit = could_ever_fit(view, known)
             if not fit:
                 raise RequestError(f"Requested node configuration is not available: {fit.reason}")
+        if spec.dependency:
+            await checked_dependency(spec.dependency)
         if sub.test_only:
             return {"test_only": await would_start(spec, partition, caller)}
         job_id = await ctl.db(repo().submit, spec, user=caller.user, uid=caller.uid, gid=caller.gid,
@@ -169,7 +188,7 @@ def build_api(ctl: Controller) -> RpcTable:
             states = states or NOT_FINAL
         rows = await ctl.db(repo().jobs, ids=_int_list(body, "ids"), states=states,
                             users=_str_list(body, "users"), names=_str_list(body, "names"),
-                            partitions=_str_list(body, "partitions"))
+                            partitions=_str_list(body, "partitions"), tasks=_task_list(body))
         return {"now": time.time(), "jobs": [with_telemetry(public(j)) for j in rows]}
 
     def with_telemetry(job: dict) -> dict:
@@ -197,7 +216,7 @@ def build_api(ctl: Controller) -> RpcTable:
 
     @api.expose("show_job")
     async def show_job(body, caller: Caller):
-        job_id = _expect(body, "job_id", int, required=True)
+        job_id = await task_job_id(body)
         job = await ctl.db(repo().job, job_id)
         if job is None:
             raise RequestError(f"Invalid job id specified: {job_id}")
@@ -206,15 +225,27 @@ def build_api(ctl: Controller) -> RpcTable:
         out["runs"] = await ctl.db(repo().runs, job_ids=[job_id])
         return {"now": time.time(), "job": out}
 
+    async def task_job_id(body: Any) -> int:
+        """'job_id', or 'array_job_id' with 'task_id' (hcontrol ... 12_4): the job id of that task."""
+        task = _expect(body, "task_id", int)
+        if task is None:
+            return _expect(body, "job_id", int, required=True)
+        array_id = _expect(body, "job_id", int, required=True)
+        rows = await ctl.db(repo().jobs, tasks=[(array_id, task)])
+        if not rows:
+            raise RequestError(f"Invalid job id specified: {array_id}_{task}")
+        return rows[0]["id"]
+
     @api.expose("cancel")
     async def cancel(body, caller: Caller):
         ids = _int_list(body, "ids")
+        tasks = _task_list(body)
         users = _str_list(body, "users")
         states = _str_list(body, "states")
         names = _str_list(body, "names")
         partitions = _str_list(body, "partitions")
         signum = _expect(body, "signal", int)
-        if not (ids or users or states or names or partitions):
+        if not (ids or tasks or users or states or names or partitions):
             raise RequestError("No job identification provided")
         if signum is not None and signum not in set(signals.valid_signals()):
             raise RequestError(f"invalid signal number {signum}")
@@ -222,24 +253,30 @@ def build_api(ctl: Controller) -> RpcTable:
             states = [parse_state(s).value for s in states] if states else NOT_FINAL
         except ValueError as exc:
             raise RequestError(str(exc)) from None
-        rows = await ctl.db(repo().jobs, ids=ids, users=users, states=states, names=names, partitions=partitions)
+        rows = await ctl.db(repo().jobs, ids=ids, users=users, states=states, names=names, partitions=partitions,
+                            tasks=tasks)
         errors = []
-        found = {j["id"] for j in rows}
-        for missing in sorted(set(ids or ()) - found):
-            known = await ctl.db(repo().job, missing)
-            if known is None:
-                errors.append(f"Invalid job id specified: {missing}")
+        found = {j["id"] for j in rows} | {j["array_job_id"] for j in rows}
+        found_tasks = {(j["array_job_id"], j["array_task_id"]) for j in rows}
+        missing_refs = [(i, None) for i in sorted(set(ids or ()) - found)]
+        missing_refs += [t for t in sorted(set(tasks or ())) if t not in found_tasks]
+        for job_id, task in missing_refs:
+            label = str(JobRef(job_id, (task,) if task is not None else None))
+            known = await ctl.db(repo().jobs, ids=[job_id] if task is None else None,
+                                 tasks=[(job_id, task)] if task is not None else None)
+            if not known:
+                errors.append(f"Invalid job id specified: {label}")
             else:
-                errors.append(f"Kill job error on job id {missing}: Job/step already completing or completed")
+                errors.append(f"Kill job error on job id {label}: Job/step already completing or completed")
         done = []
         for job in rows:
             if job["user"] != caller.user and not caller.admin:
-                errors.append(f"Kill job error on job id {job['id']}: Access/permission denied")
+                errors.append(f"Kill job error on job id {job_label(job)}: Access/permission denied")
                 continue
             state = JobState(job["state"])
             if signum is not None:
                 if state == JobState.PENDING:
-                    errors.append(f"Signal job error on job id {job['id']}: job is pending")
+                    errors.append(f"Signal job error on job id {job_label(job)}: job is pending")
                 else:
                     await ctl.signal_job(job["id"], signum)
                     done.append(job["id"])
@@ -256,14 +293,17 @@ def build_api(ctl: Controller) -> RpcTable:
     @api.expose("nodes")
     async def nodes(body, caller: Caller):
         return {"now": time.time(), "nodes": await ctl.db(repo().nodes),
-                "links": {name: link.last_error for name, link in ctl.links.items()}}
+                "links": {name: link.last_error for name, link in ctl.links.items()},
+                "partitions": [{"name": p, "default": p == ctl.cfg.default_partition,
+                                "max_time": ctl.cfg.partition(p).max_time} for p in ctl.cfg.partitions]}
 
     @api.expose("acct")
     async def acct(body, caller: Caller):
         ids = _int_list(body, "ids")
         users = _str_list(body, "users")
-        run_rows = await ctl.db(repo().runs, job_ids=ids, users=users)
-        job_rows = await ctl.db(repo().jobs, ids=ids, users=users)
+        tasks = _task_list(body)
+        run_rows = await ctl.db(repo().runs, job_ids=ids, users=users, tasks=tasks)
+        job_rows = await ctl.db(repo().jobs, ids=ids, users=users, tasks=tasks)
         return {"now": time.time(), "runs": run_rows, "jobs": [public(j) for j in job_rows]}
 
     @api.expose("requeue")
@@ -315,6 +355,78 @@ def build_api(ctl: Controller) -> RpcTable:
             raise RequestError(f"Invalid node name specified: {name}")
         ctl.wake()
         return {"name": name, "state": target}
+
+    @api.expose("requeuehold")
+    async def requeuehold(body, caller: Caller):
+        """Requeue a running job and hold it (a pending job is just held): JobHeldAdmin when an
+        administrator does it to another's job, else JobHeldUser."""
+        job = await own_job(body, caller)
+        if job["state"] == JobState.PENDING.value:
+            return await set_hold(body, caller, True)
+        if not job["preemptible"]:
+            raise RequestError(f"Requeue of job {job['id']} refused: it was submitted with --no-requeue")
+        if job["state"] != JobState.RUNNING.value:
+            raise RequestError(f"Job {job['id']} is {job['state']}; only a running or pending job can be requeued held")
+        admin = caller.admin and job["user"] != caller.user
+        if not await ctl.db(repo().hold_running, job["id"], admin=admin):
+            raise RequestError(f"Job {job['id']} is no longer running")
+        await ctl.preempt(job["id"], "requeue", f"requeued and held by {caller.user}")
+        return {"job_id": job["id"]}
+
+    @api.expose("update_job")
+    async def update_job(body, caller: Caller):
+        """scontrol update JobId=N TimeLimit= Partition= Dependency= (pending jobs; owner or admin;
+        a user may only lower the time limit)."""
+        job = await own_job(body, caller)
+        fields = _expect(body, "fields", dict, required=True)
+        if not fields or not all(isinstance(k, str) and isinstance(v, str) for k, v in fields.items()):
+            raise RequestError("field 'fields' must map job fields to values")
+        changes: dict[str, Any] = {}
+        for key, value in fields.items():
+            if key.lower() == "timelimit":
+                try:
+                    limit = parse_time_limit(value)
+                except ValueError as exc:
+                    raise RequestError(f"Invalid TimeLimit={value}: {exc}") from None
+                old = job["time_limit"]
+                if not caller.admin and old is not None and (limit is None or limit > old):
+                    raise RequestError(f"Access/permission denied: only an administrator may raise the time limit "
+                                       f"of job {job['id']} (from {format_limit(old)} to {format_limit(limit)})")
+                changes["time_limit"] = limit
+            elif key.lower() == "partition":
+                probe = JobSpec.from_wire({**job["spec"], "partition": value,
+                                           "time_limit": changes.get("time_limit", job["time_limit"])})
+                try:
+                    changes["partition"], _ = admit(probe, ctl.cfg, user=job["user"],
+                                                    groups=groups_of(job["user"], job["gid"]), admin=caller.admin)
+                except (PartitionRefused, ValueError) as exc:
+                    raise RequestError(str(exc)) from None
+            elif key.lower() == "dependency":
+                changes["dependency"] = await checked_dependency(value) if value else None
+                own = {job["id"], job.get("array_job_id")}
+                if value and any(j in own for j, _t in parse_dependency(value).targets):
+                    raise RequestError(f"Job dependency problem: job {job['id']} cannot depend on itself or its array")
+            else:
+                raise RequestError(f"Update of job {job['id']} failed: unknown field {key} "
+                                   f"(TimeLimit, Partition and Dependency can be changed)")
+        error = await ctl.db(repo().update_pending, job["id"], changes)
+        if error:
+            raise RequestError(error)
+        ctl.wake()
+        return {"job_id": job["id"]}
+
+    async def checked_dependency(text: str) -> str:
+        try:
+            dep = parse_dependency(text)
+        except ValueError as exc:
+            raise RequestError(f"invalid dependency specification: {exc}") from None
+        if len(dep.text) > 1000:
+            raise RequestError("invalid dependency specification: too long (at most 1000 characters)")
+        missing = await ctl.db(repo().missing_targets, dep.targets)
+        if missing:
+            names = ", ".join(str(JobRef(j, (t,) if t is not None else None)) for j, t in missing)
+            raise RequestError(f"Job dependency problem: no such job {names}")
+        return dep.text
 
     api.add("hold", lambda body, caller: set_hold(body, caller, True))
     api.add("release", lambda body, caller: set_hold(body, caller, False))

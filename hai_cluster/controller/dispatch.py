@@ -8,6 +8,7 @@ import posixpath
 from typing import Mapping, Sequence
 
 from ..core.jobenv import job_environment
+from ..core.jobids import parse_array
 from ..core.model import JobSpec
 from ..core.patterns import resolve_output_path
 
@@ -23,8 +24,9 @@ def rank_spec(job: Mapping, attempt: int, rank: int, nodelist: Sequence[str], gp
               addresses: Mapping[str, str]) -> dict:
     spec = JobSpec.from_wire(job["spec"])
     node = nodelist[rank]
+    array = dict(array_job_id=job.get("array_job_id"), array_task_id=job.get("array_task_id"))
     names = dict(job_id=job["id"], job_name=job["name"], user=job["user"], node=node,
-                 restart_count=job["restart_count"])
+                 restart_count=job["restart_count"], **array)
     stdout = resolve_output_path(spec.stdout, spec.workdir, **names)
     stderr = resolve_output_path(spec.stderr, spec.workdir, **names) if spec.stderr else None
     ckpt = checkpoint_dir(spec, job["id"])
@@ -33,7 +35,8 @@ def rank_spec(job: Mapping, attempt: int, rank: int, nodelist: Sequence[str], gp
         partition=job["partition"], nodelist=nodelist, rank=rank, node=node, gpus=gpus,
         cpus_per_task=spec.cpus_per_task, restart_count=job["restart_count"], checkpoint_dir=ckpt,
         submit_dir=spec.submit_dir or spec.workdir, master_addr=addresses.get(nodelist[0], nodelist[0]),
-        time_limit=spec.time_limit, preempt_signal=spec.signal)
+        time_limit=spec.time_limit, preempt_signal=spec.signal, **array,
+        array_indices=parse_array(spec.array, None).indices if spec.array else ())
     return {
         "job_id": job["id"], "attempt": attempt, "rank": rank, "user": job["user"], "uid": job["uid"],
         "gid": job["gid"], "script": spec.script, "script_args": list(spec.script_args),

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from sqlalchemy.exc import DBAPIError
 
 from ..config import ControllerConfig
+from ..core.dependency import NEVER
 from ..scheduling.registry import make_policy
 from ..store.engine import make_engine, upgrade
 from ..store.repository import RankRef, Repository
@@ -121,6 +122,8 @@ class Controller:
     async def tick(self) -> None:
         await self._mark_silent_nodes_down()
         snapshot = await self.db(self.repo.load_snapshot, time.time())
+        if self.cfg.kill_invalid_depend:
+            await self._cancel_unsatisfiable(snapshot)
         plan = await self.decide(self.telemetry.mark_idle(snapshot))
         await self.db(self.repo.set_reasons, {w.job_id: w.reason for w in plan.waits})
         for p in plan.preempts:
@@ -136,6 +139,12 @@ class Controller:
                 self._spawn(self._dispatch(job, job["attempt"], rank, start.placement.nodes,
                                            start.placement.gpus[rank]))
         await self._retry_unfinished()
+
+    async def _cancel_unsatisfiable(self, snapshot) -> None:
+        """kill_invalid_depend: a job whose dependency can never be satisfied is cancelled."""
+        for j in snapshot.jobs:
+            if j.dependency == NEVER and await self.db(self.repo.cancel_pending, j.id, time.time(), why=NEVER):
+                log.info("job %d: cancelled, its dependency can never be satisfied", j.id)
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)

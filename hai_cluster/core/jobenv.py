@@ -18,6 +18,8 @@ PORT_SPAN = 20000  # ports 10000-29999: below Linux's default ephemeral range (3
 _MANAGED = frozenset({
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HAI_PARTITION", "HAI_TIME_LIMIT",
     "SLURM_JOB_PARTITION", "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS",
+    *(f"{prefix}_ARRAY_{what}" for prefix in ("HAI", "SLURM")
+      for what in ("JOB_ID", "TASK_ID", "TASK_COUNT", "TASK_MIN", "TASK_MAX", "TASK_STEP")),
 })
 
 
@@ -31,7 +33,9 @@ def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, 
                     partition: str | None, nodelist: Sequence[str], rank: int, node: str,
                     gpus: Sequence[int], cpus_per_task: int, restart_count: int,
                     checkpoint_dir: str, submit_dir: str, master_addr: str,
-                    time_limit: int | None, preempt_signal: int | None = None) -> dict[str, str]:
+                    time_limit: int | None, preempt_signal: int | None = None,
+                    array_job_id: int | None = None, array_task_id: int | None = None,
+                    array_indices: Sequence[int] = ()) -> dict[str, str]:
     """Environment for the script instance of rank `rank`, running on `node` with `gpus`.
 
     WORLD_SIZE is nnodes * max(1, GPUs on the node): the number of processes `torchrun
@@ -42,6 +46,9 @@ def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, 
     HAI_PREEMPT_SIGNAL is the number of the signal that asks the job to checkpoint (its --signal,
     SIGTERM when None); hai_cluster.job installs its handler for that one. ($HAI_CONTROL_DIR, where
     the notices go, is added by the agent: only it knows its spool.)
+    A task of a job array also gets HAI_ARRAY_JOB_ID, HAI_ARRAY_TASK_ID and the COUNT, MIN and MAX
+    of `array_indices` (and Slurm's SLURM_ARRAY_* names; SLURM_ARRAY_TASK_STEP when the indices
+    are evenly spaced).
     """
     nnodes = len(nodelist)
     if not 0 <= rank < nnodes:
@@ -83,6 +90,14 @@ def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, 
         "SLURM_JOB_USER": user,
         "SLURMD_NODENAME": node,
     })
+    if array_job_id is not None and array_task_id is not None:
+        values = {"JOB_ID": array_job_id, "TASK_ID": array_task_id}
+        if array_indices:
+            values.update(TASK_COUNT=len(array_indices), TASK_MIN=min(array_indices), TASK_MAX=max(array_indices))
+            steps = {b - a for a, b in zip(array_indices, array_indices[1:])}
+            values["TASK_STEP"] = steps.pop() if len(steps) == 1 else 1
+        for prefix in ("HAI", "SLURM"):
+            env.update({f"{prefix}_ARRAY_{k}": str(v) for k, v in values.items()})
     if partition is not None:
         env["HAI_PARTITION"] = partition
         env["SLURM_JOB_PARTITION"] = partition

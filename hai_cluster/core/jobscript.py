@@ -16,6 +16,8 @@ import signal as _signal
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from .dependency import DependencyError, parse_dependency
+from .jobids import DEFAULT_MAX_ARRAY_SIZE, ArrayError, parse_array
 from .model import DEFAULT_GRACE_SECONDS, JobSpec
 from .timefmt import parse_datetime, parse_size_mb, parse_time_limit
 
@@ -86,6 +88,8 @@ _OPTIONS = [
     _Option("wait", "W", False, "wait"),
     _Option("begin", "b", True, "begin"),
     _Option("test-only", None, False, "test_only"),
+    _Option("array", "a", True, "array"),
+    _Option("dependency", "d", True, "dependency"),
 ]
 _LONG = {o.long: o for o in _OPTIONS}
 _SHORT = {o.short: o for o in _OPTIONS if o.short}
@@ -248,10 +252,15 @@ def _time(text: str) -> int | None:
 
 
 def _partition(text: str) -> str:
-    if "," in text:
-        raise _Bad("only one partition may be given")
-    if not _WORD.fullmatch(text):
-        raise _Bad("expected a partition name (letters, digits, '_', '.', '-')")
+    """NAME or NAME,NAME,...: the job starts in whichever of them can start it first."""
+    names = text.split(",")
+    for name in names:
+        if not _WORD.fullmatch(name):
+            raise _Bad("expected partition names (letters, digits, '_', '.', '-'), separated by commas")
+    if len(set(names)) != len(names):
+        raise _Bad("a partition is given twice")
+    if len(text) > 64:  # what the job table holds
+        raise _Bad("the partition list is too long (at most 64 characters)")
     return text
 
 
@@ -322,9 +331,29 @@ def _begin(now: float | None) -> Callable[[str], float]:
     return parse
 
 
-def _parsers(env: Mapping[str, str], now: float | None = None) -> dict[str, Callable[[str], Any]]:
+def _array(max_size: int | None) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        try:
+            return parse_array(text, max_size).text
+        except ArrayError as exc:
+            raise _Bad(f"invalid job array specification: {exc}") from None
+    return parse
+
+
+def _dependency(text: str) -> str:
+    try:
+        canonical = parse_dependency(text).text
+    except DependencyError as exc:
+        raise _Bad(f"invalid dependency specification: {exc}") from None
+    if len(canonical) > 1000:  # what the job table holds
+        raise _Bad("the dependency is too long (at most 1000 characters)")
+    return canonical
+
+
+def _parsers(env: Mapping[str, str], now: float | None = None,
+             max_array_size: int | None = DEFAULT_MAX_ARRAY_SIZE) -> dict[str, Callable[[str], Any]]:
     return {
-        "begin": _begin(now),
+        "begin": _begin(now), "array": _array(max_array_size), "dependency": _dependency,
         "job-name": _nonempty, "nodes": _nodes,
         "gpus-per-node": lambda v: ("per_node", _typed_count(v)),
         "gres": lambda v: ("per_node", _gres(v)),
@@ -400,10 +429,12 @@ def _directives(script: str) -> list[_Given]:
 
 def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str,
                      env: Mapping[str, str], script_args: Sequence[str] = (),
-                     script_name: str | None = None, now: float | None = None) -> Submission:
+                     script_name: str | None = None, now: float | None = None,
+                     max_array_size: int | None = DEFAULT_MAX_ARRAY_SIZE) -> Submission:
     """Build the job a submission asks for. `script` is the script's text (None with --wrap),
     `option_args` the command-line options, `env` the submitter's environment, `cwd` the
-    absolute directory hsubmit ran in, `script_name` the script file's name (default name)."""
+    absolute directory hsubmit ran in, `script_name` the script file's name (default name),
+    `max_array_size` the bound on --array task indices (None: the controller checks it)."""
     if not posixpath.isabs(cwd):
         raise JobScriptError(f"the submit directory must be an absolute path, got {cwd!r}")
     cli, _, operand = _scan(option_args)
@@ -415,7 +446,7 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         _check_script(script)
         directives = _directives(script)
 
-    parsers = _parsers(env, now)  # now: the caller's clock, for --begin=now+1hour (this module reads none)
+    parsers = _parsers(env, now, max_array_size)  # now: the caller's clock, for --begin=now+1hour (this module reads none)
     values: dict[str, Any] = {}
     origin: dict[str, _Given] = {}
     for g in directives + cli:  # the command line comes last, so it wins
@@ -484,6 +515,8 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         container_image=container_image,
         runtime=runtime,
         begin_time=values.get("begin"),
+        array=values.get("array"),
+        dependency=values.get("dependency"),
     )
     return Submission(spec=spec, parsable=values.get("parsable", False), wait=values.get("wait", False),
                       test_only=values.get("test_only", False))

@@ -42,6 +42,8 @@ class JobSpec:
     container_image: str | None = None  # rootfs dir or tarball (absolute), or a reference for podman
     runtime: str | None = None  # none | bwrap | runc | podman | apptainer | enroot; None: the node's default
     begin_time: float | None = None  # --begin: not eligible before this (epoch seconds)
+    array: str | None = None  # --array, canonical (core.jobids): one job per task
+    dependency: str | None = None  # --dependency, canonical (core.dependency)
 
     def to_wire(self) -> dict[str, Any]:
         d = asdict(self)
@@ -124,10 +126,18 @@ class JobView:
     runtime: str | None = None  # a runtime the job asked for; "container": any node's container default
     begin_time: float | None = None  # not eligible before this (--begin)
     idle: bool = False  # its GPUs stayed under the idle threshold (controller telemetry)
+    array_job_id: int | None = None  # the array this job is a task of
+    array_task_limit: int | None = None  # --array=...%N: tasks of the array running at once
+    dependency: str | None = None  # the store's verdict on --dependency: a pending reason, None = satisfied
 
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def partitions(self) -> tuple[str, ...]:
+        """The candidate partitions (-p a,b: whichever can start the job first); () for any."""
+        return tuple(self.partition.split(",")) if self.partition else ()
 
     def attained(self, now: float) -> float:
         """GPU-seconds received so far, the current run included (Tiresias' 2D-LAS service)."""
@@ -143,6 +153,8 @@ class JobView:
         """Why the job may not start at all now, whatever the resources (a pending reason)."""
         if self.hold:
             return self.hold_reason
+        if self.dependency is not None:
+            return self.dependency
         if self.begin_time is not None and self.begin_time > now:
             return "BeginTime"
         return None

@@ -17,7 +17,7 @@ class Fit:
 
 def fits(job: JobView, node: NodeView, *, ignore_usage: bool = False) -> Fit:
     """Whether one rank of `job` fits on `node` now (or on an empty node with ignore_usage)."""
-    if job.partition and node.partitions and job.partition not in node.partitions:
+    if job.partition and node.partitions and not any(p in node.partitions for p in job.partitions):
         return Fit(False, f"{node.name} is not in partition {job.partition}")
     if len(node.gpus) < job.gpus_per_node:
         return Fit(False, f"{node.name} has {len(node.gpus)} GPUs, job needs {job.gpus_per_node}")

@@ -16,6 +16,13 @@ from ..core.resources import fits
 
 def place(job: JobView, nodes: dict[str, NodeView], mode: str = "binpack",
           only: Iterable[str] | None = None) -> Placement | None:
+    if len(job.partitions) > 1:  # -p a,b: the whole gang in one partition, the first that has room
+        only = None if only is None else list(only)
+        for p in job.partitions:
+            placement = place(replace(job, partition=p), nodes, mode, only)
+            if placement is not None:
+                return placement
+        return None
     pool = nodes.values() if only is None else (nodes[n] for n in only)
     g = job.gpus_per_node
     # The GPU count is the usual bottleneck and is cached on the view: test it before the rest.

@@ -5,6 +5,7 @@ from typing import Any, Callable
 
 from .baselines import BackfillPolicy, SjfPolicy, TiresiasPolicy
 from .fifo import FifoPolicy
+from .limits import with_limits
 from .mlfq import MlfqConfig, MlfqPolicy
 from .plan import Policy
 
@@ -19,8 +20,9 @@ POLICIES: dict[str, Callable[..., Policy]] = {
 
 
 def make_policy(name: str, **options: Any) -> Policy:
+    """The named policy, with the limits every policy obeys (job array task limits) around it."""
     try:
         factory = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r} (known: {', '.join(sorted(POLICIES))})") from None
-    return factory(**options)
+    return with_limits(factory(**options))

@@ -8,11 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from sqlalchemy import Engine, bindparam, delete, func, insert, select, update
+from sqlalchemy import Engine, and_, bindparam, delete, func, insert, or_, select, update
 
+from ..core.dependency import Target, evaluate, parse_dependency
+from ..core.jobids import parse_array
 from ..core.model import GpuInfo, JobSpec, JobView, NodeView, Placement, Snapshot
 from ..core.outcome import combine, job_state_after
-from ..core.states import ACTIVE_STATES, JobState
+from ..core.states import ACTIVE_STATES, FINAL_STATES, JobState
 from .schema import gpus, jobs, nodes, run_ranks, runs
 
 ACTIVE = [s.value for s in ACTIVE_STATES]
@@ -20,7 +22,8 @@ NOT_RESPONDING = "Not responding"
 SNAPSHOT_COLUMNS = [jobs.c[name] for name in (
     "id", "user", "state", "submit_time", "nodes", "gpus_per_node", "cpus_per_task", "mem_mb", "partition",
     "priority", "hold", "hold_admin", "restart_count", "attained_gpu_seconds", "start_time", "nodelist",
-    "preemptible", "pending_since", "last_run_end", "time_limit", "runtime", "begin_time")]
+    "preemptible", "pending_since", "last_run_end", "time_limit", "runtime", "begin_time", "array_job_id",
+    "array_task_limit", "dependency", "name")]
 # What job listings return: everything but the spec (script and environment can be large).
 LISTING_COLUMNS = [c for c in jobs.c if c.name != "spec"]  # reason prefix of nodes the controller itself declared down
 
@@ -55,28 +58,92 @@ def _row(r) -> dict:
     return dict(r._mapping)
 
 
+def _selected(ids: Sequence[int] | None, tasks: Sequence[tuple[int, int]] | None):
+    """Jobs named by id (an array's id names all its tasks) or by (array id, task id)."""
+    terms = []
+    if ids:
+        terms += [jobs.c.id.in_(list(ids)), jobs.c.array_job_id.in_(list(ids))]
+    terms += [and_(jobs.c.array_job_id == a, jobs.c.array_task_id == t) for a, t in tasks or ()]
+    return or_(*terms)
+
+
 class Repository:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
     # ---- submission and user actions -------------------------------------------------------
     def submit(self, spec: JobSpec, *, user: str, uid: int, gid: int, partition: str, now: float) -> int:
+        """Record a job, or every task of an array in one transaction. Returns the (array) job id."""
+        row = dict(
+            name=spec.name, user=user, uid=uid, gid=gid, partition=partition,
+            state=JobState.PENDING.value, reason="None", priority=spec.priority, submit_time=now,
+            nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
+            mem_mb=spec.mem_mb, time_limit=spec.time_limit, hold=spec.hold, spec=spec.to_wire(),
+            restart_count=0, attempts=0, nodelist="", attained_gpu_seconds=0.0, version=1,
+            pending_since=now, preemptible=spec.requeue, hold_admin=False, runtime=required_runtime(spec),
+            begin_time=spec.begin_time, dependency=spec.dependency)
         with self.engine.begin() as c:
-            res = c.execute(insert(jobs).values(
-                name=spec.name, user=user, uid=uid, gid=gid, partition=partition,
-                state=JobState.PENDING.value, reason="None", priority=spec.priority, submit_time=now,
-                nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
-                mem_mb=spec.mem_mb, time_limit=spec.time_limit, hold=spec.hold, spec=spec.to_wire(),
-                restart_count=0, attempts=0, nodelist="", attained_gpu_seconds=0.0, version=1,
-                pending_since=now, preemptible=spec.requeue, hold_admin=False, runtime=required_runtime(spec),
-                begin_time=spec.begin_time))
-            return int(res.inserted_primary_key[0])
+            if spec.array is None:
+                return int(c.execute(insert(jobs).values(**row)).inserted_primary_key[0])
+            array = parse_array(spec.array, None)
+            first = None
+            for task in array.indices:
+                job_id = int(c.execute(insert(jobs).values(
+                    **row, array_job_id=first, array_task_id=task,
+                    array_task_limit=array.limit)).inserted_primary_key[0])
+                if first is None:
+                    first = job_id
+                    c.execute(update(jobs).where(jobs.c.id == first).values(array_job_id=first))
+            return first
 
-    def cancel_pending(self, job_id: int, now: float, by_uid: int | None = None) -> bool:
+    def missing_targets(self, targets: Iterable[tuple[int, int | None]]) -> list[tuple[int, int | None]]:
+        """The (job id, task id or None) a dependency names that no job is."""
+        with self.engine.connect() as c:
+            found = self._targets(set(targets), c)
+        return sorted((t for t in set(targets) if not found.get(t)), key=lambda t: (t[0], t[1] or -1))
+
+    @staticmethod
+    def _targets(wanted: set[tuple[int, int | None]], c) -> dict[tuple[int, int | None], list[Target]]:
+        if not wanted:
+            return {}
+        ids = sorted({job_id for job_id, _ in wanted})
+        q = select(jobs.c.id, jobs.c.array_job_id, jobs.c.array_task_id, jobs.c.state, jobs.c.attempts).where(
+            or_(jobs.c.id.in_(ids), jobs.c.array_job_id.in_(ids)))
+        rows = c.execute(q).all()
+        out: dict[tuple[int, int | None], list[Target]] = {}
+        for r in rows:
+            t = Target(JobState(r.state), r.attempts > 0)
+            if r.array_job_id is not None:
+                out.setdefault((r.array_job_id, None), []).append(t)
+                out.setdefault((r.array_job_id, r.array_task_id), []).append(t)
+            if r.array_job_id is None or r.id != r.array_job_id:
+                out.setdefault((r.id, None), []).append(t)  # a task is also its own job
+        return out
+
+    def _dependency_reasons(self, c, job_rows) -> dict[int, str | None]:
+        """Each pending job's dependency, evaluated now: None (satisfied), Dependency or
+        DependencyNeverSatisfied."""
+        deps = {j.id: parse_dependency(j.dependency) for j in job_rows
+                if j.dependency and j.state == JobState.PENDING.value}
+        if not deps:
+            return {}
+        targets = self._targets({t for d in deps.values() for t in d.targets}, c)
+        singles = {(j.user, j.name) for j in job_rows if j.id in deps and deps[j.id].singleton}
+        unfinished: dict[tuple[str, str], list[int]] = {}
+        if singles:
+            for r in c.execute(select(jobs.c.id, jobs.c.user, jobs.c.name).where(
+                    jobs.c.state.notin_([s.value for s in FINAL_STATES]),
+                    jobs.c.user.in_({u for u, _ in singles}), jobs.c.name.in_({n for _, n in singles}))):
+                unfinished.setdefault((r.user, r.name), []).append(r.id)
+        return {j.id: evaluate(deps[j.id], targets, not any(
+                    other < j.id for other in unfinished.get((j.user, j.name), ())))
+                for j in job_rows if j.id in deps}
+
+    def cancel_pending(self, job_id: int, now: float, by_uid: int | None = None, why: str | None = None) -> bool:
         with self.engine.begin() as c:
             res = c.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.state == JobState.PENDING.value)
                             .values(state=JobState.CANCELLED.value, end_time=now, version=jobs.c.version + 1,
-                                    reason=f"cancelled by {by_uid}" if by_uid is not None else "None"))
+                                    reason=why or (f"cancelled by {by_uid}" if by_uid is not None else "None")))
             return res.rowcount == 1
 
     def request_end(self, job_id: int, request: str, why: str | None = None) -> bool:
@@ -108,6 +175,26 @@ class Repository:
                 reason=("JobHeldAdmin" if admin else "JobHeldUser") if hold else "None"))
             return None
 
+    def hold_running(self, job_id: int, *, admin: bool) -> bool:
+        """requeuehold: the running job is held now, so that it waits when its run has ended."""
+        with self.engine.begin() as c:
+            res = c.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.state == JobState.RUNNING.value)
+                            .values(hold=True, hold_admin=admin, version=jobs.c.version + 1))
+            return res.rowcount == 1
+
+    def update_pending(self, job_id: int, changes: Mapping[str, Any]) -> str | None:
+        """hcontrol update JobId=: change time_limit, partition or dependency of a pending job (the
+        columns and the spec alike). Returns an error text, or None when done."""
+        with self.engine.begin() as c:
+            job = c.execute(select(jobs.c.state, jobs.c.spec).where(jobs.c.id == job_id)).first()
+            if job is None:
+                return f"Invalid job id specified: {job_id}"
+            if job.state != JobState.PENDING.value:
+                return f"Job {job_id} is {job.state}; only a pending job can be updated"
+            c.execute(update(jobs).where(jobs.c.id == job_id).values(
+                **changes, spec={**job.spec, **changes}, version=jobs.c.version + 1))
+            return None
+
     # ---- scheduling ----------------------------------------------------------------------
     def load_snapshot(self, now: float) -> Snapshot:
         with self.engine.connect() as c:
@@ -116,10 +203,11 @@ class Repository:
                 jobs.c.state.in_([JobState.PENDING.value] + ACTIVE))).all()
             live = self._live_ranks(c)
             node_views = self._node_views(c, live)
+            waits = self._dependency_reasons(c, job_rows)
         held: dict[int, list] = {}  # job id -> its live ranks, in rank order
         for r in live:
             held.setdefault(r.job_id, []).append(r)
-        job_views = tuple(self._job_view(j, held.get(j.id, ())) for j in job_rows)
+        job_views = tuple(self._job_view(j, held.get(j.id, ()), waits.get(j.id)) for j in job_rows)
         return Snapshot(now=now, jobs=job_views, nodes=node_views)
 
     def load_nodes(self) -> tuple[NodeView, ...]:
@@ -155,7 +243,7 @@ class Repository:
         )
 
     @staticmethod
-    def _job_view(j, ranks) -> JobView:
+    def _job_view(j, ranks, dependency: str | None = None) -> JobView:
         return JobView(
             id=j.id, user=j.user, state=JobState(j.state), submit_time=j.submit_time, nodes=j.nodes,
             gpus_per_node=j.gpus_per_node, cpus_per_task=j.cpus_per_task, mem_mb=j.mem_mb,
@@ -165,7 +253,8 @@ class Repository:
             nodelist=tuple(x for x in j.nodelist.split(",") if x),
             allocation=tuple((r.node, tuple(r.gpus)) for r in ranks),
             preemptible=j.preemptible, pending_since=j.pending_since, last_run_end=j.last_run_end,
-            time_limit=j.time_limit, runtime=j.runtime, begin_time=j.begin_time)
+            time_limit=j.time_limit, runtime=j.runtime, begin_time=j.begin_time, array_job_id=j.array_job_id,
+            array_task_limit=j.array_task_limit, dependency=dependency)
 
     def set_reasons(self, reasons: Mapping[int, str]) -> None:
         """Store the pending reasons that changed (most do not, tick after tick)."""
@@ -195,9 +284,14 @@ class Repository:
                 if any((name, g) in busy for g in gpu_ids):
                     return None
             attempt = job.attempts
+            # -p a,b: the run is in the first candidate partition that holds all its nodes
+            partition = next((p for p in job.partition.split(",")
+                              if all(not node_rows[n].partitions or p in node_rows[n].partitions
+                                     for n in placement.nodes)), job.partition)
             res = c.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.version == job.version).values(
                 state=JobState.RUNNING.value, reason="None", start_time=now, end_time=None,
-                attempts=attempt + 1, nodelist=",".join(placement.nodes), version=job.version + 1))
+                attempts=attempt + 1, nodelist=",".join(placement.nodes), version=job.version + 1,
+                partition=partition))
             if res.rowcount != 1:
                 return None
             run_id = c.execute(insert(runs).values(
@@ -208,7 +302,7 @@ class Repository:
                 c.execute(insert(run_ranks).values(
                     run_id=run_id, rank=rank, node=name, gpus=list(gpu_ids), cpus=job.cpus_per_task,
                     mem_mb=job.mem_mb or 0, state="starting", killed=False))
-            return {**_row(job), "attempt": attempt, "run_id": run_id}
+            return {**_row(job), "partition": partition, "attempt": attempt, "run_id": run_id}
 
     # ---- what agents report --------------------------------------------------------------
     def live_ranks(self, node: str | None = None) -> list[RankRef]:
@@ -274,6 +368,8 @@ class Repository:
                 end_request=None, end_reason=None, last_run_end=end,
                 attained_gpu_seconds=job.attained_gpu_seconds + gpu_seconds, version=job.version + 1)
             if new_state == JobState.PENDING:
+                if spec.partition and "," in spec.partition:  # back to all its candidate partitions
+                    values["partition"] = spec.partition
                 values.update(restart_count=job.restart_count + 1, nodelist="", start_time=None, pending_since=end,
                               reason="Preempted" if outcome.state == JobState.PREEMPTED else "Requeued")
             else:
@@ -342,10 +438,12 @@ class Repository:
     # ---- queries for the CLI -------------------------------------------------------------
     def jobs(self, *, ids: Sequence[int] | None = None, states: Sequence[str] | None = None,
              users: Sequence[str] | None = None, names: Sequence[str] | None = None,
-             partitions: Sequence[str] | None = None) -> list[dict]:
+             partitions: Sequence[str] | None = None,
+             tasks: Sequence[tuple[int, int]] | None = None) -> list[dict]:
+        """Jobs by filter. `ids` also name every task of an array; `tasks` are (array id, task id)."""
         q = select(*LISTING_COLUMNS).order_by(jobs.c.id)
-        if ids:
-            q = q.where(jobs.c.id.in_(list(ids)))
+        if ids or tasks:
+            q = q.where(_selected(ids, tasks))
         if states:
             q = q.where(jobs.c.state.in_(list(states)))
         if users:
@@ -362,11 +460,13 @@ class Repository:
             r = c.execute(select(jobs).where(jobs.c.id == job_id)).first()
             return _row(r) if r else None
 
-    def runs(self, *, job_ids: Sequence[int] | None = None, users: Sequence[str] | None = None) -> list[dict]:
-        q = (select(runs, jobs.c.name, jobs.c.user, jobs.c.partition, jobs.c.state.label("job_state"))
+    def runs(self, *, job_ids: Sequence[int] | None = None, users: Sequence[str] | None = None,
+             tasks: Sequence[tuple[int, int]] | None = None) -> list[dict]:
+        q = (select(runs, jobs.c.name, jobs.c.user, jobs.c.partition, jobs.c.state.label("job_state"),
+                    jobs.c.array_job_id, jobs.c.array_task_id)
              .join(jobs, jobs.c.id == runs.c.job_id).order_by(runs.c.job_id, runs.c.attempt))
-        if job_ids:
-            q = q.where(runs.c.job_id.in_(list(job_ids)))
+        if job_ids or tasks:
+            q = q.where(_selected(job_ids, tasks))
         if users:
             q = q.where(jobs.c.user.in_(list(users)))
         with self.engine.connect() as c:

@@ -47,6 +47,12 @@ jobs = Table(
     Column("hold_admin", Boolean, nullable=False, default=False),  # held by an admin: users cannot release
     Column("runtime", String(16)),  # 0004: the runtime the job needs ("container": any container runtime)
     Column("begin_time", Float),  # 0005: --begin
+    # 0007: a task of a job array (the array's id is its first task's job id), and --dependency
+    Column("array_job_id", Integer),
+    Column("array_task_id", Integer),
+    Column("array_task_limit", Integer),  # --array=...%N, on every task
+    Column("dependency", String(1000)),  # canonical text; the snapshot evaluates it
+    Index("ix_jobs_array_job_id", "array_job_id"),
     Index("ix_jobs_state", "state"),
 )
 

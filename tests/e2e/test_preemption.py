@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from hai_cluster.core.hostlist import compress
+
 from .harness import OTHER_USER, TEST_USER, start_ssh_cluster, user_dir, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,7 +91,7 @@ def test_job_ignoring_the_signal_is_killed_after_grace_and_requeued(cluster):
     assert cluster.wait_state(stubborn, "CANCELLED", timeout=30)["state"] == "CANCELLED"
 
 
-def test_no_requeue_job_is_never_preempted(cluster):
+def test_no_requeue_job_is_never_preempted(cluster, ssh_nodes):
     pinned = cluster.submit("--gpus-per-node=2", "-N", "2", "--no-requeue", "--wrap", "sleep 1000")
     cluster.wait_state(pinned, "RUNNING")
     proc = cluster.cli("hcontrol", "preempt", str(pinned), user="root", check=False)
@@ -100,7 +102,7 @@ def test_no_requeue_job_is_never_preempted(cluster):
     # Long past the pinned job's quantum and level change, it still runs its first run.
     wait_for(lambda: cluster.job(pinned)["attained_now"] > 40, 30, what="the pinned job to sink")
     row = cluster.cli("hqueue", "-h", "-o", "%i %t %L %R", "-j", f"{pinned},{newcomer}").stdout.splitlines()
-    assert [r.split() for r in row] == [[str(pinned), "R", "1", "hai-n[1-2]"], [str(newcomer), "PD", "0", "(Resources)"]]
+    assert [r.split() for r in row] == [[str(pinned), "R", "1", compress([n.name for n in ssh_nodes])], [str(newcomer), "PD", "0", "(Resources)"]]
     assert len(cluster.job(pinned)["runs"]) == 1
     cluster.cli("hcancel", str(pinned))
     assert cluster.wait_state(newcomer, "COMPLETED", timeout=30)["state"] == "COMPLETED"

@@ -157,7 +157,8 @@ def test_cancel_errors(cluster):
 
 def test_hinfo_and_hqueue_formats(cluster):
     info = cluster.cli("hinfo").stdout.splitlines()
-    assert info[0].split() == ["PARTITION", "AVAIL", "NODES", "STATE", "GPUS(A/T)", "NODELIST"]
+    assert info[0].split() == ["PARTITION", "AVAIL", "TIMELIMIT", "NODES", "STATE", "GPUS(A/T)", "NODELIST"]
+    assert info[1].split()[:3] == ["gpu*", "up", "UNLIMITED"]  # the default partition is marked
     nodes = cluster.cli("hinfo", "-N", "-h").stdout.splitlines()
     assert len(nodes) == 2 and all("/4" in line for line in nodes)
     header = cluster.cli("hqueue").stdout.splitlines()[0].split()
@@ -176,7 +177,7 @@ def test_wait_returns_the_exit_code_and_test_only_submits_nothing(cluster):
     assert cluster.cli("hsubmit", "--wait", "--parsable", "--wrap", "true").returncode == 0
     before = len(cluster.call("jobs", {"all": True})["jobs"])
     proc = cluster.cli("hsubmit", "--test-only", "--gpus-per-node=2", "--wrap", "true")
-    assert "Job would start now on nodes hai-n" in proc.stderr and "partition gpu" in proc.stderr
+    assert "Job would start now on nodes hai" in proc.stderr and "partition gpu" in proc.stderr
     blocker = cluster.submit("-N", "2", f"--gpus-per-node={GPUS_PER_NODE}", "--wrap", "sleep 1000")
     cluster.wait_state(blocker, "RUNNING")
     proc = cluster.cli("hsubmit", "--test-only", "--gpus-per-node=1", "--wrap", "true")

@@ -107,3 +107,19 @@ def test_rank_outside_the_job(rank):
                                           (123456, 13456)])
 def test_master_port(job_id, port):
     assert master_port(job_id) == port
+
+
+def test_array_task_variables_and_slurm_aliases():
+    e = env({"SLURM_ARRAY_TASK_ID": "99"}, array_job_id=1200, array_task_id=8, array_indices=[0, 4, 8, 12])
+    for prefix in ("HAI", "SLURM"):
+        assert e[f"{prefix}_ARRAY_JOB_ID"] == "1200"
+        assert e[f"{prefix}_ARRAY_TASK_ID"] == "8"
+        assert e[f"{prefix}_ARRAY_TASK_COUNT"] == "4"
+        assert e[f"{prefix}_ARRAY_TASK_MIN"] == "0"
+        assert e[f"{prefix}_ARRAY_TASK_MAX"] == "12"
+        assert e[f"{prefix}_ARRAY_TASK_STEP"] == "4"
+
+
+def test_a_job_outside_an_array_has_no_array_variables_even_if_the_submitter_had_them():
+    e = env({"SLURM_ARRAY_TASK_ID": "3", "HAI_ARRAY_JOB_ID": "7"})
+    assert not [k for k in e if "_ARRAY_" in k]

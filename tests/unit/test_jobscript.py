@@ -197,6 +197,7 @@ def test_directive_errors_name_the_line(line, fragment):
     (["-t", "30"], "time_limit", 1800), (["--time=1-00:00:00"], "time_limit", 86400),
     (["-t", "UNLIMITED"], "time_limit", None), (["-t0"], "time_limit", None),
     (["-p", "gpu"], "partition", "gpu"), (["--partition=long.q"], "partition", "long.q"),
+    (["-p", "a,b"], "partition", "a,b"),
     (["-o", "logs/%j.out"], "stdout", "logs/%j.out"), (["-e", "%x.err"], "stderr", "%x.err"),
     (["--output=none"], "stdout", "none"),
     (["--grace=0"], "grace", 0), (["--grace", "300"], "grace", 300),
@@ -296,8 +297,9 @@ def test_export_is_the_last_one_given():
     (["--mem=0"], "--mem=0: invalid memory size '0': must be greater than zero (Slurm's --mem=0"),
     (["-t", "soon"], "-t soon: invalid time limit 'soon'"),
     (["-t", "-5"], "-t -5: invalid time limit '-5': must not be negative"),
-    (["-p", "a,b"], "-p a,b: only one partition may be given"),
-    (["-p", "bad name"], "-p bad name: expected a partition name"),
+    (["-p", "a,a"], "-p a,a: a partition is given twice"),
+    (["-p", "bad name"], "-p bad name: expected partition names"),
+    (["-p", "a,"], "-p a,: expected partition names"),
     (["--job-name="], "--job-name=: must not be empty"),
     (["-J", ""], "-J : must not be empty"),
     (["-J", "a\nb"], "-J a\nb: must not contain control characters"),
@@ -409,3 +411,39 @@ def test_core_text_modules_import_nothing_that_does_io():
               "print(sorted(bad & set(sys.modules)))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# ---- arrays and dependencies ----------------------------------------------------------------
+
+def test_array_and_dependency_from_directives_and_the_command_line():
+    text = script("""
+        #SBATCH --array=0-15:4
+        #HAI -d afterok:12:13
+        echo hi
+    """)
+    spec = parse(text)
+    assert (spec.array, spec.dependency) == ("0,4,8,12", "afterok:12,afterok:13")
+    spec = parse(text, "-a", "1,3,5-9%2", "--dependency=singleton")
+    assert (spec.array, spec.dependency) == ("1,3,5-9%2", "singleton")
+    assert JobSpec.from_wire(spec.to_wire()) == spec
+
+
+@pytest.mark.parametrize("option, message", [
+    ("--array=5-1", "--array=5-1: invalid job array specification: invalid range '5-1': the end is below the start"),
+    ("--array=0-100000", "max_array_size is 1001"),
+    ("--array=a", "--array=a: invalid job array specification"),
+    ("--dependency=afterok", "--dependency=afterok: invalid dependency specification"),
+    ("--dependency=sometime:3", "invalid dependency type 'sometime'"),
+    ("--dependency=afterok:" + ":".join(str(i) for i in range(1000, 1300)), "too long"),
+])
+def test_bad_arrays_and_dependencies(option, message):
+    assert message in error(None, "--wrap=true", option)
+
+
+def test_array_bound_is_the_callers():
+    assert parse(None, "--wrap=true", "--array=0-5000", max_array_size=None).array == "0-5000"
+    assert "max_array_size is 10" in error(None, "--wrap=true", "--array=10", max_array_size=10)
+
+
+def test_a_partition_list_longer_than_the_job_table_holds_is_refused():
+    assert "the partition list is too long" in error(None, "--wrap=true", "-p", ",".join(f"p{i}" for i in range(30)))

@@ -1,0 +1,60 @@
+"""Which partitions take a submission: names, allowed users and groups, and the time limit.
+
+`-p a,b` names candidates: those the user may not use, or whose max_time the job's limit
+exceeds, are dropped; the job is refused only when none is left (unknown names always are).
+A job without -t gets the smallest max_time among its partitions, as Slurm gives it MaxTime.
+"""
+from __future__ import annotations
+
+import grp
+import os
+from dataclasses import replace
+
+from ..config import ControllerConfig
+from ..core.model import JobSpec
+from ..core.timefmt import format_limit
+
+
+class PartitionRefused(ValueError):
+    """The text says which partition refused the job and why (sbatch-like)."""
+
+
+def groups_of(user: str, gid: int) -> set[str]:
+    try:
+        ids = os.getgrouplist(user, gid)
+    except OSError:
+        ids = [gid]
+    names = set()
+    for i in ids:
+        try:
+            names.add(grp.getgrgid(i).gr_name)
+        except KeyError:
+            names.add(str(i))
+    return names
+
+
+def admit(spec: JobSpec, cfg: ControllerConfig, *, user: str, groups: set[str], admin: bool) -> tuple[str, JobSpec]:
+    """(the partitions column: 'a' or 'a,b', the spec as it will run), or PartitionRefused."""
+    names = spec.partition.split(",") if spec.partition else [cfg.default_partition]
+    if len(set(names)) != len(names):
+        raise PartitionRefused(f"a partition is given twice in {spec.partition}")
+    unknown = [n for n in names if n not in cfg.partitions]
+    if unknown:
+        raise PartitionRefused(f"invalid partition specified: {unknown[0]}")
+    accepted, refusals = [], []
+    for name in names:
+        p = cfg.partition(name)
+        if not admin and not p.allows(user, groups):
+            refusals.append(f"Access/permission denied: user {user} may not use partition {name}")
+        elif p.max_time is not None and spec.time_limit is not None and spec.time_limit > p.max_time:
+            refusals.append(f"Requested time limit is invalid (missing or exceeds some limit): "
+                            f"{format_limit(spec.time_limit)} is more than MaxTime={format_limit(p.max_time)} "
+                            f"of partition {name}")
+        else:
+            accepted.append(p)
+    if not accepted:
+        raise PartitionRefused("; ".join(refusals))
+    column = ",".join(p.name for p in accepted)
+    limits = [p.max_time for p in accepted if p.max_time is not None]
+    time_limit = spec.time_limit if spec.time_limit is not None or not limits else min(limits)
+    return column, replace(spec, partition=column if spec.partition else None, time_limit=time_limit)
