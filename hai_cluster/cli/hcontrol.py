@@ -98,7 +98,7 @@ def release(job_id):
 @main.command()
 @click.argument("job_id")
 def preempt(job_id):
-    """Admins: checkpoint a running job and requeue it, as the scheduler does."""
+    """Operators and admins: checkpoint a running job and requeue it, as the scheduler does."""
     _job_action("preempt", job_id)
 
 

@@ -51,8 +51,10 @@ def main(argv: list[str] | None = None) -> None:
                                now=time.time())
     except (JobScriptError, ValueError) as exc:
         fail("hsubmit", str(exc))
+    umask = os.umask(0o022)  # reading the umask means setting it: put it back at once
+    os.umask(umask)
     reply = call("hsubmit", "submit", {"script": script, "script_name": script_name, "option_args": options,
-                                       "script_args": script_args, "cwd": cwd, "env": env})
+                                       "script_args": script_args, "cwd": cwd, "env": env, "umask": umask})
     if sub.test_only:
         t = reply["test_only"]
         if t["start"] == "now":

@@ -5,40 +5,24 @@ the client sends can change it. Bad input is answered with a specific error and 
 """
 from __future__ import annotations
 
-import pwd
 import signal as signals
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from ..config import PRIORITY_CLASSES
+from ..core.envfilter import submitted_env
 from ..core.jobscript import JobScriptError, parse_submission
 from ..core.model import JobView
 from ..core.resources import could_ever_fit
 from ..core.states import FINAL_STATES, JobState, parse_state
 from ..store.repository import required_runtime
 from ..transport.rpc import RequestError, RpcTable
+from .access import Caller, caller_from_creds, deny, may_act_on  # noqa: F401 (daemon imports it here)
 from .service import Controller
 
 NOT_FINAL = [s.value for s in JobState if s not in FINAL_STATES and s not in (JobState.PREEMPTED,
                                                                                 JobState.REQUEUED)]
-
-
-@dataclass(frozen=True)
-class Caller:
-    uid: int
-    gid: int
-    pid: int
-    user: str
-    admin: bool
-
-
-def caller_from_creds(pid: int, uid: int, gid: int, admins: tuple[str, ...]) -> Caller:
-    try:
-        user = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        user = str(uid)
-    return Caller(uid=uid, gid=gid, pid=pid, user=user, admin=uid == 0 or user in admins)
 
 
 def _expect(body: Any, key: str, typ: type | tuple, *, required: bool = False, default: Any = None) -> Any:
@@ -88,18 +72,20 @@ def build_api(ctl: Controller) -> RpcTable:
     def public(job: dict) -> dict:
         return _public(job, mlfq, time.time())
 
-    async def own_job(body: Any, caller: Caller) -> dict:
+    async def own_job(body: Any, caller: Caller, action: str) -> dict:
+        """The job named in the body, if the caller may `action` it (owner, operator or admin)."""
         job_id = _expect(body, "job_id", int, required=True)
         job = await ctl.db(repo().job, job_id)
         if job is None:
             raise RequestError(f"Invalid job id specified: {job_id}")
-        if job["user"] != caller.user and not caller.admin:
-            raise RequestError(f"Access/permission denied for job {job_id}")
+        if not may_act_on(caller, job, operators=True):
+            raise deny(caller, f"{action} of job {job_id} (owned by {job['user']})")
         return job
 
     @api.expose("ping")
     async def ping(body, caller: Caller):
-        return {"time": time.time(), "user": caller.user, "uid": caller.uid, "admin": caller.admin}
+        return {"time": time.time(), "user": caller.user, "uid": caller.uid, "admin": caller.admin,
+                "role": caller.role}
 
     @api.expose("submit")
     async def submit(body, caller: Caller):
@@ -110,17 +96,21 @@ def build_api(ctl: Controller) -> RpcTable:
         env = _expect(body, "env", dict, default={})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise RequestError("field 'env' must map strings to strings")
+        env = submitted_env(env)
+        umask = _expect(body, "umask", int)
+        if umask is not None and not 0 <= umask <= 0o777:
+            raise RequestError(f"field 'umask' must be between 0 and 0777, got {umask}")
         script_name = _expect(body, "script_name", str)
         try:
             sub = parse_submission(script, option_args, cwd=cwd, env=env, script_args=script_args,
                                    script_name=script_name, now=time.time())
         except (JobScriptError, ValueError) as exc:
             raise RequestError(str(exc)) from None
-        spec = sub.spec
+        spec = replace(sub.spec, umask=umask)
         allowed = PRIORITY_CLASSES.index(ctl.cfg.scheduler.max_user_priority)
         if not caller.admin and PRIORITY_CLASSES.index(spec.priority) < allowed:
-            raise RequestError(f"Access/permission denied: --priority={spec.priority} is above what users may "
-                               f"ask for ({ctl.cfg.scheduler.max_user_priority})")
+            raise deny(caller, f"--priority={spec.priority} is above what users may ask for "
+                               f"({ctl.cfg.scheduler.max_user_priority})")
         partition = spec.partition or ctl.cfg.default_partition
         if partition not in ctl.cfg.partitions:
             raise RequestError(f"invalid partition specified: {partition}")
@@ -209,8 +199,10 @@ def build_api(ctl: Controller) -> RpcTable:
                 errors.append(f"Kill job error on job id {missing}: Job/step already completing or completed")
         done = []
         for job in rows:
-            if job["user"] != caller.user and not caller.admin:
-                errors.append(f"Kill job error on job id {job['id']}: Access/permission denied")
+            if not may_act_on(caller, job, operators=False):
+                what = "signal" if signum is not None else "cancel"
+                refusal = deny(caller, f"{what} of job {job['id']} (owned by {job['user']})")
+                errors.append(f"Kill job error on job id {job['id']}: {refusal}")
                 continue
             state = JobState(job["state"])
             if signum is not None:
@@ -245,7 +237,7 @@ def build_api(ctl: Controller) -> RpcTable:
     @api.expose("requeue")
     async def requeue(body, caller: Caller):
         """Checkpoint and requeue now (hcontrol requeue): the run ends as REQUEUED, the job waits again."""
-        job = await own_job(body, caller)
+        job = await own_job(body, caller, "requeue")
         if not job["preemptible"]:
             raise RequestError(f"Requeue of job {job['id']} refused: it was submitted with --no-requeue")
         if job["state"] != JobState.RUNNING.value:
@@ -255,10 +247,10 @@ def build_api(ctl: Controller) -> RpcTable:
 
     @api.expose("preempt")
     async def preempt(body, caller: Caller):
-        """Admins: checkpoint a running job and put it back in the queue, as the scheduler would."""
-        if not caller.admin:
-            raise RequestError("Access/permission denied: only administrators may preempt jobs")
-        job = await own_job(body, caller)
+        """Operators and admins: checkpoint a running job and put it back in the queue, as the scheduler would."""
+        if not caller.operator:
+            raise deny(caller, "only operators and administrators may preempt jobs")
+        job = await own_job(body, caller, "preemption")
         if job["state"] != JobState.RUNNING.value:
             raise RequestError(f"Job {job['id']} is {job['state']}; only a running job can be preempted")
         if not job["preemptible"]:
@@ -267,8 +259,8 @@ def build_api(ctl: Controller) -> RpcTable:
         return {"job_id": job["id"]}
 
     async def set_hold(body, caller: Caller, hold: bool):
-        job = await own_job(body, caller)
-        error = await ctl.db(repo().set_hold, job["id"], hold, admin=caller.admin and job["user"] != caller.user)
+        job = await own_job(body, caller, "hold" if hold else "release")
+        error = await ctl.db(repo().set_hold, job["id"], hold, admin=caller.operator and job["user"] != caller.user)
         if error:
             raise RequestError(error)
         ctl.wake()
@@ -276,15 +268,17 @@ def build_api(ctl: Controller) -> RpcTable:
 
     @api.expose("update_node")
     async def update_node(body, caller: Caller):
-        """Admins: drain a node (running jobs finish, nothing new starts), resume it, or set it down."""
-        if not caller.admin:
-            raise RequestError("Access/permission denied: only administrators may change node state")
+        """Operators: drain a node (running jobs finish, nothing new starts) or resume it; admins also set it down."""
+        if not caller.operator:
+            raise deny(caller, "only operators and administrators may change node state")
         name = _expect(body, "name", str, required=True)
         state = _expect(body, "state", str, required=True).lower()
         reason = _expect(body, "reason", str)
         target = {"drain": "drain", "resume": "up", "up": "up", "idle": "up", "down": "down"}.get(state)
         if target is None:
             raise RequestError(f"Invalid node state specified: {state} (use drain, resume or down)")
+        if target == "down" and not caller.admin:
+            raise deny(caller, f"only administrators may set node {name} down")
         if target != "up" and not reason:
             raise RequestError(f"A reason is required to set node {name} {target} (reason=...)")
         if not await ctl.db(repo().set_node_state, name, target, reason and f"{reason} [{caller.user}]"):

@@ -58,7 +58,7 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
 
     async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         pid, uid, gid = peer_credentials(writer)
-        caller = caller_from_creds(pid, uid, gid, cfg.admins)
+        caller = caller_from_creds(pid, uid, gid, cfg.access)
         conn = RpcConnection(reader, writer, table=api, context=caller, name=f"client uid={uid} pid={pid}")
         connections.add(conn)
         try:

@@ -42,6 +42,7 @@ class JobSpec:
     container_image: str | None = None  # rootfs dir or tarball (absolute), or a reference for podman
     runtime: str | None = None  # none | bwrap | runc | podman | apptainer | enroot; None: the node's default
     begin_time: float | None = None  # --begin: not eligible before this (epoch seconds)
+    umask: int | None = None  # the submitter's umask: output files are created with it (None: 022)
 
     def to_wire(self) -> dict[str, Any]:
         d = asdict(self)

@@ -184,7 +184,7 @@ def start_ssh_cluster(ssh_nodes, *, gpus_per_node: int, scheduler_toml: str = ""
 
 
 def start_local_cluster(*, database: str | None = None, gpus: int = 2, tick: float = 0.3, node: str = "local1",
-                        agent_toml: str = "") -> Cluster:
+                        agent_toml: str = "", controller_toml: str = "") -> Cluster:
     """A controller and one agent on this machine over the local transport (no sshd), for tests
     about the controller itself. `database` defaults to SQLite in the cluster's directory."""
     base = Path(tempfile.mkdtemp(prefix="hai-local-", dir="/tmp"))
@@ -194,7 +194,7 @@ def start_local_cluster(*, database: str | None = None, gpus: int = 2, tick: flo
                                      f'spool = "{base}/spool"\n{agent_toml}\n'
                                      f'[gpus]\nbackend = "simulated"\nsimulated_count = {gpus}\n')
     (base / "controller.toml").write_text(
-        f'[controller]\nsocket = "{base}/ctl.sock"\ndatabase = "{url}"\ntick_seconds = {tick}\n'
+        f'[controller]\nsocket = "{base}/ctl.sock"\ndatabase = "{url}"\ntick_seconds = {tick}\n{controller_toml}\n'
         f'[[nodes]]\nname = "{node}"\ntransport = "local"\nagent_socket = "{base}/agent.sock"\n')
     agent = Daemon(python_daemon("hai_cluster.agent.daemon", base / "agent.toml"), base / "agent.log")
     ctl = Daemon(python_daemon("hai_cluster.controller.daemon", base / "controller.toml"), base / "ctl.log")
