@@ -42,7 +42,7 @@ FIELDS: dict[str, Callable[[dict], object]] = {
     "jobid": lambda r: r["job_id"],
     "jobname": lambda r: r["name"],
     "partition": lambda r: r["partition"],
-    "account": lambda r: r.get("account") or "",
+    "account": lambda r: r.get("account") or "default",
     "user": lambda r: r["user"],
     "alloccpus": lambda r: r["cpus"],
     "allocgpus": lambda r: r["gpus"],

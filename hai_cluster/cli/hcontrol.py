@@ -19,7 +19,7 @@ def job_lines(job: dict, now: float) -> list[str]:
     spec = job["spec"]
     pairs = [
         [("JobId", job["id"]), ("JobName", job["name"])],
-        [("UserId", f"{job['user']}({job['uid']})"), ("GroupId", job["gid"])],
+        [("UserId", f"{job['user']}({job['uid']})"), ("GroupId", job["gid"]), ("Account", job.get("account") or "default")],
         [("Priority", job["priority"]), ("Partition", job["partition"]), ("Level", job["level"]),
          ("Preemptible", int(bool(job["preemptible"])))],
         [("JobState", job["state"]), ("Reason", job["reason"] or "None"), ("Hold", job["hold"])],
@@ -105,22 +105,60 @@ def preempt(job_id):
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.argument("assignments", nargs=-1, required=True)
 def update(assignments):
-    """Change a node, scontrol style: update NodeName=X State=DRAIN|RESUME|DOWN Reason="..."."""
+    """Change a node or limits, scontrol style: update NodeName=X State=DRAIN|RESUME|DOWN Reason="...",
+    or (admins) update Account=NAME|User=NAME MaxGPUs=N MaxPending=N MaxJobs=N [Shares=N] (0: no limit)."""
     fields = {}
     for item in assignments:
         key, sep, value = item.partition("=")
         if not sep:
             fail("hcontrol", f"Invalid input: {item} (expected KEY=VALUE)")
         fields[key.lower()] = value
+    for kind in ("account", "user"):
+        if kind in fields:
+            return update_limits(kind, fields.pop(kind), fields)
     name = fields.pop("nodename", None) or fields.pop("node", None)
     if not name:
-        fail("hcontrol", "update needs NodeName=NAME (jobs and accounts come later)")
+        fail("hcontrol", "update needs NodeName=NAME, Account=NAME or User=NAME")
     if "state" not in fields:
         fail("hcontrol", "update NodeName=... needs State=DRAIN, RESUME or DOWN")
     body = {"name": name, "state": fields.pop("state"), "reason": fields.pop("reason", None)}
     if fields:
         fail("hcontrol", f"Update of node {name} failed: unknown field(s) {', '.join(sorted(fields))}")
     call("hcontrol", "update_node", body)
+
+
+LIMIT_KEYS = {"maxgpus": "max_gpus", "maxpending": "max_pending", "maxjobs": "max_jobs", "shares": "shares",
+              "maxsubmitjobs": "max_jobs", "maxsubmit": "max_jobs", "fairshare": "shares"}
+
+
+def update_limits(kind: str, name: str, fields: dict) -> None:
+    body: dict = {"kind": kind, "name": name}
+    for key, value in fields.items():
+        if key not in LIMIT_KEYS:
+            fail("hcontrol", f"Update of {kind} {name} failed: unknown field {key} "
+                             f"(MaxGPUs, MaxPending, MaxJobs{', Shares' if kind == 'account' else ''})")
+        try:
+            body[LIMIT_KEYS[key]] = int(value)
+        except ValueError:
+            fail("hcontrol", f"Update of {kind} {name} failed: {key}={value} is not a whole number")
+    if len(body) == 2:
+        fail("hcontrol", f"update {kind.capitalize()}={name} needs MaxGPUs=, MaxPending=, MaxJobs= or Shares=")
+    r = call("hcontrol", "update_limits", body)
+    print(f"{kind.capitalize()}={r['name']} MaxGPUs={r['max_gpus']} MaxPending={r['max_pending']} "
+          f"MaxJobs={r['max_jobs']}" + (f" Shares={r['shares']}" if "shares" in r else ""))
+
+
+@show.command("accounts")
+def show_accounts():
+    """Accounts and user limits in force (config plus live changes); 0 = no limit."""
+    reply = call("hcontrol", "accounts", {})
+    for a in reply["accounts"]:
+        if a["kind"] == "account":
+            users = ",".join(a["users"]) or ("(users no account lists)" if a["name"] == "default" else "(none)")
+            print(f"Account={a['name']} Shares={a['shares']} MaxGPUs={a['max_gpus']} MaxPending={a['max_pending']} "
+                  f"MaxJobs={a['max_jobs']} Users={users}")
+        else:
+            print(f"User={a['name']} MaxGPUs={a['max_gpus']} MaxPending={a['max_pending']} MaxJobs={a['max_jobs']}")
 
 
 @show.command("node")

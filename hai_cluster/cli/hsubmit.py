@@ -14,6 +14,7 @@ Submit a batch script. Options are sbatch's, on the command line or as #HAI / #S
 directives at the top of the script (the command line wins):
   -J, --job-name NAME     -N, --nodes N          --gpus-per-node N | --gres=gpu:N | -G, --gpus N
   -c, --cpus-per-task N   --mem SIZE             -t, --time LIMIT      -p, --partition NAME
+  -A, --account NAME      (default: your first account in the controller config)
   -o, --output PATTERN    -e, --error PATTERN    -D, --chdir DIR       --export ALL|NONE|VARS
   --signal [B:]SIG[@SECS] --grace SECONDS        --priority CLASS      --no-requeue   -H, --hold
   --checkpoint-dir DIR    --wrap COMMAND         --parsable   -W, --wait   --test-only   -b, --begin TIME

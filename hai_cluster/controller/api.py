@@ -122,10 +122,15 @@ def build_api(ctl: Controller) -> RpcTable:
             fit = could_ever_fit(view, known)
             if not fit:
                 raise RequestError(f"Requested node configuration is not available: {fit.reason}")
+        account = ctl.tenancy.account_for(caller, spec.account)
+        spec = replace(spec, account=account)
         if sub.test_only:
             return {"test_only": await would_start(spec, partition, caller)}
-        job_id = await ctl.db(repo().submit, spec, user=caller.user, uid=caller.uid, gid=caller.gid,
-                              partition=partition, now=time.time())
+        def record() -> int:  # on the store thread: no other submission counts in between
+            ctl.tenancy.check_submission(repo().engine, caller, account)
+            return repo().submit(spec, user=caller.user, uid=caller.uid, gid=caller.gid, partition=partition,
+                                 now=time.time(), account=account)
+        job_id = await ctl.db(record)
         ctl.wake()
         return {"job_id": job_id}
 
@@ -136,7 +141,7 @@ def build_api(ctl: Controller) -> RpcTable:
         probe = JobView(id=-1, user=caller.user, state=JobState.PENDING, submit_time=now, nodes=spec.nodes,
                         gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task, mem_mb=spec.mem_mb,
                         partition=partition, priority=spec.priority, hold=spec.hold, pending_since=now,
-                        preemptible=spec.requeue, runtime=required_runtime(spec))
+                        preemptible=spec.requeue, runtime=required_runtime(spec), account=spec.account)
         plan = await ctl.decide(replace(snapshot, jobs=snapshot.jobs + (probe,)))
         for action in plan.actions:
             if action.job_id == -1 and hasattr(action, "placement"):
@@ -285,6 +290,41 @@ def build_api(ctl: Controller) -> RpcTable:
             raise RequestError(f"Invalid node name specified: {name}")
         ctl.wake()
         return {"name": name, "state": target}
+
+    @api.expose("update_limits")
+    async def update_limits(body, caller: Caller):
+        """Admins: hcontrol update Account=NAME / User=NAME with MaxGPUs, MaxPending, MaxJobs, Shares."""
+        kind = _expect(body, "kind", str, required=True)
+        name = _expect(body, "name", str, required=True)
+        if kind not in ("account", "user") or not name or len(name) > 64:
+            raise RequestError("update_limits needs kind account or user and a name (at most 64 characters)")
+        values = {}
+        for key in ("shares", "max_gpus", "max_pending", "max_jobs"):
+            value = _expect(body, key, int)
+            if value is not None:
+                if not 0 <= value <= 10**9 or key == "shares" and value < 1:
+                    raise RequestError(f"invalid {key} {value}: use 0 (no limit) up to 1000000000"
+                                       + (", shares at least 1" if key == "shares" else ""))
+                values[key] = value
+        if not values:
+            raise RequestError("nothing to update (MaxGPUs=, MaxPending=, MaxJobs=, Shares=)")
+        if not caller.admin:  # before the store is touched
+            raise deny(caller, f"only administrators may change the limits of {kind} {name}")
+        result = await ctl.db(ctl.tenancy.update, repo().engine, caller, kind, name, values)
+        ctl.wake()
+        return result
+
+    @api.expose("accounts")
+    async def accounts(body, caller: Caller):
+        return {"accounts": await ctl.db(ctl.tenancy.listing, repo().engine),
+                "mine": ctl.tenancy.accounts_of(caller)}
+
+    @api.expose("shares")
+    async def shares(body, caller: Caller):
+        """hshare: the fair-share tree, like sshare -a."""
+        rows = await ctl.db(ctl.tenancy.share_rows, repo().engine, time.time())
+        return {"half_life": ctl.cfg.fairshare.half_life, "enabled": ctl.cfg.fairshare.enabled,
+                "rows": [vars(r) for r in rows]}
 
     api.add("hold", lambda body, caller: set_hold(body, caller, True))
     api.add("release", lambda body, caller: set_hold(body, caller, False))

@@ -43,6 +43,7 @@ class JobSpec:
     runtime: str | None = None  # none | bwrap | runc | podman | apptainer | enroot; None: the node's default
     begin_time: float | None = None  # --begin: not eligible before this (epoch seconds)
     umask: int | None = None  # the submitter's umask: output files are created with it (None: 022)
+    account: str | None = None  # -A/--account; None: the user's default account
 
     def to_wire(self) -> dict[str, Any]:
         d = asdict(self)
@@ -124,6 +125,7 @@ class JobView:
     time_limit: int | None = None  # seconds; the simulator puts the true duration here for oracles
     runtime: str | None = None  # a runtime the job asked for; "container": any node's container default
     begin_time: float | None = None  # not eligible before this (--begin)
+    account: str = "default"  # whose limits and fair share apply (-A)
 
     @property
     def gpus(self) -> int:
@@ -156,6 +158,9 @@ class Snapshot:
     now: float
     jobs: tuple[JobView, ...]
     nodes: tuple[NodeView, ...]
+    quotas: Any = None  # core.quota.Quotas: running-GPU limits per user and account (None: none)
+    # Fair-share factor per (account, user), in (0, 1]; absent: 1 (core/fairshare.py)
+    fairshare: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ NOT_RESPONDING = "Not responding"
 SNAPSHOT_COLUMNS = [jobs.c[name] for name in (
     "id", "user", "state", "submit_time", "nodes", "gpus_per_node", "cpus_per_task", "mem_mb", "partition",
     "priority", "hold", "hold_admin", "restart_count", "attained_gpu_seconds", "start_time", "nodelist",
-    "preemptible", "pending_since", "last_run_end", "time_limit", "runtime", "begin_time")]
+    "preemptible", "pending_since", "last_run_end", "time_limit", "runtime", "begin_time", "account")]
 # What job listings return: everything but the spec (script and environment can be large).
 LISTING_COLUMNS = [c for c in jobs.c if c.name != "spec"]  # reason prefix of nodes the controller itself declared down
 
@@ -60,7 +60,8 @@ class Repository:
         self.engine = engine
 
     # ---- submission and user actions -------------------------------------------------------
-    def submit(self, spec: JobSpec, *, user: str, uid: int, gid: int, partition: str, now: float) -> int:
+    def submit(self, spec: JobSpec, *, user: str, uid: int, gid: int, partition: str, now: float,
+               account: str = "default") -> int:
         with self.engine.begin() as c:
             res = c.execute(insert(jobs).values(
                 name=spec.name, user=user, uid=uid, gid=gid, partition=partition,
@@ -69,7 +70,7 @@ class Repository:
                 mem_mb=spec.mem_mb, time_limit=spec.time_limit, hold=spec.hold, spec=spec.to_wire(),
                 restart_count=0, attempts=0, nodelist="", attained_gpu_seconds=0.0, version=1,
                 pending_since=now, preemptible=spec.requeue, hold_admin=False, runtime=required_runtime(spec),
-                begin_time=spec.begin_time))
+                begin_time=spec.begin_time, account=account))
             return int(res.inserted_primary_key[0])
 
     def cancel_pending(self, job_id: int, now: float, by_uid: int | None = None) -> bool:
@@ -165,7 +166,7 @@ class Repository:
             nodelist=tuple(x for x in j.nodelist.split(",") if x),
             allocation=tuple((r.node, tuple(r.gpus)) for r in ranks),
             preemptible=j.preemptible, pending_since=j.pending_since, last_run_end=j.last_run_end,
-            time_limit=j.time_limit, runtime=j.runtime, begin_time=j.begin_time)
+            time_limit=j.time_limit, runtime=j.runtime, begin_time=j.begin_time, account=j.account or "default")
 
     def set_reasons(self, reasons: Mapping[int, str]) -> None:
         """Store the pending reasons that changed (most do not, tick after tick)."""
@@ -363,7 +364,7 @@ class Repository:
             return _row(r) if r else None
 
     def runs(self, *, job_ids: Sequence[int] | None = None, users: Sequence[str] | None = None) -> list[dict]:
-        q = (select(runs, jobs.c.name, jobs.c.user, jobs.c.partition, jobs.c.state.label("job_state"))
+        q = (select(runs, jobs.c.name, jobs.c.user, jobs.c.partition, jobs.c.state.label("job_state"), jobs.c.account)
              .join(jobs, jobs.c.id == runs.c.job_id).order_by(runs.c.job_id, runs.c.attempt))
         if job_ids:
             q = q.where(runs.c.job_id.in_(list(job_ids)))

@@ -47,6 +47,7 @@ jobs = Table(
     Column("hold_admin", Boolean, nullable=False, default=False),  # held by an admin: users cannot release
     Column("runtime", String(16)),  # 0004: the runtime the job needs ("container": any container runtime)
     Column("begin_time", Float),  # 0005: --begin
+    Column("account", String(64)),  # 0008: -A/--account (None: before accounts existed, "default")
     Index("ix_jobs_state", "state"),
 )
 
@@ -110,4 +111,18 @@ gpus = Table(
     Column("uuid", String(128), nullable=False),
     Column("name", String(200), nullable=False),
     Column("memory_mb", Integer, nullable=False),
+)
+
+# 0008: limits and shares set live by admins (hcontrol update Account=/User=); they override the
+# config's. kind: account | user; a None value leaves the config's.
+limits = Table(
+    "limits", metadata,
+    Column("kind", String(8), primary_key=True),
+    Column("name", String(64), primary_key=True),
+    Column("shares", Integer),
+    Column("max_gpus", Integer),
+    Column("max_pending", Integer),
+    Column("max_jobs", Integer),
+    Column("updated_by", String(64)),
+    Column("updated_at", Float),
 )
