@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import threading
 
 import pytest
 
@@ -122,3 +123,43 @@ def test_flood_hits_the_pending_limit_while_others_are_served(cluster):
     assert cluster.wait_state(job, "COMPLETED")["state"] == "COMPLETED"
     cluster.cli("hcancel", "-u", TEST_USER)
 
+
+def test_connection_cap_per_uid(cluster):
+    d = user_dir(cluster.workdir, TEST_USER)
+    ready, go = d / "cap-ready", d / "cap-go"
+    hold = d / "hold.py"
+    hold.write_text(textwrap.dedent(f"""
+        import os, time
+        from hai_cluster.cli.client import ClientError, ControllerClient
+        held = []
+        for i in range(3):
+            c = ControllerClient()
+            c.call("ping", {{}})
+            held.append(c)
+        extra = ControllerClient()
+        try:
+            extra.call("ping", {{}})
+            print("extra served")
+        except ClientError as exc:
+            print(f"extra refused: {{exc}}")
+        open("{ready}", "w").close()
+        while not os.path.exists("{go}"):
+            time.sleep(0.05)
+        held.pop().close()
+        again = ControllerClient()
+        print("after close:", again.call("ping", {{}})["user"])
+    """))
+    result = []
+    worker = threading.Thread(target=lambda: result.append(cluster.cli("python", str(hold))))
+    worker.start()
+    try:
+        wait_for(ready.exists, 30, what="the connections to be held")
+        # another user is not affected while haitest holds its 3
+        assert cluster.cli("hqueue", user=OTHER_USER).returncode == 0
+    finally:
+        go.touch()
+        worker.join(60)
+    out = result[0].stdout
+    assert "extra refused: too many connections to the controller from uid" in out, out
+    assert f"after close: {TEST_USER}" in out
+    assert "refused a connection from uid=" in (cluster.workdir / "ctl.log").read_text()
