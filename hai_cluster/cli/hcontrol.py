@@ -140,7 +140,8 @@ def update_limits(kind: str, name: str, fields: dict) -> None:
         try:
             body[LIMIT_KEYS[key]] = int(value)
         except ValueError:
-            fail("hcontrol", f"Update of {kind} {name} failed: {key}={value} is not a whole number")
+            shown = {"max_gpus": "MaxGPUs", "max_pending": "MaxPending", "max_jobs": "MaxJobs", "shares": "Shares"}
+            fail("hcontrol", f"Update of {kind} {name} failed: {shown[LIMIT_KEYS[key]]}={value} is not a whole number")
     if len(body) == 2:
         fail("hcontrol", f"update {kind.capitalize()}={name} needs MaxGPUs=, MaxPending=, MaxJobs= or Shares=")
     r = call("hcontrol", "update_limits", body)

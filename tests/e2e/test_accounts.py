@@ -163,3 +163,18 @@ def test_connection_cap_per_uid(cluster):
     assert "extra refused: too many connections to the controller from uid" in out, out
     assert f"after close: {TEST_USER}" in out
     assert "refused a connection from uid=" in (cluster.workdir / "ctl.log").read_text()
+
+
+def test_per_user_limit_set_live(cluster):
+    out = cluster.cli("hcontrol", "update", f"User={OTHER_USER}", "MaxGPUs=1", user="root").stdout
+    assert out.strip() == f"User={OTHER_USER} MaxGPUs=1 MaxPending=6 MaxJobs=0"
+    job = sleep_job(cluster, user=OTHER_USER)
+    wait_for(lambda: cluster.job(job)["reason"] == "QuotaLimit", 20, what="QuotaLimit")
+    for argv, text in ((("MaxGPUs=lots",), "MaxGPUs=lots is not a whole number"),
+                       (("Colour=red",), "unknown field colour"), (("Shares=3",), "Shares are set per account"),
+                       (("MaxGPUs=-1",), "invalid max_gpus -1")):
+        proc = cluster.cli("hcontrol", "update", f"User={OTHER_USER}", *argv, user="root", check=False)
+        assert proc.returncode != 0 and text in proc.stderr, proc.stderr
+    cluster.cli("hcontrol", "update", f"User={OTHER_USER}", "MaxGPUs=0", user="root")
+    assert cluster.wait_state(job, "RUNNING")["state"] == "RUNNING"
+    cluster.cli("hcancel", str(job), user=OTHER_USER)
