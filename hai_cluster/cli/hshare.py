@@ -27,8 +27,11 @@ def main(all_users, accounts, users, parsable, noheader, as_json):
     rows = reply["rows"]
     wanted_accounts = set(accounts.split(",")) if accounts else None
     wanted_users = set(users.split(",")) if users else (None if all_users else {getpass.getuser()})
+    users_rows = [r for r in rows if r["user"] is not None and (wanted_users is None or r["user"] in wanted_users)]
+    # an account's own row is shown with the users shown under it (all of them with -a)
+    accounts_shown = {r["account"] for r in users_rows} if wanted_users is not None else {r["account"] for r in rows}
     shown = [r for r in rows if (wanted_accounts is None or r["account"] in wanted_accounts)
-             and (r["user"] is None or wanted_users is None or r["user"] in wanted_users)]
+             and (r in users_rows or r["user"] is None and r["account"] in accounts_shown)]
     if as_json:
         print(json.dumps({"half_life": reply["half_life"], "rows": shown}, indent=2))
         return

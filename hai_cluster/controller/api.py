@@ -18,7 +18,7 @@ from ..core.resources import could_ever_fit
 from ..core.states import FINAL_STATES, JobState, parse_state
 from ..store.repository import required_runtime
 from ..transport.rpc import RequestError, RpcTable
-from .access import Caller, caller_from_creds, deny, may_act_on  # noqa: F401 (daemon imports it here)
+from .access import Caller, deny, may_act_on
 from .service import Controller
 
 NOT_FINAL = [s.value for s in JobState if s not in FINAL_STATES and s not in (JobState.PREEMPTED,

@@ -19,7 +19,8 @@ from ..core.states import JobState
 from ..sdnotify import Notifier
 from ..transport.rpc import RpcConnection
 from ..transport.unix import SocketInUse, bind_socket, close_server, peer_credentials
-from .api import build_api, caller_from_creds
+from .access import caller_from_creds
+from .api import build_api
 from .connlimit import ConnectionCounter
 from .service import Controller
 

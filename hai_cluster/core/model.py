@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .states import JobState
+
+if TYPE_CHECKING:
+    from .quota import Quotas
 
 DEFAULT_GRACE_SECONDS = 60
 DEFAULT_OUTPUT = "hai-%j.out"
@@ -158,7 +161,7 @@ class Snapshot:
     now: float
     jobs: tuple[JobView, ...]
     nodes: tuple[NodeView, ...]
-    quotas: Any = None  # core.quota.Quotas: running-GPU limits per user and account (None: none)
+    quotas: Quotas | None = None  # running-GPU limits per user and account (None: none)
     # Fair-share factor per (account, user), in (0, 1]; absent: 1 (core/fairshare.py)
     fairshare: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
