@@ -124,6 +124,40 @@ class PartitionConfig:
 
 
 @dataclass(frozen=True)
+class AccessConfig:
+    """[access]: roles by user name or "@group" (see controller/access.py), and abuse limits."""
+    admins: tuple[str, ...] = ("root",)  # everything: accounts, limits, any job, any node state
+    operators: tuple[str, ...] = ()  # hold/release/requeue/preempt any job; drain/resume nodes
+    max_connections_per_uid: int = 64  # open controller connections one uid may hold (0: no cap)
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """Per-user or per-account limits; 0 = no limit."""
+    max_gpus: int = 0  # GPUs held by running jobs (beyond it jobs wait with QuotaLimit)
+    max_pending: int = 0  # pending jobs (beyond it submissions are refused)
+    max_jobs: int = 0  # pending + running jobs (beyond it submissions are refused)
+
+
+@dataclass(frozen=True)
+class AccountConfig:
+    """[[accounts]]: a group of users with a fair-share weight and limits for the whole account."""
+    name: str
+    users: tuple[str, ...] = ()  # user names or "@group"; a user's default account is the first listing them
+    shares: int = 1
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+
+
+@dataclass(frozen=True)
+class FairShareConfig:
+    half_life: float = 7 * 86400.0  # seconds after which past GPU-seconds count half
+    enabled: bool = True  # false: every factor is 1 (no fair-share ordering)
+
+
+DEFAULT_ACCOUNT = "default"  # the account of users no [[accounts]] entry lists
+
+
+@dataclass(frozen=True)
 class ControllerConfig:
     socket: str = DEFAULT_CONTROLLER_SOCKET
     database: str = "sqlite:////var/lib/hai/hai.db"
@@ -149,6 +183,10 @@ class ControllerConfig:
 
     def partition(self, name: str) -> PartitionConfig:
         return next((p for p in self.partition_limits if p.name == name), PartitionConfig(name))
+    access: AccessConfig = field(default_factory=AccessConfig)
+    user_limits: LimitsConfig = field(default_factory=LimitsConfig)  # [limits]: for every user
+    accounts: tuple[AccountConfig, ...] = ()
+    fairshare: FairShareConfig = field(default_factory=FairShareConfig)
 
 
 _TYPES: dict[type, str] = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
@@ -334,6 +372,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     raw_nodes = doc.get("nodes", list, [])
     telemetry = _controller_telemetry(path, doc.get("telemetry", dict, {}), doc.get("metrics", dict, {}))
     raw_partitions = doc.get("partitions", list, None)
+    access, user_limits, accounts, fairshare = _tenancy(path, doc)
     doc.done()
     tables: tuple[PartitionConfig, ...] = ()
     table_default = None
@@ -381,6 +420,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     if table_default is not None and "default_partition" in c.data:
         raise ConfigError(f"{path}: the default partition is set twice (controller.default_partition and "
                           f"default = true in [[partitions]] {table_default!r})")
+    legacy_admins = c.strings("admins", ())  # [controller] admins, from before [access]
     cfg = ControllerConfig(
         socket=c.get("socket", str, DEFAULT_CONTROLLER_SOCKET),
         database=c.get("database", str, "sqlite:////var/lib/hai/hai.db"),
@@ -388,7 +428,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         tick_seconds=c.get("tick_seconds", float, 1.0),
         node_down_after=c.get("node_down_after", float, 60.0),
         ping_interval=c.get("ping_interval", float, 5.0),
-        admins=c.strings("admins", ("root",)),
+        admins=legacy_admins or ("root",),
         partitions=partitions,
         default_partition=table_default or c.get("default_partition", str, partitions[0]),
         partition_limits=tables,
@@ -404,6 +444,10 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         nodes=tuple(nodes),
         scheduler=scheduler,
         telemetry=telemetry,
+        access=replace(access, admins=tuple(dict.fromkeys(legacy_admins + access.admins))),
+        user_limits=user_limits,
+        accounts=accounts,
+        fairshare=fairshare,
     )
     c.done()
     s.done()
@@ -453,6 +497,51 @@ def _node_partitions(node: str, explicit: tuple[str, ...] | None, partitions: tu
     named = {p.name for p in tables if p.nodes is not None and node in p.nodes}
     known = [p.name for p in tables if p.name in own | named]
     return tuple(known + sorted(own - set(known)))  # unknown names stay, to be reported
+def _limits(sec: _Section) -> LimitsConfig:
+    lim = LimitsConfig(max_gpus=sec.get("max_gpus", int, 0), max_pending=sec.get("max_pending", int, 0),
+                       max_jobs=sec.get("max_jobs", int, 0))
+    for key in ("max_gpus", "max_pending", "max_jobs"):
+        if getattr(lim, key) < 0:
+            raise ConfigError(f"{sec.path}: {sec.where}.{key} must be >= 0 (0: no limit)")
+    return lim
+
+
+def _tenancy(path: str, doc: _Section):
+    """[access], [limits], [[accounts]] and [fairshare]."""
+    a = _Section(path, "access", doc.get("access", dict, {}))
+    access = AccessConfig(admins=a.strings("admins", ("root",)), operators=a.strings("operators", ()),
+                          max_connections_per_uid=a.get("max_connections_per_uid", int, 64))
+    a.done()
+    if access.max_connections_per_uid < 0:
+        raise ConfigError(f"{path}: access.max_connections_per_uid must be >= 0 (0: no cap)")
+    for key in ("admins", "operators"):
+        for entry in getattr(access, key):
+            if not entry.lstrip("@"):
+                raise ConfigError(f"{path}: access.{key} has an empty entry")
+    lim = _Section(path, "limits", doc.get("limits", dict, {}))
+    user_limits = _limits(lim)
+    lim.done()
+    accounts = []
+    for i, raw in enumerate(doc.get("accounts", list, [])):
+        sec = _Section(path, f"accounts[{i}]", raw)
+        name = sec.get("name", str, "")
+        if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+            raise ConfigError(f"{path}: accounts[{i}].name is required (letters, digits, - _ .), got {name!r}")
+        acct = AccountConfig(name=name, users=sec.strings("users", ()), shares=sec.get("shares", int, 1),
+                             limits=_limits(sec))
+        sec.done()
+        if acct.shares < 1:
+            raise ConfigError(f"{path}: accounts[{i}].shares must be >= 1")
+        accounts.append(acct)
+    names = [x.name for x in accounts]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{path}: account names must be unique")
+    f = _Section(path, "fairshare", doc.get("fairshare", dict, {}))
+    fairshare = FairShareConfig(half_life=f.get("half_life", float, FairShareConfig.half_life),
+                                enabled=f.get("enabled", bool, True))
+    f.done()
+    _positive(path, "fairshare.half_life", fairshare.half_life)
+    return access, user_limits, tuple(accounts), fairshare
 
 
 def _numbers(sec: _Section, key: str, default: tuple[float, ...]) -> tuple[float, ...]:

@@ -12,6 +12,7 @@ import os
 import signal
 from typing import TYPE_CHECKING, NoReturn
 
+from ..core.envfilter import helper_env
 from .runspec import RunSpec
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def exec_job(spec: RunSpec, launch: Launch, groups: list[int], errw: int,
         os.setresgid(gid, spec.gid, gid)
         step = f"setuid to {spec.uid}"
         os.setresuid(uid, spec.uid, uid)
-        os.umask(0o022)
+        os.umask(spec.umask)
         step = f"chdir to {spec.workdir}"
         os.chdir(spec.workdir)
         if spec.checkpoint_dir is not None and not os.path.isdir(spec.checkpoint_dir):
@@ -97,7 +98,8 @@ def exec_job(spec: RunSpec, launch: Launch, groups: list[int], errw: int,
             os.set_inheritable(fd, True)
         _close_fds({errw, *launch.keep_fds})
         step = f"exec of {launch.label or launch.argv[0]}"
-        os.execve(launch.argv[0], launch.argv, dict(launch.env))
+        # A runtime started as root never sees the user's loader or interpreter hooks.
+        os.execve(launch.argv[0], launch.argv, dict(launch.env) if launch.as_user else helper_env(launch.env))
     except OSError as exc:
         msg = f"{step} failed: {exc.strerror or exc}"
         if step.startswith("exec of the job script") and exc.errno == errno.ENOENT:

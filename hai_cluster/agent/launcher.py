@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..core.envfilter import helper_env
 from . import contain, spool
 from .isolation import NodeIsolation
 from .runspec import RunSpec, RunStatus
@@ -74,7 +75,7 @@ async def launch(run_dir: Path, spec: RunSpec, timeout: float) -> tuple[RunStatu
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", spool.SHEPHERD_MODULE, str(run_dir),
             stdin=asyncio.subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, pass_fds=(w,),
-            env={**os.environ, "HAI_REPORT_FD": str(w)})
+            env={**helper_env(os.environ), "HAI_REPORT_FD": str(w)})
     except BaseException:
         os.close(r)
         raise

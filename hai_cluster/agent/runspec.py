@@ -91,6 +91,7 @@ class RunSpec:
     mem_mb: int | None = None  # memory limit of the rank, MiB
     cpus: int | None = None  # CPU limit of the rank
     gpus: tuple[int, ...] = ()  # the node's GPU indices this rank owns
+    umask: int = 0o022  # the submitter's umask, for the output files and all the job creates
 
     @property
     def key(self) -> tuple[int, int]:
@@ -128,6 +129,9 @@ class RunSpec:
         if d["signal"] is not None:
             valid_signal("spec.signal", d["signal"])
         iso = _isolation(d)
+        umask = d.get("umask", 0o022)
+        if not _is_int(umask) or not 0 <= umask <= 0o777:
+            raise SpecError(f"spec.umask must be an integer between 0 and 0777, got {umask!r}")
         return cls(
             job_id=d["job_id"], attempt=d["attempt"], rank=d["rank"], user=d["user"],
             uid=d["uid"], gid=d["gid"], script=script, script_args=tuple(args),
@@ -138,7 +142,7 @@ class RunSpec:
             grace=d["grace"],
             checkpoint_dir=None if d["checkpoint_dir"] is None
             else _abs_path("spec.checkpoint_dir", d["checkpoint_dir"]),
-            **iso,
+            umask=umask, **iso,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -149,7 +153,7 @@ class RunSpec:
         return d
 
 
-OPTIONAL = ("runtime", "container_image", "mem_mb", "cpus", "gpus")
+OPTIONAL = ("runtime", "container_image", "mem_mb", "cpus", "gpus", "umask")
 
 
 def _positive_or_none(where: str, v: Any) -> int | None:

@@ -49,7 +49,7 @@ FIELDS: dict[str, Callable[[dict], object]] = {
     "jobid": lambda r: job_label({**r, "id": r["job_id"]}),  # 12_4 for a task of array 12
     "jobname": lambda r: r["name"],
     "partition": lambda r: r["partition"],
-    "account": lambda r: r.get("account") or "",
+    "account": lambda r: r.get("account") or "default",
     "user": lambda r: r["user"],
     "alloccpus": lambda r: r["cpus"],
     "allocgpus": lambda r: r["gpus"],

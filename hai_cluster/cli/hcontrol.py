@@ -23,7 +23,7 @@ def job_lines(job: dict, now: float) -> list[str]:
     pairs = [
         [("JobId", job["id"])] + ([("ArrayJobId", job["array_job_id"]), ("ArrayTaskId", job["array_task_id"])]
                                   if job.get("array_job_id") is not None else []) + [("JobName", job["name"])],
-        [("UserId", f"{job['user']}({job['uid']})"), ("GroupId", job["gid"])],
+        [("UserId", f"{job['user']}({job['uid']})"), ("GroupId", job["gid"]), ("Account", job.get("account") or "default")],
         [("Priority", job["priority"]), ("Partition", job["partition"]), ("Level", job["level"]),
          ("Preemptible", int(bool(job["preemptible"])))],
         [("JobState", job["state"]), ("Reason", job["reason"] or "None"), ("Hold", job["hold"]),
@@ -142,7 +142,7 @@ def release(job_id):
 @main.command()
 @click.argument("job_id")
 def preempt(job_id):
-    """Admins: checkpoint a running job and requeue it, as the scheduler does."""
+    """Operators and admins: checkpoint a running job and requeue it, as the scheduler does."""
     _job_action("preempt", job_id)
 
 
@@ -151,7 +151,8 @@ def preempt(job_id):
 def update(assignments):
     """Change a node or a pending job, scontrol style:
     update NodeName=X State=DRAIN|RESUME|DOWN Reason="...";
-    update JobId=N [TimeLimit=T] [Partition=P] [Dependency=D] (users may only lower TimeLimit)."""
+    update JobId=N [TimeLimit=T] [Partition=P] [Dependency=D] (users may only lower TimeLimit);
+    (admins) update Account=NAME|User=NAME MaxGPUs=N MaxPending=N MaxJobs=N [Shares=N] (0: no limit)."""
     fields = {}
     for item in assignments:
         key, sep, value = item.partition("=")
@@ -165,15 +166,53 @@ def update(assignments):
         names = {item.partition("=")[0].lower(): item.partition("=")[0] for item in assignments}
         call("hcontrol", "update_job", {**body, "fields": {names[k]: v for k, v in fields.items()}})
         return
+    for kind in ("account", "user"):
+        if kind in fields:
+            return update_limits(kind, fields.pop(kind), fields)
     name = fields.pop("nodename", None) or fields.pop("node", None)
     if not name:
-        fail("hcontrol", "update needs NodeName=NAME or JobId=ID")
+        fail("hcontrol", "update needs NodeName=NAME, JobId=ID, Account=NAME or User=NAME")
     if "state" not in fields:
         fail("hcontrol", "update NodeName=... needs State=DRAIN, RESUME or DOWN")
     body = {"name": name, "state": fields.pop("state"), "reason": fields.pop("reason", None)}
     if fields:
         fail("hcontrol", f"Update of node {name} failed: unknown field(s) {', '.join(sorted(fields))}")
     call("hcontrol", "update_node", body)
+
+
+LIMIT_KEYS = {"maxgpus": "max_gpus", "maxpending": "max_pending", "maxjobs": "max_jobs", "shares": "shares",
+              "maxsubmitjobs": "max_jobs", "maxsubmit": "max_jobs", "fairshare": "shares"}
+
+
+def update_limits(kind: str, name: str, fields: dict) -> None:
+    body: dict = {"kind": kind, "name": name}
+    for key, value in fields.items():
+        if key not in LIMIT_KEYS:
+            fail("hcontrol", f"Update of {kind} {name} failed: unknown field {key} "
+                             f"(MaxGPUs, MaxPending, MaxJobs{', Shares' if kind == 'account' else ''})")
+        try:
+            body[LIMIT_KEYS[key]] = int(value)
+        except ValueError:
+            shown = {"max_gpus": "MaxGPUs", "max_pending": "MaxPending", "max_jobs": "MaxJobs", "shares": "Shares"}
+            fail("hcontrol", f"Update of {kind} {name} failed: {shown[LIMIT_KEYS[key]]}={value} is not a whole number")
+    if len(body) == 2:
+        fail("hcontrol", f"update {kind.capitalize()}={name} needs MaxGPUs=, MaxPending=, MaxJobs= or Shares=")
+    r = call("hcontrol", "update_limits", body)
+    print(f"{kind.capitalize()}={r['name']} MaxGPUs={r['max_gpus']} MaxPending={r['max_pending']} "
+          f"MaxJobs={r['max_jobs']}" + (f" Shares={r['shares']}" if "shares" in r else ""))
+
+
+@show.command("accounts")
+def show_accounts():
+    """Accounts and user limits in force (config plus live changes); 0 = no limit."""
+    reply = call("hcontrol", "accounts", {})
+    for a in reply["accounts"]:
+        if a["kind"] == "account":
+            users = ",".join(a["users"]) or ("(users no account lists)" if a["name"] == "default" else "(none)")
+            print(f"Account={a['name']} Shares={a['shares']} MaxGPUs={a['max_gpus']} MaxPending={a['max_pending']} "
+                  f"MaxJobs={a['max_jobs']} Users={users}")
+        else:
+            print(f"User={a['name']} MaxGPUs={a['max_gpus']} MaxPending={a['max_pending']} MaxJobs={a['max_jobs']}")
 
 
 @show.command("node")

@@ -14,6 +14,7 @@ Submit a batch script. Options are sbatch's, on the command line or as #HAI / #S
 directives at the top of the script (the command line wins):
   -J, --job-name NAME     -N, --nodes N          --gpus-per-node N | --gres=gpu:N | -G, --gpus N
   -c, --cpus-per-task N   --mem SIZE             -t, --time LIMIT      -p, --partition NAME
+  -A, --account NAME      (default: your first account in the controller config)
   -o, --output PATTERN    -e, --error PATTERN    -D, --chdir DIR       --export ALL|NONE|VARS
   --signal [B:]SIG[@SECS] --grace SECONDS        --priority CLASS      --no-requeue   -H, --hold
   --checkpoint-dir DIR    --wrap COMMAND         --parsable   -W, --wait   --test-only   -b, --begin TIME
@@ -52,8 +53,10 @@ def main(argv: list[str] | None = None) -> None:
                                now=time.time(), max_array_size=None)  # the controller knows its bound
     except (JobScriptError, ValueError) as exc:
         fail("hsubmit", str(exc))
+    umask = os.umask(0o022)  # reading the umask means setting it: put it back at once
+    os.umask(umask)
     reply = call("hsubmit", "submit", {"script": script, "script_name": script_name, "option_args": options,
-                                       "script_args": script_args, "cwd": cwd, "env": env})
+                                       "script_args": script_args, "cwd": cwd, "env": env, "umask": umask})
     if sub.test_only:
         t = reply["test_only"]
         if t["start"] == "now":

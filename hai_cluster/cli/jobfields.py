@@ -38,6 +38,7 @@ FIELDS: dict[str, tuple[str, Callable[[dict, float], str]]] = {
     "P": ("PARTITION", lambda j, now: j["partition"]),
     "j": ("NAME", lambda j, now: j["name"]),
     "u": ("USER", lambda j, now: j["user"]),
+    "a": ("ACCOUNT", lambda j, now: j.get("account") or "default"),
     "t": ("ST", lambda j, now: j["code"]),
     "T": ("STATE", lambda j, now: j["state"]),
     "M": ("TIME", lambda j, now: format_duration(elapsed(j, now))),
@@ -60,4 +61,4 @@ FIELDS: dict[str, tuple[str, Callable[[dict, float], str]]] = {
 RIGHT = {"i", "M", "l", "D", "C", "q", "L", "g", "G"}
 # Slurm's columns plus LEVEL: the job's MLFQ level (0 = newest work, served first).
 DEFAULT_FORMAT = "%i %P %j %u %t %M %D %L %R"
-LONG_FORMAT = "%i %P %j %u %T %M %l %D %L %q %R"
+LONG_FORMAT = "%i %P %j %u %a %T %M %l %D %L %q %R"

@@ -5,15 +5,15 @@ the client sends can change it. Bad input is answered with a specific error and 
 """
 from __future__ import annotations
 
-import pwd
 import signal as signals
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from ..config import PRIORITY_CLASSES
 from ..core.dependency import parse_dependency
-from ..core.jobids import JobRef, job_label
+from ..core.jobids import JobRef, job_label, parse_array
+from ..core.envfilter import submitted_env
 from ..core.jobscript import JobScriptError, parse_submission
 from ..core.model import JobSpec, JobView
 from ..core.resources import could_ever_fit
@@ -22,28 +22,12 @@ from ..core.timefmt import format_limit, parse_time_limit
 from ..store.repository import required_runtime
 from ..transport.rpc import RequestError, RpcTable
 from .partitions import PartitionRefused, admit, groups_of
+from .access import Caller, deny, may_act_on
 from .service import Controller
 from .telemetry_view import job_telemetry, nodes_telemetry
 
 NOT_FINAL = [s.value for s in JobState if s not in FINAL_STATES and s not in (JobState.PREEMPTED,
                                                                                 JobState.REQUEUED)]
-
-
-@dataclass(frozen=True)
-class Caller:
-    uid: int
-    gid: int
-    pid: int
-    user: str
-    admin: bool
-
-
-def caller_from_creds(pid: int, uid: int, gid: int, admins: tuple[str, ...]) -> Caller:
-    try:
-        user = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        user = str(uid)
-    return Caller(uid=uid, gid=gid, pid=pid, user=user, admin=uid == 0 or user in admins)
 
 
 def _expect(body: Any, key: str, typ: type | tuple, *, required: bool = False, default: Any = None) -> Any:
@@ -103,18 +87,20 @@ def build_api(ctl: Controller) -> RpcTable:
     def public(job: dict) -> dict:
         return _public(job, mlfq, time.time())
 
-    async def own_job(body: Any, caller: Caller) -> dict:
+    async def own_job(body: Any, caller: Caller, action: str) -> dict:
+        """The job (or array task) named in the body, if the caller may `action` it (owner, operator or admin)."""
         job_id = await task_job_id(body)
         job = await ctl.db(repo().job, job_id)
         if job is None:
             raise RequestError(f"Invalid job id specified: {job_id}")
-        if job["user"] != caller.user and not caller.admin:
-            raise RequestError(f"Access/permission denied for job {job_id}")
+        if not may_act_on(caller, job, operators=True):
+            raise deny(caller, f"{action} of job {job_id} (owned by {job['user']})")
         return job
 
     @api.expose("ping")
     async def ping(body, caller: Caller):
-        return {"time": time.time(), "user": caller.user, "uid": caller.uid, "admin": caller.admin}
+        return {"time": time.time(), "user": caller.user, "uid": caller.uid, "admin": caller.admin,
+                "role": caller.role}
 
     @api.expose("submit")
     async def submit(body, caller: Caller):
@@ -125,6 +111,10 @@ def build_api(ctl: Controller) -> RpcTable:
         env = _expect(body, "env", dict, default={})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise RequestError("field 'env' must map strings to strings")
+        env = submitted_env(env)
+        umask = _expect(body, "umask", int)
+        if umask is not None and not 0 <= umask <= 0o777:
+            raise RequestError(f"field 'umask' must be between 0 and 0777, got {umask}")
         script_name = _expect(body, "script_name", str)
         try:
             sub = parse_submission(script, option_args, cwd=cwd, env=env, script_args=script_args,
@@ -132,11 +122,11 @@ def build_api(ctl: Controller) -> RpcTable:
                                    max_array_size=ctl.cfg.max_array_size)
         except (JobScriptError, ValueError) as exc:
             raise RequestError(str(exc)) from None
-        spec = sub.spec
+        spec = replace(sub.spec, umask=umask)
         allowed = PRIORITY_CLASSES.index(ctl.cfg.scheduler.max_user_priority)
         if not caller.admin and PRIORITY_CLASSES.index(spec.priority) < allowed:
-            raise RequestError(f"Access/permission denied: --priority={spec.priority} is above what users may "
-                               f"ask for ({ctl.cfg.scheduler.max_user_priority})")
+            raise deny(caller, f"--priority={spec.priority} is above what users may ask for "
+                               f"({ctl.cfg.scheduler.max_user_priority})")
         try:
             partition, spec = admit(spec, ctl.cfg, user=caller.user, groups=groups_of(caller.user, caller.gid),
                                     admin=caller.admin)
@@ -152,10 +142,16 @@ def build_api(ctl: Controller) -> RpcTable:
                 raise RequestError(f"Requested node configuration is not available: {fit.reason}")
         if spec.dependency:
             await checked_dependency(spec.dependency)
+        account = ctl.tenancy.account_for(caller, spec.account)
+        spec = replace(spec, account=account)
         if sub.test_only:
             return {"test_only": await would_start(spec, partition, caller)}
-        job_id = await ctl.db(repo().submit, spec, user=caller.user, uid=caller.uid, gid=caller.gid,
-                              partition=partition, now=time.time())
+        def record() -> int:  # on the store thread: no other submission counts in between
+            tasks = len(parse_array(spec.array, None).indices) if spec.array else 1
+            ctl.tenancy.check_submission(repo().engine, caller, account, tasks)
+            return repo().submit(spec, user=caller.user, uid=caller.uid, gid=caller.gid, partition=partition,
+                                 now=time.time(), account=account)
+        job_id = await ctl.db(record)
         ctl.wake()
         return {"job_id": job_id}
 
@@ -166,7 +162,7 @@ def build_api(ctl: Controller) -> RpcTable:
         probe = JobView(id=-1, user=caller.user, state=JobState.PENDING, submit_time=now, nodes=spec.nodes,
                         gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task, mem_mb=spec.mem_mb,
                         partition=partition, priority=spec.priority, hold=spec.hold, pending_since=now,
-                        preemptible=spec.requeue, runtime=required_runtime(spec))
+                        preemptible=spec.requeue, runtime=required_runtime(spec), account=spec.account)
         plan = await ctl.decide(replace(snapshot, jobs=snapshot.jobs + (probe,)))
         for action in plan.actions:
             if action.job_id == -1 and hasattr(action, "placement"):
@@ -270,8 +266,10 @@ def build_api(ctl: Controller) -> RpcTable:
                 errors.append(f"Kill job error on job id {label}: Job/step already completing or completed")
         done = []
         for job in rows:
-            if job["user"] != caller.user and not caller.admin:
-                errors.append(f"Kill job error on job id {job_label(job)}: Access/permission denied")
+            if not may_act_on(caller, job, operators=False):
+                what = "signal" if signum is not None else "cancel"
+                refusal = deny(caller, f"{what} of job {job_label(job)} (owned by {job['user']})")
+                errors.append(f"Kill job error on job id {job_label(job)}: {refusal}")
                 continue
             state = JobState(job["state"])
             if signum is not None:
@@ -309,7 +307,7 @@ def build_api(ctl: Controller) -> RpcTable:
     @api.expose("requeue")
     async def requeue(body, caller: Caller):
         """Checkpoint and requeue now (hcontrol requeue): the run ends as REQUEUED, the job waits again."""
-        job = await own_job(body, caller)
+        job = await own_job(body, caller, "requeue")
         if not job["preemptible"]:
             raise RequestError(f"Requeue of job {job['id']} refused: it was submitted with --no-requeue")
         if job["state"] != JobState.RUNNING.value:
@@ -319,10 +317,10 @@ def build_api(ctl: Controller) -> RpcTable:
 
     @api.expose("preempt")
     async def preempt(body, caller: Caller):
-        """Admins: checkpoint a running job and put it back in the queue, as the scheduler would."""
-        if not caller.admin:
-            raise RequestError("Access/permission denied: only administrators may preempt jobs")
-        job = await own_job(body, caller)
+        """Operators and admins: checkpoint a running job and put it back in the queue, as the scheduler would."""
+        if not caller.operator:
+            raise deny(caller, "only operators and administrators may preempt jobs")
+        job = await own_job(body, caller, "preemption")
         if job["state"] != JobState.RUNNING.value:
             raise RequestError(f"Job {job['id']} is {job['state']}; only a running job can be preempted")
         if not job["preemptible"]:
@@ -331,8 +329,8 @@ def build_api(ctl: Controller) -> RpcTable:
         return {"job_id": job["id"]}
 
     async def set_hold(body, caller: Caller, hold: bool):
-        job = await own_job(body, caller)
-        error = await ctl.db(repo().set_hold, job["id"], hold, admin=caller.admin and job["user"] != caller.user)
+        job = await own_job(body, caller, "hold" if hold else "release")
+        error = await ctl.db(repo().set_hold, job["id"], hold, admin=caller.operator and job["user"] != caller.user)
         if error:
             raise RequestError(error)
         ctl.wake()
@@ -340,15 +338,17 @@ def build_api(ctl: Controller) -> RpcTable:
 
     @api.expose("update_node")
     async def update_node(body, caller: Caller):
-        """Admins: drain a node (running jobs finish, nothing new starts), resume it, or set it down."""
-        if not caller.admin:
-            raise RequestError("Access/permission denied: only administrators may change node state")
+        """Operators: drain a node (running jobs finish, nothing new starts) or resume it; admins also set it down."""
+        if not caller.operator:
+            raise deny(caller, "only operators and administrators may change node state")
         name = _expect(body, "name", str, required=True)
         state = _expect(body, "state", str, required=True).lower()
         reason = _expect(body, "reason", str)
         target = {"drain": "drain", "resume": "up", "up": "up", "idle": "up", "down": "down"}.get(state)
         if target is None:
             raise RequestError(f"Invalid node state specified: {state} (use drain, resume or down)")
+        if target == "down" and not caller.admin:
+            raise deny(caller, f"only administrators may set node {name} down")
         if target != "up" and not reason:
             raise RequestError(f"A reason is required to set node {name} {target} (reason=...)")
         if not await ctl.db(repo().set_node_state, name, target, reason and f"{reason} [{caller.user}]"):
@@ -360,7 +360,7 @@ def build_api(ctl: Controller) -> RpcTable:
     async def requeuehold(body, caller: Caller):
         """Requeue a running job and hold it (a pending job is just held): JobHeldAdmin when an
         administrator does it to another's job, else JobHeldUser."""
-        job = await own_job(body, caller)
+        job = await own_job(body, caller, "requeue")
         if job["state"] == JobState.PENDING.value:
             return await set_hold(body, caller, True)
         if not job["preemptible"]:
@@ -377,7 +377,7 @@ def build_api(ctl: Controller) -> RpcTable:
     async def update_job(body, caller: Caller):
         """scontrol update JobId=N TimeLimit= Partition= Dependency= (pending jobs; owner or admin;
         a user may only lower the time limit)."""
-        job = await own_job(body, caller)
+        job = await own_job(body, caller, "update")
         fields = _expect(body, "fields", dict, required=True)
         if not fields or not all(isinstance(k, str) and isinstance(v, str) for k, v in fields.items()):
             raise RequestError("field 'fields' must map job fields to values")
@@ -427,6 +427,40 @@ def build_api(ctl: Controller) -> RpcTable:
             names = ", ".join(str(JobRef(j, (t,) if t is not None else None)) for j, t in missing)
             raise RequestError(f"Job dependency problem: no such job {names}")
         return dep.text
+    @api.expose("update_limits")
+    async def update_limits(body, caller: Caller):
+        """Admins: hcontrol update Account=NAME / User=NAME with MaxGPUs, MaxPending, MaxJobs, Shares."""
+        kind = _expect(body, "kind", str, required=True)
+        name = _expect(body, "name", str, required=True)
+        if kind not in ("account", "user") or not name or len(name) > 64:
+            raise RequestError("update_limits needs kind account or user and a name (at most 64 characters)")
+        values = {}
+        for key in ("shares", "max_gpus", "max_pending", "max_jobs"):
+            value = _expect(body, key, int)
+            if value is not None:
+                if not 0 <= value <= 10**9 or key == "shares" and value < 1:
+                    raise RequestError(f"invalid {key} {value}: use 0 (no limit) up to 1000000000"
+                                       + (", shares at least 1" if key == "shares" else ""))
+                values[key] = value
+        if not values:
+            raise RequestError("nothing to update (MaxGPUs=, MaxPending=, MaxJobs=, Shares=)")
+        if not caller.admin:  # before the store is touched
+            raise deny(caller, f"only administrators may change the limits of {kind} {name}")
+        result = await ctl.db(ctl.tenancy.update, repo().engine, caller, kind, name, values)
+        ctl.wake()
+        return result
+
+    @api.expose("accounts")
+    async def accounts(body, caller: Caller):
+        return {"accounts": await ctl.db(ctl.tenancy.listing, repo().engine),
+                "mine": ctl.tenancy.accounts_of(caller)}
+
+    @api.expose("shares")
+    async def shares(body, caller: Caller):
+        """hshare: the fair-share tree, like sshare -a."""
+        rows = await ctl.db(ctl.tenancy.share_rows, repo().engine, time.time())
+        return {"half_life": ctl.cfg.fairshare.half_life, "enabled": ctl.cfg.fairshare.enabled,
+                "rows": [vars(r) for r in rows]}
 
     api.add("hold", lambda body, caller: set_hold(body, caller, True))
     api.add("release", lambda body, caller: set_hold(body, caller, False))

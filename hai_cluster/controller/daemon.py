@@ -19,7 +19,9 @@ from ..core.states import JobState
 from ..sdnotify import Notifier
 from ..transport.rpc import RpcConnection
 from ..transport.unix import SocketInUse, bind_socket, close_server, peer_credentials
-from .api import build_api, caller_from_creds
+from .access import caller_from_creds
+from .api import build_api
+from .connlimit import ConnectionCounter
 from .metrics import render, start_metrics_server
 from .service import Controller
 
@@ -64,15 +66,23 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
     api = build_api(ctl)
     connections: set[RpcConnection] = set()
 
+    counter = ConnectionCounter(cfg.access.max_connections_per_uid)
+
     async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         pid, uid, gid = peer_credentials(writer)
-        caller = caller_from_creds(pid, uid, gid, cfg.admins)
-        conn = RpcConnection(reader, writer, table=api, context=caller, name=f"client uid={uid} pid={pid}")
-        connections.add(conn)
+        if not counter.admit(uid):
+            await counter.refuse(reader, writer, uid, pid)
+            return
         try:
-            await conn.run()
+            caller = caller_from_creds(pid, uid, gid, cfg.access)
+            conn = RpcConnection(reader, writer, table=api, context=caller, name=f"client uid={uid} pid={pid}")
+            connections.add(conn)
+            try:
+                await conn.run()
+            finally:
+                connections.discard(conn)
         finally:
-            connections.discard(conn)
+            counter.release(uid)
 
     server = await asyncio.start_unix_server(on_client, sock=sock)
     log.info("controller listening on %s, %d node(s), store %s", cfg.socket, len(cfg.nodes),

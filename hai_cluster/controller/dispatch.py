@@ -47,4 +47,5 @@ def rank_spec(job: Mapping, attempt: int, rank: int, nodelist: Sequence[str], gp
         # resources and shows a container only its own GPUs' device nodes
         "runtime": spec.runtime, "container_image": spec.container_image, "mem_mb": spec.mem_mb,
         "cpus": spec.cpus_per_task, "gpus": list(gpus),
+        "umask": 0o022 if spec.umask is None else spec.umask,
     }

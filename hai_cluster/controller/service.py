@@ -16,6 +16,7 @@ from sqlalchemy.exc import DBAPIError
 
 from ..config import ControllerConfig
 from ..core.dependency import NEVER
+from ..scheduling.quotas import WithinQuotas
 from ..scheduling.registry import make_policy
 from ..store.engine import make_engine, upgrade
 from ..store.repository import RankRef, Repository
@@ -23,6 +24,7 @@ from ..transport.rpc import ConnectionLost, RequestError, RpcError
 from .dispatch import rank_spec
 from .nodes import NodeLink, NodeUnavailable
 from .telemetry import TelemetryHub
+from .tenancy import Tenancy
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,8 @@ class Controller:
     def __init__(self, cfg: ControllerConfig) -> None:
         self.cfg = cfg
         sched = cfg.scheduler
-        self.policy = make_policy(sched.policy, config=sched.mlfq)
+        self.policy = WithinQuotas(make_policy(sched.policy, config=sched.mlfq))  # limits hold for every policy
+        self.tenancy = Tenancy(cfg)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
         self._policy_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
         self.repo: Repository | None = None
@@ -96,7 +99,9 @@ class Controller:
         self._wake.set()
 
     async def decide(self, snapshot):
-        """The policy is pure CPU work: off the event loop, so API calls and link pings keep flowing."""
+        """The policy is pure CPU work: off the event loop, so API calls and link pings keep flowing.
+        The snapshot gets the running-GPU limits and fair-share factors first (controller/tenancy.py)."""
+        snapshot = await self.db(self.tenancy.extend, self.repo.engine, snapshot)
         return await asyncio.get_running_loop().run_in_executor(self._policy_executor, self.policy.decide, snapshot)
 
     # ---- the loop --------------------------------------------------------------------------

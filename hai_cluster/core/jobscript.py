@@ -70,6 +70,7 @@ _OPTIONS = [
     _Option("mem", None, True, "mem"),
     _Option("time", "t", True, "time"),
     _Option("partition", "p", True, "partition"),
+    _Option("account", "A", True, "account"),
     _Option("output", "o", True, "stdout"),
     _Option("error", "e", True, "stderr"),
     _Option("chdir", "D", True, "chdir"),
@@ -264,6 +265,12 @@ def _partition(text: str) -> str:
     return text
 
 
+def _account(text: str) -> str:
+    if not _WORD.fullmatch(text) or len(text) > 64:
+        raise _Bad("expected an account name (letters, digits, '_', '.', '-'; at most 64)")
+    return text
+
+
 def _signal_spec(text: str) -> tuple[int, int]:
     """[B:]SIG[@SECONDS]. The B: ("only the batch shell") and R: (reservations) prefixes are
     accepted and ignored: the signal goes to every process of the job."""
@@ -359,7 +366,7 @@ def _parsers(env: Mapping[str, str], now: float | None = None,
         "gres": lambda v: ("per_node", _gres(v)),
         "gpus": lambda v: ("total", _typed_count(v)),
         "cpus-per-task": lambda v: _int(v, 1), "mem": _size, "time": _time,
-        "partition": _partition, "output": _nonempty, "error": _nonempty,
+        "partition": _partition, "account": _account, "output": _nonempty, "error": _nonempty,
         "chdir": _nonempty, "export": _export_parser(env), "signal": _signal_spec,
         "grace": lambda v: _int(v, 0), "priority": _priority,
         "checkpoint-dir": _nonempty, "wrap": _nonempty,
@@ -517,6 +524,7 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         begin_time=values.get("begin"),
         array=values.get("array"),
         dependency=values.get("dependency"),
+        account=values.get("account"),
     )
     return Submission(spec=spec, parsable=values.get("parsable", False), wait=values.get("wait", False),
                       test_only=values.get("test_only", False))

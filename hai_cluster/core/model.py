@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .states import JobState
+
+if TYPE_CHECKING:
+    from .quota import Quotas
 
 DEFAULT_GRACE_SECONDS = 60
 DEFAULT_OUTPUT = "hai-%j.out"
@@ -44,6 +47,8 @@ class JobSpec:
     begin_time: float | None = None  # --begin: not eligible before this (epoch seconds)
     array: str | None = None  # --array, canonical (core.jobids): one job per task
     dependency: str | None = None  # --dependency, canonical (core.dependency)
+    umask: int | None = None  # the submitter's umask: output files are created with it (None: 022)
+    account: str | None = None  # -A/--account; None: the user's default account
 
     def to_wire(self) -> dict[str, Any]:
         d = asdict(self)
@@ -129,6 +134,7 @@ class JobView:
     array_job_id: int | None = None  # the array this job is a task of
     array_task_limit: int | None = None  # --array=...%N: tasks of the array running at once
     dependency: str | None = None  # the store's verdict on --dependency: a pending reason, None = satisfied
+    account: str = "default"  # whose limits and fair share apply (-A)
 
     @property
     def gpus(self) -> int:
@@ -168,6 +174,9 @@ class Snapshot:
     now: float
     jobs: tuple[JobView, ...]
     nodes: tuple[NodeView, ...]
+    quotas: Quotas | None = None  # running-GPU limits per user and account (None: none)
+    # Fair-share factor per (account, user), in (0, 1]; absent: 1 (core/fairshare.py)
+    fairshare: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 A job's level comes from the GPU-seconds it has received over all its runs: new jobs start at
 level 0 and sink as they accumulate service. Pending jobs are served in order (urgent first, then
-level, then priority class, then age; the lowest level round-robin by last run). A job that does
+level, then priority class, then fair-share factor, then age; the lowest level round-robin by
+last run). A job that does
 not fit may preempt running jobs of a *strictly lower* level (larger index) that have held their
 GPUs for at least their level's quantum, so that a checkpoint is amortised; preempting for a job
 of the same level costs more than it gains on real traces. Urgent jobs preempt lower classes at
@@ -136,7 +137,9 @@ class _Decision:
         lowest = level == self.cfg.levels - 1
         # Lowest level: round-robin by the end of the previous run (never-run jobs first).
         rr = (j.last_run_end or -math.inf) if lowest else 0.0
-        return (0 if rank == 0 else 1, level, rank, rr, j.submit_time, j.id)
+        # Within a level and class: the higher fair-share factor (less past use for its shares) first.
+        share = self.snap.fairshare.get((j.account, j.user), 1.0)
+        return (0 if rank == 0 else 1, level, rank, rr, -share, j.submit_time, j.id)
 
     # ---- the pass ----------------------------------------------------------------------
     def run(self) -> Plan:

@@ -23,7 +23,7 @@ SNAPSHOT_COLUMNS = [jobs.c[name] for name in (
     "id", "user", "state", "submit_time", "nodes", "gpus_per_node", "cpus_per_task", "mem_mb", "partition",
     "priority", "hold", "hold_admin", "restart_count", "attained_gpu_seconds", "start_time", "nodelist",
     "preemptible", "pending_since", "last_run_end", "time_limit", "runtime", "begin_time", "array_job_id",
-    "array_task_limit", "dependency", "name")]
+    "array_task_limit", "dependency", "name", "account")]
 # What job listings return: everything but the spec (script and environment can be large).
 LISTING_COLUMNS = [c for c in jobs.c if c.name != "spec"]  # reason prefix of nodes the controller itself declared down
 
@@ -72,7 +72,8 @@ class Repository:
         self.engine = engine
 
     # ---- submission and user actions -------------------------------------------------------
-    def submit(self, spec: JobSpec, *, user: str, uid: int, gid: int, partition: str, now: float) -> int:
+    def submit(self, spec: JobSpec, *, user: str, uid: int, gid: int, partition: str, now: float,
+               account: str = "default") -> int:
         """Record a job, or every task of an array in one transaction. Returns the (array) job id."""
         row = dict(
             name=spec.name, user=user, uid=uid, gid=gid, partition=partition,
@@ -81,7 +82,7 @@ class Repository:
             mem_mb=spec.mem_mb, time_limit=spec.time_limit, hold=spec.hold, spec=spec.to_wire(),
             restart_count=0, attempts=0, nodelist="", attained_gpu_seconds=0.0, version=1,
             pending_since=now, preemptible=spec.requeue, hold_admin=False, runtime=required_runtime(spec),
-            begin_time=spec.begin_time, dependency=spec.dependency)
+            begin_time=spec.begin_time, dependency=spec.dependency, account=account)
         with self.engine.begin() as c:
             if spec.array is None:
                 return int(c.execute(insert(jobs).values(**row)).inserted_primary_key[0])
@@ -254,7 +255,7 @@ class Repository:
             allocation=tuple((r.node, tuple(r.gpus)) for r in ranks),
             preemptible=j.preemptible, pending_since=j.pending_since, last_run_end=j.last_run_end,
             time_limit=j.time_limit, runtime=j.runtime, begin_time=j.begin_time, array_job_id=j.array_job_id,
-            array_task_limit=j.array_task_limit, dependency=dependency)
+            array_task_limit=j.array_task_limit, dependency=dependency, account=j.account or "default")
 
     def set_reasons(self, reasons: Mapping[int, str]) -> None:
         """Store the pending reasons that changed (most do not, tick after tick)."""
@@ -463,7 +464,7 @@ class Repository:
     def runs(self, *, job_ids: Sequence[int] | None = None, users: Sequence[str] | None = None,
              tasks: Sequence[tuple[int, int]] | None = None) -> list[dict]:
         q = (select(runs, jobs.c.name, jobs.c.user, jobs.c.partition, jobs.c.state.label("job_state"),
-                    jobs.c.array_job_id, jobs.c.array_task_id)
+                    jobs.c.array_job_id, jobs.c.array_task_id, jobs.c.account)
              .join(jobs, jobs.c.id == runs.c.job_id).order_by(runs.c.job_id, runs.c.attempt))
         if job_ids or tasks:
             q = q.where(_selected(job_ids, tasks))

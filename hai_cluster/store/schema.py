@@ -53,6 +53,7 @@ jobs = Table(
     Column("array_task_limit", Integer),  # --array=...%N, on every task
     Column("dependency", String(1000)),  # canonical text; the snapshot evaluates it
     Index("ix_jobs_array_job_id", "array_job_id"),
+    Column("account", String(64)),  # 0008: -A/--account (None: before accounts existed, "default")
     Index("ix_jobs_state", "state"),
 )
 
@@ -123,4 +124,18 @@ gpus = Table(
     Column("uuid", String(128), nullable=False),
     Column("name", String(200), nullable=False),
     Column("memory_mb", Integer, nullable=False),
+)
+
+# 0008: limits and shares set live by admins (hcontrol update Account=/User=); they override the
+# config's. kind: account | user; a None value leaves the config's.
+limits = Table(
+    "limits", metadata,
+    Column("kind", String(8), primary_key=True),
+    Column("name", String(64), primary_key=True),
+    Column("shares", Integer),
+    Column("max_gpus", Integer),
+    Column("max_pending", Integer),
+    Column("max_jobs", Integer),
+    Column("updated_by", String(64)),
+    Column("updated_at", Float),
 )

@@ -133,4 +133,4 @@ def test_owner_requeues_others_may_not(cluster):
     assert cluster.job(j)["runs"][0]["state"] == "REQUEUED"
     cluster.cli("hcancel", str(j))
     proc = cluster.cli("hcontrol", "preempt", str(j), check=False)
-    assert proc.returncode != 0 and "only administrators" in proc.stderr
+    assert proc.returncode != 0 and "only operators and administrators" in proc.stderr

@@ -85,7 +85,7 @@ def test_drain_and_resume(cluster, ssh_nodes):
     proc = cluster.cli("hcontrol", "update", f"NodeName={name}", "State=DRAIN", user="root", check=False)
     assert proc.returncode != 0 and "reason is required" in proc.stderr
     proc = cluster.cli("hcontrol", "update", f"NodeName={name}", "State=DRAIN", "Reason=maintenance", check=False)
-    assert proc.returncode != 0 and "only administrators" in proc.stderr
+    assert proc.returncode != 0 and "only operators and administrators" in proc.stderr
     cluster.cli("hcontrol", "update", f"NodeName={name}", "State=DRAIN", "Reason=maintenance", user="root")
     assert node_row(cluster, name)["reason"] == "maintenance [root]"
     jobs = [cluster.submit("--gpus-per-node=1", "--wrap", "hostname") for _ in range(3)]

@@ -15,7 +15,7 @@ from hai_cluster.protocol.codec import HEADER, encode_frame
 from tests.e2e.harness import Cluster, start_local_cluster
 
 CONTROLLER_METHODS = ["submit", "jobs", "show_job", "cancel", "nodes", "acct", "requeue", "preempt", "hold",
-                      "release", "update_node", "ping", "nope"]
+                      "release", "update_node", "update_limits", "accounts", "shares", "ping", "nope"]
 AGENT_METHODS = ["hello", "start_run", "terminate_run", "signal_run", "list_runs", "forget_run", "ping", "nope"]
 
 

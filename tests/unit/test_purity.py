@@ -24,7 +24,8 @@ def test_core_and_scheduling_import_no_io(module):
 
 @pytest.mark.parametrize("module", ["hai_cluster.cli.hqueue", "hai_cluster.cli.hsubmit", "hai_cluster.cli.hcancel",
                                     "hai_cluster.cli.hinfo", "hai_cluster.cli.hacct", "hai_cluster.cli.hcontrol",
-                                    "hai_cluster.cli.hstat"])
+                                    "hai_cluster.cli.hstat",
+                                    "hai_cluster.cli.hshare"])
 def test_cli_does_not_import_server_libraries(module):
     loaded = loaded_after(f"import {module}")
     assert not [m for m in ("sqlalchemy", "asyncssh", "asyncio", "pynvml", "alembic") if m in loaded]

@@ -1,0 +1,147 @@
+"""Accounts, limits and fair share at the controller's edge.
+
+The config (`[limits]`, `[[accounts]]`, `[fairshare]`) gives the starting values; admins change
+limits and shares live (`hcontrol update Account=... / User=...`), stored in the `limits` table,
+which wins over the config. At submission the pending and total job counts are checked; the
+running-GPU limits and the fair-share factors go into each snapshot for the pure core
+(core/quota.py, core/fairshare.py).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+from ..config import DEFAULT_ACCOUNT, ControllerConfig, LimitsConfig
+from ..core import fairshare
+from ..core.model import Snapshot
+from ..core.quota import Quotas
+from ..store import accounts as store
+from ..transport.rpc import RequestError
+from .access import Caller, deny, group_names, matches
+
+FAIRSHARE_REFRESH = 10.0  # seconds between recomputations of the decayed usage
+USAGE_HORIZON = 20  # half-lives: older runs weigh less than 1e-6 and are not read
+
+
+class Tenancy:
+    def __init__(self, cfg: ControllerConfig) -> None:
+        self.cfg = cfg
+        self.configured = {a.name: a for a in cfg.accounts}
+        self._factors: dict[tuple[str, str], float] = {}
+        self._rows: list[fairshare.ShareRow] = []
+        self._computed_at = -1e18
+
+    # ---- accounts and their users -----------------------------------------------------
+    @property
+    def account_names(self) -> list[str]:
+        return list(dict.fromkeys([*self.configured, DEFAULT_ACCOUNT]))
+
+    def accounts_of(self, caller: Caller) -> list[str]:
+        """The accounts listing the caller (by name or group), in config order; else the default."""
+        needs_groups = any(e.startswith("@") for a in self.cfg.accounts for e in a.users)
+        groups = group_names(caller.user, caller.gid) if needs_groups else set()
+        mine = [a.name for a in self.cfg.accounts if matches(a.users, caller.user, groups)]
+        return mine or [DEFAULT_ACCOUNT]
+
+    def account_for(self, caller: Caller, asked: str | None) -> str:
+        mine = self.accounts_of(caller)
+        if asked is None:
+            return mine[0]
+        if asked not in self.account_names:
+            raise RequestError(f"Invalid account specified: {asked} (known: {', '.join(self.account_names)})")
+        if asked not in mine and not caller.admin:
+            raise deny(caller, f"user {caller.user} is not in account {asked} (yours: {', '.join(mine)})")
+        return asked
+
+    # ---- limits ------------------------------------------------------------------------
+    def _limits(self, kind: str, name: str, overrides: dict) -> LimitsConfig:
+        if kind == "user":
+            base = self.cfg.user_limits
+        else:
+            acct = self.configured.get(name)
+            base = acct.limits if acct else LimitsConfig()
+        over = overrides.get((kind, name), {})
+        return replace(base, **{k: over[k] for k in ("max_gpus", "max_pending", "max_jobs")
+                                if over.get(k) is not None})
+
+    def shares(self, overrides: dict) -> dict[str, int]:
+        out = {}
+        for name in self.account_names:
+            acct = self.configured.get(name)
+            set_live = overrides.get(("account", name), {}).get("shares")
+            out[name] = set_live if set_live is not None else (acct.shares if acct else 1)
+        return out
+
+    def check_submission(self, engine, caller: Caller, account: str, adding: int = 1) -> None:
+        """Runs on the store thread, right before the insert: the counts cannot move in between.
+        `adding` is how many jobs the submission makes (every task of an array counts)."""
+        over = store.overrides(engine)
+        user_lim, acct_lim = self._limits("user", caller.user, over), self._limits("account", account, over)
+        if not (user_lim.max_pending or user_lim.max_jobs or acct_lim.max_pending or acct_lim.max_jobs):
+            return
+        n = store.job_counts(engine, caller.user, account)
+        for limit, count, what in ((user_lim.max_pending, n["user_pending"], f"user {caller.user}: pending jobs"),
+                                   (user_lim.max_jobs, n["user_jobs"], f"user {caller.user}: jobs"),
+                                   (acct_lim.max_pending, n["account_pending"], f"account {account}: pending jobs"),
+                                   (acct_lim.max_jobs, n["account_jobs"], f"account {account}: jobs")):
+            if limit and count + adding > limit:
+                raise RequestError(f"Job violates accounting/QOS policy (job submit limit, {what} "
+                                   f"{count} of at most {limit}); wait for some to end")
+
+    def update(self, engine, caller: Caller, kind: str, name: str, values: dict[str, Any]) -> dict:
+        if not caller.admin:
+            raise deny(caller, f"only administrators may change the limits of {kind} {name}")
+        if kind == "account" and name not in self.account_names:
+            raise RequestError(f"Invalid account specified: {name} (accounts come from [[accounts]] in the "
+                               f"controller config; known: {', '.join(self.account_names)})")
+        if kind == "user" and "shares" in values:
+            raise RequestError("Shares are set per account (users in an account weigh the same)")
+        store.set_override(engine, kind, name, values, caller.user, time.time())
+        over = store.overrides(engine)
+        self._computed_at = -1e18  # shares may have changed
+        lim = self._limits(kind, name, over)
+        out = {"kind": kind, "name": name, "max_gpus": lim.max_gpus, "max_pending": lim.max_pending,
+               "max_jobs": lim.max_jobs}
+        if kind == "account":
+            out["shares"] = self.shares(over)[name]
+        return out
+
+    def listing(self, engine) -> list[dict]:
+        """Every account and every user with a limit set, with the limits in force."""
+        over = store.overrides(engine)
+        shares = self.shares(over)
+        rows = [{"kind": "account", "name": a, "shares": shares[a], "users": list(self.configured[a].users)
+                 if a in self.configured else [], **vars(self._limits("account", a, over))}
+                for a in self.account_names]
+        rows.append({"kind": "user", "name": "*", **vars(self.cfg.user_limits)})
+        rows += [{"kind": "user", "name": name, **vars(self._limits("user", name, over))}
+                 for kind, name in sorted(over) if kind == "user"]
+        return rows
+
+    # ---- the snapshot ------------------------------------------------------------------
+    def extras(self, engine, now: float) -> tuple[Quotas, dict[tuple[str, str], float]]:
+        """Quotas and fair-share factors for a snapshot taken at `now` (store thread)."""
+        over = store.overrides(engine)
+        users = {name: self._limits("user", name, over).max_gpus for kind, name in over if kind == "user"}
+        quotas = Quotas(user_gpus=users, default_user_gpus=self.cfg.user_limits.max_gpus,
+                        account_gpus={a: self._limits("account", a, over).max_gpus for a in self.account_names})
+        if self.cfg.fairshare.enabled and now - self._computed_at >= FAIRSHARE_REFRESH:
+            self._rows = self.share_rows(engine, now, over)
+            self._factors = fairshare.factors(self._rows)
+            self._computed_at = now
+        return quotas, (self._factors if self.cfg.fairshare.enabled else {})
+
+    def share_rows(self, engine, now: float, over: dict | None = None) -> list[fairshare.ShareRow]:
+        over = store.overrides(engine) if over is None else over
+        half_life = self.cfg.fairshare.half_life
+        usage = fairshare.decayed_usage(store.usage_runs(engine, now - USAGE_HORIZON * half_life), now, half_life)
+        members: dict[str, list[str]] = {a.name: [u for u in a.users if not u.startswith("@")]
+                                         for a in self.cfg.accounts}
+        for account, user in store.open_members(engine):
+            members.setdefault(account, []).append(user)
+        return fairshare.share_tree(self.shares(over), members, usage)
+
+    def extend(self, engine, snapshot: Snapshot) -> Snapshot:
+        quotas, factors = self.extras(engine, snapshot.now)
+        return replace(snapshot, quotas=quotas, fairshare=factors)

@@ -1,0 +1,65 @@
+"""Store side of accounts: live limit overrides, job counts for submission limits, and the runs
+fair share is computed from. Synchronous, on the controller's store thread like the repository."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from sqlalchemy import Engine, func, insert, literal_column, or_, select, update
+
+from ..core.states import ACTIVE_STATES, JobState
+from .schema import jobs, limits, runs
+
+LIMIT_FIELDS = ("shares", "max_gpus", "max_pending", "max_jobs")
+OPEN = [JobState.PENDING.value] + [s.value for s in ACTIVE_STATES]
+DEFAULT_ACCOUNT = "default"
+
+
+def _account():
+    # a literal, not a bound parameter: PostgreSQL must see the same expression in GROUP BY
+    return func.coalesce(jobs.c.account, literal_column(f"'{DEFAULT_ACCOUNT}'"))
+
+
+def overrides(engine: Engine) -> dict[tuple[str, str], dict[str, Any]]:
+    """(kind, name) -> the limits an admin set (a None value: the config's applies)."""
+    with engine.connect() as c:
+        return {(r.kind, r.name): {k: getattr(r, k) for k in LIMIT_FIELDS} for r in c.execute(select(limits))}
+
+
+def set_override(engine: Engine, kind: str, name: str, values: Mapping[str, int], by: str, now: float) -> None:
+    with engine.begin() as c:
+        row = dict(values, updated_by=by, updated_at=now)
+        res = c.execute(update(limits).where(limits.c.kind == kind, limits.c.name == name).values(**row))
+        if res.rowcount == 0:
+            c.execute(insert(limits).values(kind=kind, name=name, **row))
+
+
+def job_counts(engine: Engine, user: str, account: str) -> dict[str, int]:
+    """Pending and open (pending + running) jobs of the user and of the account."""
+    with engine.connect() as c:
+        def count(*where) -> tuple[int, int]:
+            rows = dict(c.execute(select(jobs.c.state, func.count()).where(jobs.c.state.in_(OPEN), *where)
+                                  .group_by(jobs.c.state)).all())
+            pending = rows.get(JobState.PENDING.value, 0)
+            return pending, sum(rows.values())
+        up, ut = count(jobs.c.user == user)
+        ap, at = count(_account() == account)
+    return {"user_pending": up, "user_jobs": ut, "account_pending": ap, "account_jobs": at}
+
+
+def usage_runs(engine: Engine, since: float) -> list[tuple[str, str, int, float, float | None]]:
+    """(account, user, gpus, start, end) of runs still running or ended after `since`."""
+    q = (select(_account(), jobs.c.user, runs.c.gpus, runs.c.start_time, runs.c.end_time)
+         .join(jobs, jobs.c.id == runs.c.job_id)
+         .where(runs.c.gpus > 0, or_(runs.c.end_time.is_(None), runs.c.end_time >= since)))
+    with engine.connect() as c:
+        return [tuple(r) for r in c.execute(q)]
+
+
+def open_members(engine: Engine) -> list[tuple[str, str]]:
+    """(account, user) pairs with open jobs: they appear in the share tree even before any usage."""
+    with engine.connect() as c:
+        return [tuple(r) for r in c.execute(select(_account(), jobs.c.user).where(jobs.c.state.in_(OPEN))
+                                            .group_by(_account(), jobs.c.user))]
+
+
+__all__ = ["overrides", "set_override", "job_counts", "usage_runs", "open_members"]
