@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .states import JobState
+
+if TYPE_CHECKING:
+    from .sharing import GpuShare
 
 DEFAULT_GRACE_SECONDS = 60
 DEFAULT_OUTPUT = "hai-%j.out"
@@ -42,6 +45,11 @@ class JobSpec:
     container_image: str | None = None  # rootfs dir or tarball (absolute), or a reference for podman
     runtime: str | None = None  # none | bwrap | runc | podman | apptainer | enroot; None: the node's default
     begin_time: float | None = None  # --begin: not eligible before this (epoch seconds)
+    # Fractional GPUs (core.sharing): a share of one card per rank instead of whole cards.
+    gpu_fraction: float | None = None  # --gpus-per-node below 1
+    gpu_mem_mb: int | None = None  # --gpu-mem
+    gpu_compute: int | None = None  # --gpu-compute, percent
+    gpu_qos: str | None = None  # --gpu-qos: guaranteed | burstable | best-effort
 
     def to_wire(self) -> dict[str, Any]:
         d = asdict(self)
@@ -69,6 +77,9 @@ class GpuInfo:
     uuid: str
     name: str
     memory_mb: int
+    shareable: bool = False  # the node offers it to sharing jobs (core.sharing)
+    isolation: str = "none"  # how shares are enforced on it: mps | mig | none
+    links: tuple[tuple[int, int, int], ...] = ()  # (peer index, NVLinks, common-ancestor level)
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,8 @@ class NodeView:
     used_mem_mb: int = 0
     runtimes: tuple[str, ...] = ("none",)  # what the agent can run jobs in (none, bwrap, runc, ...)
     container_runtime: str | None = None  # its runtime for --container-image without --runtime
+    # Cards holding shares of sharing jobs: (index, MiB, reserved compute %, jobs); they are in used_gpus too.
+    shared: tuple[tuple[int, int, int, int], ...] = ()
 
     @property
     def schedulable(self) -> bool:
@@ -123,6 +136,7 @@ class JobView:
     time_limit: int | None = None  # seconds; the simulator puts the true duration here for oracles
     runtime: str | None = None  # a runtime the job asked for; "container": any node's container default
     begin_time: float | None = None  # not eligible before this (--begin)
+    gpu_share: GpuShare | None = None  # a sharing job: one card share per rank (gpus_per_node is 0)
 
     @property
     def gpus(self) -> int:
@@ -162,3 +176,4 @@ class Placement:
     """Where each rank of a gang goes: rank i runs on nodes[i] with gpus[i]."""
     nodes: tuple[str, ...]
     gpus: tuple[tuple[int, ...], ...]
+    shares: tuple[tuple[int, int], ...] = ()  # sharing jobs: per rank (GPU MiB, reserved compute %)
