@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..core.hostlist import compress
+from ..core.sharing import share_of
 from ..core.timefmt import format_duration, format_limit
 
 
@@ -27,6 +28,9 @@ def nodelist_reason(job: dict) -> str:
 
 
 def gres(job: dict) -> str:
+    share = share_of(job.get("gpu_fraction"), job.get("gpu_mem_mb"), job.get("gpu_compute"), job.get("gpu_qos"))
+    if share is not None:  # a card share: gpu:0.25, and gpu:0.25(20G) once a card gave 20 GiB
+        return share.label(job.get("gpu_share_mb"))
     return f"gpu:{job['gpus_per_node']}" if job.get("gpus_per_node") else "(null)"
 
 

@@ -15,6 +15,7 @@ from ..config import PRIORITY_CLASSES
 from ..core.jobscript import JobScriptError, parse_submission
 from ..core.model import JobView
 from ..core.resources import could_ever_fit
+from ..core.sharing import spec_share
 from ..core.states import FINAL_STATES, JobState, parse_state
 from ..store.repository import required_runtime
 from ..transport.rpc import RequestError, RpcTable
@@ -128,7 +129,8 @@ def build_api(ctl: Controller) -> RpcTable:
         if known:
             view = JobView(id=0, user=caller.user, state=JobState.PENDING, submit_time=0, nodes=spec.nodes,
                            gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
-                           mem_mb=spec.mem_mb, partition=partition, runtime=required_runtime(spec))
+                           mem_mb=spec.mem_mb, partition=partition, runtime=required_runtime(spec),
+                           gpu_share=spec_share(spec))
             fit = could_ever_fit(view, known)
             if not fit:
                 raise RequestError(f"Requested node configuration is not available: {fit.reason}")
@@ -146,7 +148,7 @@ def build_api(ctl: Controller) -> RpcTable:
         probe = JobView(id=-1, user=caller.user, state=JobState.PENDING, submit_time=now, nodes=spec.nodes,
                         gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task, mem_mb=spec.mem_mb,
                         partition=partition, priority=spec.priority, hold=spec.hold, pending_since=now,
-                        preemptible=spec.requeue, runtime=required_runtime(spec))
+                        preemptible=spec.requeue, runtime=required_runtime(spec), gpu_share=spec_share(spec))
         plan = await ctl.decide(replace(snapshot, jobs=snapshot.jobs + (probe,)))
         for action in plan.actions:
             if action.job_id == -1 and hasattr(action, "placement"):

@@ -85,6 +85,11 @@ def share_of(fraction: float | None, mem_mb: int | None, compute: int | None, qo
     return GpuShare(fraction, mem_mb, compute, qos or "guaranteed")
 
 
+def spec_share(spec) -> GpuShare | None:
+    """The share a JobSpec asks for (None: whole GPUs)."""
+    return share_of(spec.gpu_fraction, spec.gpu_mem_mb, spec.gpu_compute, spec.gpu_qos)
+
+
 # ---- per-card accounting ----------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ migrations build exactly these tables.
 from __future__ import annotations
 
 from sqlalchemy import (JSON, Boolean, Column, Float, ForeignKey, Index, Integer, MetaData, String,
-                        Table, Text, UniqueConstraint)
+                        Table, Text, UniqueConstraint, false)
 
 metadata = MetaData()
 
@@ -47,6 +47,11 @@ jobs = Table(
     Column("hold_admin", Boolean, nullable=False, default=False),  # held by an admin: users cannot release
     Column("runtime", String(16)),  # 0004: the runtime the job needs ("container": any container runtime)
     Column("begin_time", Float),  # 0005: --begin
+    # 0011: fractional GPUs (core.sharing): a share of one card per rank
+    Column("gpu_fraction", Float),
+    Column("gpu_mem_mb", Integer),
+    Column("gpu_compute", Integer),
+    Column("gpu_qos", String(16)),
     Index("ix_jobs_state", "state"),
 )
 
@@ -83,6 +88,8 @@ run_ranks = Table(
     Column("killed", Boolean, nullable=False, default=False),
     Column("message", Text),
     Column("end_time", Float),
+    Column("gpu_mem_mb", Integer),  # 0011: a sharing rank's share of its card (MiB, reserved compute %)
+    Column("gpu_compute", Integer),
     Index("ix_run_ranks_node_state", "node", "state"),
 )
 
@@ -110,4 +117,8 @@ gpus = Table(
     Column("uuid", String(128), nullable=False),
     Column("name", String(200), nullable=False),
     Column("memory_mb", Integer, nullable=False),
+    # 0011: sharing and topology, as the agent reports them
+    Column("shareable", Boolean, nullable=False, server_default=false()),
+    Column("isolation", String(8), nullable=False, server_default="none"),  # mps | mig | none
+    Column("links", JSON),  # [[peer, NVLinks, common-ancestor level], ...]
 )
