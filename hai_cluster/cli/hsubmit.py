@@ -18,6 +18,8 @@ directives at the top of the script (the command line wins):
   --signal [B:]SIG[@SECS] --grace SECONDS        --priority CLASS      --no-requeue   -H, --hold
   --checkpoint-dir DIR    --wrap COMMAND         --parsable   -W, --wait   --test-only   -b, --begin TIME
   --container-image PATH (rootfs dir or .tar[.gz])  --runtime none|bwrap|runc
+  --gpus-per-node 0.25 (a share of one GPU)  --gpu-mem SIZE  --gpu-compute PERCENT
+  --gpu-qos guaranteed|burstable|best-effort
 Without SCRIPT and --wrap, the script is read from standard input.
 """
 
