@@ -2,8 +2,8 @@
 
 One control daemon per (card, user): its pipe and log directories are <run_dir>/gpu<N>-<uid>/,
 owned by the user, and it runs as the user (an MPS server serves one user at a time). The daemon
-creates `control` in its pipe directory; that file tells the agent, across its own restarts,
-whether the daemon runs. The executable's path comes from the agent config ([sharing]
+creates `control` (and nvidia-cuda-mps-control.pid) in its pipe directory; they tell the agent,
+across its own restarts, whether the daemon runs. The executable's path comes from the agent config ([sharing]
 mps_control), so tests point it at a script that records what it was asked.
 """
 from __future__ import annotations
@@ -31,7 +31,16 @@ class MpsControl:
         return base / "pipe", base / "log"
 
     def running(self, card: int, uid: int) -> bool:
-        return (self.dirs(card, uid)[0] / "control").exists()
+        """The daemon's control pipe exists and, where it left a pid file, that process lives (a
+        pipe left behind by a crash or a reboot does not count)."""
+        pipe = self.dirs(card, uid)[0]
+        if not (pipe / "control").exists():
+            return False
+        try:
+            pid = int((pipe / "nvidia-cuda-mps-control.pid").read_text().strip())
+        except (OSError, ValueError):
+            return True  # no pid file (older drivers): the pipe is all there is
+        return os.path.exists(f"/proc/{pid}")
 
     def _env(self, card_uuid: str, card: int, uid: int) -> dict[str, str]:
         pipe, logs = self.dirs(card, uid)

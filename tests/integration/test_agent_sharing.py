@@ -1,9 +1,12 @@
 """The agent's side of fractional GPUs: the share in a RunSpec, and the environment it becomes."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from hai_cluster.agent.gpushare import ShareError, Shares
+from hai_cluster.agent.mps import MpsControl
 from hai_cluster.agent.runspec import RunSpec, SpecError
 from hai_cluster.config import AgentConfig, SharingConfig
 from hai_cluster.core.model import GpuInfo
@@ -52,3 +55,16 @@ def test_mps_that_fails_to_start_refuses_the_run(tmp_path):
     shares = Shares(cfg, [GpuInfo(0, "GPU-a", "sim", 40960, shareable=True, isolation="mps")])
     with pytest.raises(ShareError, match="exited 3: no device"):
         shares.prepare(RunSpec.from_wire({**BASE, "uid": 0, "gid": 0, "gpus": [0], "gpu_share": SHARE}))
+
+
+def test_a_stale_control_pipe_does_not_count(tmp_path):
+    mps = MpsControl("true", str(tmp_path))
+    pipe, _ = mps.dirs(0, 1000)
+    pipe.mkdir(parents=True)
+    assert not mps.running(0, 1000)
+    (pipe / "control").touch()
+    assert mps.running(0, 1000)  # no pid file: the pipe decides
+    (pipe / "nvidia-cuda-mps-control.pid").write_text("999999999\n")
+    assert not mps.running(0, 1000)  # that process is gone
+    (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")
+    assert mps.running(0, 1000)
