@@ -152,8 +152,9 @@ class _Decision:
                 if job.begin_time is not None and job.begin_time > self.now:
                     self.wake.append(job.begin_time)
                 continue
-            if job.gpu_share is None and any(p == job.partition and level >= lv and job.gpus_per_node >= g and job.nodes >= n
-                   and CLASS_RANK.get(job.priority, 2) >= c for p, lv, g, n, c in failed):
+            if job.gpu_share is None and any(
+                    p == job.partition and level >= lv and job.gpus_per_node >= g and job.nodes >= n
+                    and CLASS_RANK.get(job.priority, 2) >= c for p, lv, g, n, c in failed):
                 # A job at least as big and no more important already found no room: so does this.
                 self.actions.append(Wait(job.id, self._blocked_reason(job, waiting_ahead)))
                 continue

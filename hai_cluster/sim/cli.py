@@ -104,8 +104,8 @@ def mlfq_from_toml(path: str):
 @click.option("--mlfq-config", metavar="FILE.toml", help="controller.toml (or its [scheduler] table) for mlfq")
 @click.option("-o", "--option", "options", multiple=True, metavar="POLICY.KEY=VALUE",
               help="a policy setting, e.g. mlfq.quanta=[300,900,1800] or tiresias.thresholds=[3600,36000]")
-def run(trace, cluster_spec, gpu_sharing, policies, baseline, restart_cost, restart_cost_per_gpu, sweeps, load_scale, limit,
-        seed, vc, csv_path, json_path, plot_path, mlfq_config, options):
+def run(trace, cluster_spec, gpu_sharing, policies, baseline, restart_cost, restart_cost_per_gpu, sweeps, load_scale,
+        limit, seed, vc, csv_path, json_path, plot_path, mlfq_config, options):
     """Replay TRACE on a simulated cluster under each policy and compare them."""
     try:
         cluster = dataclasses.replace(parse_cluster(cluster_spec), gpu_sharing=gpu_sharing)
