@@ -25,6 +25,21 @@ class SimulatedGpus:
     count: int = 8
     model: str = "Simulated H100 80GB"
     memory_mb: int = 81920
+    # Topology the fake NVML reports (same shape as real NVML's): [a, b, NVLinks] pairs, and
+    # [a, b, common-ancestor level] pairs (NVML levels 0-50); no levels: topology "not supported".
+    nvlinks: tuple[tuple[int, int, int], ...] = ()
+    levels: tuple[tuple[int, int, int], ...] = ()
+    default_level: int = 50  # for pairs not in levels, when levels are given
+    mig: tuple[int, ...] = ()  # cards in MIG mode
+
+
+@dataclass(frozen=True)
+class SharingConfig:
+    """[sharing]: which cards the node offers to fractional-GPU jobs, and how shares are enforced."""
+    gpus: tuple[int, ...] = ()  # card indices offered for sharing (none by default)
+    mps_control: str = "nvidia-cuda-mps-control"  # MPS control executable (a path or a name on PATH)
+    allow_unisolated: bool = False  # share cards with neither MPS nor MIG (time-slicing only)
+    run_dir: str = ""  # MPS pipe and log directories, one per card; "" = <spool>/mps
 
 
 RUNTIMES = ("none", "bwrap", "runc", "podman", "apptainer", "enroot")  # = agent.runspec.RUNTIMES
@@ -67,6 +82,7 @@ class AgentConfig:
     log_level: str = "INFO"
     isolation: IsolationConfig = field(default_factory=IsolationConfig)
     telemetry: AgentTelemetryConfig = field(default_factory=AgentTelemetryConfig)
+    sharing: SharingConfig = field(default_factory=SharingConfig)
 
 
 @dataclass(frozen=True)
@@ -250,6 +266,7 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
     g = _Section(path, "gpus", doc.get("gpus", dict, {}))
     isolation = _isolation(path, doc.get("isolation", dict, {}))
     telemetry = _agent_telemetry(path, doc.get("telemetry", dict, {}))
+    sharing = _sharing(path, doc.get("sharing", dict, {}))
     doc.done()
     name = a.get("name", str, os.uname().nodename.split(".")[0])
     cfg = AgentConfig(
@@ -265,9 +282,14 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
             count=g.get("simulated_count", int, 8),
             model=g.get("simulated_model", str, SimulatedGpus.model),
             memory_mb=g.get("simulated_memory_mb", int, SimulatedGpus.memory_mb),
+            nvlinks=_triples(g, "simulated_nvlinks"),
+            levels=_triples(g, "simulated_levels"),
+            default_level=g.get("simulated_default_level", int, 50),
+            mig=_indices(g, "simulated_mig"),
         ),
         isolation=isolation,
         telemetry=telemetry,
+        sharing=sharing,
     )
     a.done()
     g.done()
@@ -327,6 +349,36 @@ def _controller_telemetry(path: str, raw: Any, metrics: Any) -> TelemetryConfig:
             raise ConfigError(f"{path}: metrics.listen must be \"host:port\" (e.g. \"127.0.0.1:9464\"), "
                               f"got {cfg.metrics_listen!r}")
     return cfg
+def _indices(sec: _Section, key: str) -> tuple[int, ...]:
+    value = sec.get(key, list, [])
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        raise ConfigError(f"{sec.path}: {sec.where}.{key} must be a list of GPU indices")
+    return tuple(value)
+
+
+def _triples(sec: _Section, key: str) -> tuple[tuple[int, int, int], ...]:
+    value = sec.get(key, list, [])
+    ok = all(isinstance(v, list) and len(v) == 3 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                         and x >= 0 for x in v) for v in value)
+    if not ok:
+        raise ConfigError(f"{sec.path}: {sec.where}.{key} must be a list of [gpu, gpu, number] triples")
+    return tuple(tuple(v) for v in value)
+
+
+def _sharing(path: str, raw: Any) -> SharingConfig:
+    sec = _Section(path, "sharing", raw)
+    d = SharingConfig()
+    mps = sec.get("mps_control", str, d.mps_control)
+    cfg = SharingConfig(
+        gpus=_indices(sec, "gpus"),
+        mps_control=resolve(path, mps) if "/" in mps else mps,
+        allow_unisolated=sec.get("allow_unisolated", bool, d.allow_unisolated),
+        run_dir=sec.get("run_dir", str, d.run_dir),
+    )
+    sec.done()
+    if not cfg.mps_control:
+        raise ConfigError(f"{path}: sharing.mps_control must not be empty")
+    return replace(cfg, run_dir=resolve(path, cfg.run_dir)) if cfg.run_dir else cfg
 
 
 def _isolation(path: str, raw: Any) -> IsolationConfig:
@@ -368,7 +420,9 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     doc = _Section(path, "top level", _read_toml(path))
     c = _Section(path, "controller", doc.get("controller", dict, {}))
     s = _Section(path, "ssh", doc.get("ssh", dict, {}))
-    scheduler = parse_scheduler(path, doc.get("scheduler", dict, {}))
+    sharing = _Section(path, "gpu_sharing", doc.get("gpu_sharing", dict, {}))
+    scheduler = parse_scheduler(path, doc.get("scheduler", dict, {}), sharing.get("pack", str, None))
+    sharing.done()
     raw_nodes = doc.get("nodes", list, [])
     telemetry = _controller_telemetry(path, doc.get("telemetry", dict, {}), doc.get("metrics", dict, {}))
     raw_partitions = doc.get("partitions", list, None)
@@ -553,11 +607,12 @@ def _numbers(sec: _Section, key: str, default: tuple[float, ...]) -> tuple[float
     return tuple(float(v) for v in value)
 
 
-def parse_scheduler(path: str, raw: Any) -> SchedulerConfig:
+def parse_scheduler(path: str, raw: Any, gpu_pack: str | None = None) -> SchedulerConfig:
     sec = _Section(path, "scheduler", raw)
     d = MlfqConfig()
     policy = sec.get("policy", str, "mlfq")
     max_prio = sec.get("max_user_priority", str, "high")
+    gpu_pack = gpu_pack or d.gpu_pack
     try:
         mlfq = MlfqConfig(
             thresholds=_numbers(sec, "thresholds", d.thresholds),
@@ -567,6 +622,7 @@ def parse_scheduler(path: str, raw: Any) -> SchedulerConfig:
             reservation_after=sec.get("reservation_after", float, d.reservation_after),
             placement=sec.get("placement", str, d.placement),
             prefer_idle_victims=sec.get("prefer_idle_victims", bool, d.prefer_idle_victims),
+            gpu_pack=gpu_pack,
         )
     except ValueError as exc:
         raise ConfigError(f"{path}: [scheduler] {exc}") from None

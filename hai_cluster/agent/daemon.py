@@ -20,6 +20,7 @@ from ..transport.rpc import ConnectionLost, RpcConnection
 from ..transport.unix import SocketInUse, bind_socket, close_server, peer_credentials
 from .gpus import GpuError, inventory
 from .isolation import NodeIsolation
+from .gpushare import Shares
 from .runs import RunTable
 from .service import build_table
 from .telemetry import RunRef, Sampler
@@ -37,6 +38,7 @@ class Agent:
         self.mem_mb = psutil.virtual_memory().total // (1024 * 1024)
         self.isolation = NodeIsolation.detect(cfg)  # logs what it found (and what is missing)
         self.runs = RunTable(cfg.spool, cfg.launch_timeout, self.isolation)
+        self.shares = Shares(cfg, self.gpus)
         self.table = build_table(self)
         self.connections: set[RpcConnection] = set()
         self._occupancy: dict[int, list[int]] = {}
@@ -110,10 +112,14 @@ class Agent:
     async def watch_spool(self) -> None:
         while True:
             try:
-                for status in self.runs.poll():
+                ended = self.runs.poll()
+                for status in ended:
                     log.info("job %s.%s ended: exit_code=%s signal=%s reason=%s", status.job_id,
                              status.attempt, status.exit_code, status.signal, status.reason)
                     await self.push("run_exited", status.to_wire())
+                if ended:  # MPS daemons no live sharing run needs any more
+                    live = [r.spec for r in self.runs.runs.values() if not r.status.ended and r.spec]
+                    await asyncio.to_thread(self.shares.release_idle, live)
             except Exception:  # a broken spool entry must not stop the watch for all the others
                 log.exception("spool poll failed")
             await asyncio.sleep(self.cfg.poll_interval)

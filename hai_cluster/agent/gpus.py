@@ -6,6 +6,8 @@ that `discover` calls, so what runs in tests and demos is the same code that run
 from __future__ import annotations
 
 import logging
+import shutil
+from dataclasses import replace
 from typing import Any
 
 from ..config import AgentConfig
@@ -25,22 +27,108 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def discover(nvml: Any) -> list[GpuInfo]:
-    """The GPUs that `nvml` (the pynvml module, or a SimulatedNvml) reports, in index order."""
+def discover(nvml: Any, sharing: Any = None) -> list[GpuInfo]:
+    """The GPUs that `nvml` (the pynvml module, or a SimulatedNvml) reports, in index order, with
+    their links and, per `sharing` (a SharingConfig), whether they take shares and how."""
     nvml.nvmlInit()
     try:
-        gpus = []
+        gpus, handles = [], []
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            handles.append(handle)
             gpus.append(GpuInfo(
                 index=index,
                 uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
                 name=_text(nvml.nvmlDeviceGetName(handle)),
                 memory_mb=int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // MIB,
             ))
+        links = topology(nvml, handles)
+        gpus = [replace(g, links=links.get(g.index, ())) for g in gpus]
+        if sharing is not None:
+            gpus = [_sharing_mode(nvml, h, g, sharing) for g, h in zip(gpus, handles)]
         return gpus
     finally:
         nvml.nvmlShutdown()
+
+
+NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS (H100/H200: 18)
+NVLINK_REMOTE_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
+
+
+def topology(nvml: Any, handles: list) -> dict[int, tuple[tuple[int, int, int], ...]]:
+    """Per card: (peer, NVLinks, common-ancestor level). Defensive: what the driver does not
+    support is left out (no topology: every card looks alike, and choice falls back to indices)."""
+    levels: dict[tuple[int, int], int] = {}
+    for a in range(len(handles)):
+        for b in range(a + 1, len(handles)):
+            try:
+                levels[(a, b)] = int(nvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b]))
+            except Exception:  # NVMLError_NotSupported on some platforms, old drivers
+                pass
+    nvlinks = _nvlinks(nvml, handles)
+    out: dict[int, list] = {}
+    for (a, b) in sorted(set(levels) | set(nvlinks)):
+        level = levels.get((a, b), 50)
+        out.setdefault(a, []).append((b, nvlinks.get((a, b), 0), level))
+        out.setdefault(b, []).append((a, nvlinks.get((a, b), 0), level))
+    return {i: tuple(v) for i, v in out.items()}
+
+
+def _nvlinks(nvml: Any, handles: list) -> dict[tuple[int, int], int]:
+    """Active NVLinks per pair of cards: direct links by the remote PCI bus id; links to an
+    NVSwitch connect a card to every other switched card (counted as the smaller link count)."""
+    try:
+        bus = {_text(nvml.nvmlDeviceGetPciInfo(h).busId).lower(): i for i, h in enumerate(handles)}
+    except Exception:
+        return {}
+    direct: dict[tuple[int, int], int] = {}
+    switched: dict[int, int] = {}
+    for i, h in enumerate(handles):
+        for link in range(NVLINK_MAX_LINKS):
+            try:
+                if not nvml.nvmlDeviceGetNvLinkState(h, link):
+                    continue
+            except Exception:
+                break  # no such link (or no NVLink at all)
+            try:
+                kind = nvml.nvmlDeviceGetNvLinkRemoteDeviceType(h, link)
+            except Exception:
+                kind = None  # older drivers: assume a GPU and look at the bus id
+            if kind == NVLINK_REMOTE_SWITCH:
+                switched[i] = switched.get(i, 0) + 1
+                continue
+            try:
+                peer = bus.get(_text(nvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId).lower())
+            except Exception:
+                continue
+            if peer is not None and peer > i:  # each link seen from both ends: count it once
+                direct[(i, peer)] = direct.get((i, peer), 0) + 1
+    for a in switched:
+        for b in switched:
+            if a < b:
+                direct[(a, b)] = direct.get((a, b), 0) + min(switched[a], switched[b])
+    return direct
+
+
+def mps_available(sharing: Any) -> bool:
+    return shutil.which(sharing.mps_control) is not None
+
+
+def _sharing_mode(nvml: Any, handle: Any, gpu: GpuInfo, sharing: Any) -> GpuInfo:
+    """isolation: mig when the card is in MIG mode, mps when the MPS control daemon can run,
+    else none; shareable when the config offers the card and it is isolated (or that is allowed)."""
+    isolation = "none"
+    try:
+        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+        if current == 1:
+            isolation = "mig"
+    except Exception:  # not a MIG-capable card
+        pass
+    if isolation == "none" and mps_available(sharing):
+        isolation = "mps"
+    # MIG cards are reported but not offered: placing shares on MIG instances is not implemented.
+    offered = gpu.index in sharing.gpus and (isolation == "mps" or (isolation == "none" and sharing.allow_unisolated))
+    return replace(gpu, isolation=isolation, shareable=offered)
 
 
 class _Memory:
@@ -57,9 +145,19 @@ class SimulatedNvml:
     class NVMLError(Exception):
         pass
 
-    def __init__(self, node: str, count: int, model: str, memory_mb: int) -> None:
+    def __init__(self, node: str, count: int, model: str, memory_mb: int, nvlinks=(), levels=(),
+                 default_level: int = 50, mig=()) -> None:
         self._node, self._count, self._model, self._memory_mb = node, count, model, memory_mb
         self._initialized = 0
+        self._levels = {(min(a, b), max(a, b)): lvl for a, b, lvl in levels}
+        self._default_level = default_level
+        self._mig = set(mig)
+        # Links laid out as on a board: link slots numbered per card, each pointing at a peer.
+        self._links: dict[int, list[int]] = {}
+        for a, b, n in nvlinks:
+            for _ in range(n):
+                self._links.setdefault(a, []).append(b)
+                self._links.setdefault(b, []).append(a)
 
     def nvmlInit(self) -> None:
         self._initialized += 1
@@ -95,10 +193,44 @@ class SimulatedNvml:
         self._check()
         return _Memory(self._memory_mb * MIB)
 
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: int, b: int) -> int:
+        self._check()
+        if not self._levels:
+            raise self.NVMLError("Not Supported")
+        return self._levels.get((min(a, b), max(a, b)), self._default_level)
+
+    def nvmlDeviceGetPciInfo(self, handle: int) -> "_Pci":
+        self._check()
+        return _Pci(handle)
+
+    def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:
+        self._check()
+        if link >= len(self._links.get(handle, ())):
+            raise self.NVMLError("Invalid Argument")
+        return 1
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: int, link: int) -> int:
+        self._check()
+        return 0  # NVML_NVLINK_DEVICE_TYPE_GPU
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: int, link: int) -> "_Pci":
+        self._check()
+        return _Pci(self._links[handle][link])
+
+    def nvmlDeviceGetMigMode(self, handle: int) -> tuple[int, int]:
+        self._check()
+        mode = 1 if handle in self._mig else 0
+        return mode, mode
+
+
+class _Pci:
+    def __init__(self, index: int) -> None:
+        self.busId = f"00000000:{0x18 + index:02X}:00.0"
+
 
 def simulated_nvml(cfg: AgentConfig) -> SimulatedNvml:
     s = cfg.simulated
-    return SimulatedNvml(cfg.name, s.count, s.model, s.memory_mb)
+    return SimulatedNvml(cfg.name, s.count, s.model, s.memory_mb, s.nvlinks, s.levels, s.default_level, s.mig)
 
 
 def _real_nvml() -> Any:
@@ -114,7 +246,7 @@ def inventory(cfg: AgentConfig) -> tuple[str, list[GpuInfo]]:
     required and does not work. "auto" falls back to simulated only when nvmlInit itself fails:
     a real GPU failing during discovery must not turn into fake GPUs."""
     if cfg.gpu_backend == "simulated":
-        return "simulated", discover(simulated_nvml(cfg))
+        return "simulated", discover(simulated_nvml(cfg), cfg.sharing)
     try:
         nvml = _real_nvml()
         nvml.nvmlInit()
@@ -122,9 +254,9 @@ def inventory(cfg: AgentConfig) -> tuple[str, list[GpuInfo]]:
         if cfg.gpu_backend == "nvml":
             raise GpuError(f"NVML is not usable on this node: {exc}") from None
         log.info("NVML not usable (%s); using %d simulated GPU(s)", exc, cfg.simulated.count)
-        return "simulated", discover(simulated_nvml(cfg))
+        return "simulated", discover(simulated_nvml(cfg), cfg.sharing)
     try:
-        return "nvml", discover(nvml)
+        return "nvml", discover(nvml, cfg.sharing)
     except Exception as exc:
         raise GpuError(f"NVML GPU discovery failed: {exc}") from None
     finally:

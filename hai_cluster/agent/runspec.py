@@ -92,6 +92,8 @@ class RunSpec:
     cpus: int | None = None  # CPU limit of the rank
     gpus: tuple[int, ...] = ()  # the node's GPU indices this rank owns
     umask: int = 0o022  # the submitter's umask, for the output files and all the job creates
+    # A share of gpus[0] (core.sharing.GpuShare's fields); None: the GPUs are the rank's whole.
+    gpu_share: Mapping[str, Any] | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -153,7 +155,7 @@ class RunSpec:
         return d
 
 
-OPTIONAL = ("runtime", "container_image", "mem_mb", "cpus", "gpus", "umask")
+OPTIONAL = ("runtime", "container_image", "mem_mb", "cpus", "gpus", "umask", "gpu_share")
 
 
 def _positive_or_none(where: str, v: Any) -> int | None:
@@ -185,9 +187,24 @@ def _isolation(d: dict) -> dict[str, Any]:
         raise SpecError(f"spec.gpus must be a list of GPU indices, got {gpus!r}")
     if len(set(gpus)) != len(gpus):
         raise SpecError(f"spec.gpus lists a GPU twice: {gpus!r}")
-    return {"runtime": runtime, "container_image": image, "gpus": tuple(gpus),
+    return {"runtime": runtime, "container_image": image, "gpus": tuple(gpus), "gpu_share": _gpu_share(d, gpus),
             "mem_mb": _positive_or_none("spec.mem_mb", d.get("mem_mb")),
             "cpus": _positive_or_none("spec.cpus", d.get("cpus"))}
+
+
+def _gpu_share(d: dict, gpus: list) -> dict[str, Any] | None:
+    share = d.get("gpu_share")
+    if share is None:
+        return None
+    check_keys("spec.gpu_share", share, ("fraction", "mem_mb", "compute", "qos"))
+    from ..core.sharing import GpuShare  # checks the values; light (pure core)
+    try:
+        GpuShare(**share)
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"spec.gpu_share: {exc}") from None
+    if len(gpus) != 1:
+        raise SpecError("spec.gpu_share needs exactly one GPU in spec.gpus")
+    return dict(share)
 
 
 @dataclass

@@ -3,6 +3,7 @@ agent is root, and a malformed request must end as a RequestError, never as a ha
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import pwd
 import socket
@@ -11,6 +12,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..transport.rpc import RequestError, RpcTable
+from .gpushare import ShareError
 from .runs import RunError
 from .runspec import TERMINATE_REASONS, RunSpec, SpecError, check_keys, nonneg_int, valid_signal
 
@@ -72,6 +74,10 @@ def build_table(agent: "Agent") -> RpcTable:
         check_keys("start_run body", body, ("spec",))
         spec = RunSpec.from_wire(body["spec"])
         check_user(agent, spec)
+        try:
+            spec = await asyncio.to_thread(agent.shares.prepare, spec)  # fractional GPUs: MPS daemon, limits
+        except ShareError as exc:
+            raise RequestError(f"job {spec.job_id}: {exc}") from None
         log.info("start_run job %s.%s rank %d as %s (uid %d), runtime %s", spec.job_id, spec.attempt,
                  spec.rank, spec.user, spec.uid, agent.isolation.runtime_for(spec))
         started, status = await runs.start(spec)

@@ -52,7 +52,7 @@ def job_rows(reply: dict) -> list[list[str]]:
     rows = []
     for j in reply["jobs"]:
         rows.append([str(j["id"]), j["user"], j["name"], j["code"], nodelist(j), str(j["nodes"] * j["gpus_per_node"]),
-                     pct(j.get("gpu_util")), mib(j.get("gpu_mem_mb")), pct(j.get("cpu_pct")),
+                     pct(j.get("gpu_util")), mib(j.get("gpu_mem_used_mb")), pct(j.get("cpu_pct")),
                      energy(j.get("run_energy_j")) or "-", "idle" if j.get("idle") else "-"])
     return rows
 

@@ -11,7 +11,7 @@ from ..core.jobids import ArrayError, job_label, parse_job_ref
 from .client import ClientError, ControllerClient
 from .common import call, fail
 from .hinfo import node_state
-from .jobfields import elapsed, nodelist
+from .jobfields import elapsed, gres, nodelist
 
 
 def _time(t) -> str:
@@ -34,7 +34,8 @@ def job_lines(job: dict, now: float) -> list[str]:
          ("EndTime", _time(job["end_time"]))],
         [("NodeList", nodelist(job) or "(null)"), ("NumNodes", job["nodes"]),
          ("CPUsPerTask", job["cpus_per_task"]), ("MinMemoryNode", f"{job['mem_mb'] or 0}M")],
-        [("TresPerNode", f"gres/gpu:{job['gpus_per_node']}")],
+        [("TresPerNode", f"gres/{gres(job)}" if job.get("gpu_fraction") or job.get("gpu_mem_mb")
+          else f"gres/gpu:{job['gpus_per_node']}")],
         [("WorkDir", spec["workdir"])],
         [("Runtime", spec.get("runtime") or "default"), ("ContainerImage", spec.get("container_image") or "(null)")],
         [("StdOut", spec.get("stdout") or "hai-%j.out")],
@@ -226,5 +227,7 @@ def show_node(name):
         print(f"NodeName={n['name']} Arch=x86_64 State={node_state(n).upper()} Partitions={','.join(n['partitions'])}")
         print(f"   CPUTot={n['cpus']} CPUAlloc={n['cpus_alloc']} RealMemory={n['mem_mb']}")
         print(f"   Gres=gpu:{n['gpus_total']} GresUsed=gpu:{n['gpus_alloc']} GpuBackend={n['gpu_backend'] or '-'}")
+        if n.get("isolation"):  # fractional GPUs: how shares are enforced, and how many cards take them
+            print(f"   Isolation={n['isolation']} SharedGpus={n.get('gpus_shared', 0)}")
         reason = n["reason"] or (reply["links"].get(n["name"]) if not n["responding"] else None)
         print(f"   Address={n['address']} Reason={reason or 'None'}")

@@ -53,10 +53,10 @@ def main(per_node, noheader, partition, states, per_gpu, as_json):
         return
     if per_node:
         rows = [[n["name"], ",".join(n["partitions"]), n["state_text"], n["cpus"],
-                 f"{n['gpus_alloc']}/{n['gpus_total']}", n["gpu_backend"] or "-",
+                 f"{n['gpus_alloc']}/{n['gpus_total']}", n["gpu_backend"] or "-", n.get("isolation") or "-",
                  n["reason"] or (n["link_error"] if not n["responding"] else "") or "none"]
                 for n in nodes]
-        print_table(["NODELIST", "PARTITION", "STATE", "CPUS", "GPUS(A/T)", "GPU_BACKEND", "REASON"], rows,
+        print_table(["NODELIST", "PARTITION", "STATE", "CPUS", "GPUS(A/T)", "GPU_BACKEND", "ISOLATION", "REASON"], rows,
                     header=not noheader, right=[3, 4])
         return
     groups: dict[tuple[str, str], list[dict]] = {}

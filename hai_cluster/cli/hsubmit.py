@@ -20,6 +20,8 @@ directives at the top of the script (the command line wins):
   --checkpoint-dir DIR    --wrap COMMAND         --parsable   -W, --wait   --test-only   -b, --begin TIME
   --container-image PATH (rootfs dir or .tar[.gz])  --runtime none|bwrap|runc
   -a, --array 0-7|1,3,5-9|0-15:4|0-15%2             -d, --dependency afterok:ID[:ID],singleton,...
+  --gpus-per-node 0.25 (a share of one GPU)  --gpu-mem SIZE  --gpu-compute PERCENT
+  --gpu-qos guaranteed|burstable|best-effort
 Without SCRIPT and --wrap, the script is read from standard input.
 """
 

@@ -5,6 +5,7 @@ from typing import Callable
 
 from ..core.hostlist import compress
 from ..core.jobids import job_label
+from ..core.sharing import share_of
 from ..core.timefmt import format_duration, format_limit
 from .telemetry_fmt import mib, pct
 
@@ -29,6 +30,9 @@ def nodelist_reason(job: dict) -> str:
 
 
 def gres(job: dict) -> str:
+    share = share_of(job.get("gpu_fraction"), job.get("gpu_mem_mb"), job.get("gpu_compute"), job.get("gpu_qos"))
+    if share is not None:  # a card share: gpu:0.25, and gpu:0.25(20G) once a card gave 20 GiB
+        return share.label(job.get("gpu_share_mb"))
     return f"gpu:{job['gpus_per_node']}" if job.get("gpus_per_node") else "(null)"
 
 
@@ -55,7 +59,7 @@ FIELDS: dict[str, tuple[str, Callable[[dict, float], str]]] = {
     "L": ("LEVEL", lambda j, now: str(j.get("level", 0))),
     # ours (squeue's group letters; we have no groups): the run's latest GPU telemetry
     "g": ("GPU_UTIL", lambda j, now: pct(j.get("gpu_util"))),
-    "G": ("GPU_MEM", lambda j, now: mib(j.get("gpu_mem_mb"))),
+    "G": ("GPU_MEM", lambda j, now: mib(j.get("gpu_mem_used_mb"))),
     "I": ("IDLE", lambda j, now: "idle" if j.get("idle") else "-"),
 }
 RIGHT = {"i", "M", "l", "D", "C", "q", "L", "g", "G"}

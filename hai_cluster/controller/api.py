@@ -17,6 +17,7 @@ from ..core.envfilter import submitted_env
 from ..core.jobscript import JobScriptError, parse_submission
 from ..core.model import JobSpec, JobView
 from ..core.resources import could_ever_fit
+from ..core.sharing import spec_share
 from ..core.states import FINAL_STATES, JobState, parse_state
 from ..core.timefmt import format_limit, parse_time_limit
 from ..store.repository import required_runtime
@@ -136,7 +137,8 @@ def build_api(ctl: Controller) -> RpcTable:
         if known:
             view = JobView(id=0, user=caller.user, state=JobState.PENDING, submit_time=0, nodes=spec.nodes,
                            gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
-                           mem_mb=spec.mem_mb, partition=partition, runtime=required_runtime(spec))
+                           mem_mb=spec.mem_mb, partition=partition, runtime=required_runtime(spec),
+                           gpu_share=spec_share(spec))
             fit = could_ever_fit(view, known)
             if not fit:
                 raise RequestError(f"Requested node configuration is not available: {fit.reason}")
@@ -162,7 +164,8 @@ def build_api(ctl: Controller) -> RpcTable:
         probe = JobView(id=-1, user=caller.user, state=JobState.PENDING, submit_time=now, nodes=spec.nodes,
                         gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task, mem_mb=spec.mem_mb,
                         partition=partition, priority=spec.priority, hold=spec.hold, pending_since=now,
-                        preemptible=spec.requeue, runtime=required_runtime(spec), account=spec.account)
+                        preemptible=spec.requeue, runtime=required_runtime(spec), account=spec.account,
+                        gpu_share=spec_share(spec))
         plan = await ctl.decide(replace(snapshot, jobs=snapshot.jobs + (probe,)))
         for action in plan.actions:
             if action.job_id == -1 and hasattr(action, "placement"):

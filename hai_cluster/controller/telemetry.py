@@ -243,11 +243,12 @@ class TelemetryHub:
 
     # ---- views ----------------------------------------------------------------------------
     def run_fields(self, key: Key) -> dict:
-        """What hqueue and hstat show for a live run."""
+        """What hqueue and hstat show for a live run (merged into job rows: the names must not
+        collide with job columns, e.g. gpu_mem_mb is a sharing job's request)."""
         r = self.rollups.get(key)
         if r is None:
-            return {"gpu_util": None, "gpu_mem_mb": None, "cpu_pct": None, "idle": False}
-        return {"gpu_util": None if r.last_util is None else round(r.last_util, 1), "gpu_mem_mb": r.last_gpu_mem_mb,
+            return {"gpu_util": None, "gpu_mem_used_mb": None, "cpu_pct": None, "idle": False}
+        return {"gpu_util": None if r.last_util is None else round(r.last_util, 1), "gpu_mem_used_mb": r.last_gpu_mem_mb,
                 "cpu_pct": r.last_cpu, "idle": self.is_idle(key), **{f"run_{k}": v for k, v in r.row(key).items()
                                                                    if k not in ("job_id", "attempt")}}
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .dependency import DependencyError, parse_dependency
 from .jobids import DEFAULT_MAX_ARRAY_SIZE, ArrayError, parse_array
 from .model import DEFAULT_GRACE_SECONDS, JobSpec
+from .sharing import QOS_CLASSES, GpuShare
 from .timefmt import parse_datetime, parse_size_mb, parse_time_limit
 
 NOT_A_SCRIPT = ("This does not look like a batch script. The first line must start with #! "
@@ -91,6 +92,9 @@ _OPTIONS = [
     _Option("test-only", None, False, "test_only"),
     _Option("array", "a", True, "array"),
     _Option("dependency", "d", True, "dependency"),
+    _Option("gpu-mem", None, True, "gpu_mem"),
+    _Option("gpu-compute", None, True, "gpu_compute"),
+    _Option("gpu-qos", None, True, "gpu_qos"),
 ]
 _LONG = {o.long: o for o in _OPTIONS}
 _SHORT = {o.short: o for o in _OPTIONS if o.short}
@@ -207,6 +211,56 @@ def _typed_count(text: str) -> int:
     if colon and not _WORD.fullmatch(gpu_type):
         raise _Bad(f"invalid GPU type {gpu_type!r}")
     return _int(count, 0)
+
+
+def _gpus_per_node(text: str) -> tuple[str, int | float]:
+    """[TYPE:]N, or a fraction of one card (0.25): a share of a card (core.sharing)."""
+    gpu_type, colon, count = text.rpartition(":")
+    if re.fullmatch(r"[0-9]*\.[0-9]+|[0-9]+\.", count):
+        if colon and not _WORD.fullmatch(gpu_type):
+            raise _Bad(f"invalid GPU type {gpu_type!r}")
+        value = float(count)
+        if value >= 1:
+            raise _Bad("a fraction of a GPU must be below 1 (whole GPUs are whole numbers)")
+        if value <= 0:
+            raise _Bad("a fraction of a GPU must be above 0")
+        return ("fraction", value)
+    return ("per_node", _typed_count(text))
+
+
+def _gpu_qos(text: str) -> str:
+    if text not in QOS_CLASSES:
+        raise _Bad(f"expected one of {', '.join(QOS_CLASSES)}")
+    return text
+
+
+def _percent(text: str) -> int:
+    n = _int(text, 0)
+    if n > 100:
+        raise _Bad("expected a percentage from 0 to 100")
+    return n
+
+
+def _gpu_share(values: Mapping[str, Any], origin: Mapping[str, _Given], gpus: int | float) -> dict[str, Any]:
+    """The share fields of a sharing job (empty for whole-GPU jobs), checked together."""
+    fraction = gpus if isinstance(gpus, float) else None
+    mem, compute, qos = values.get("gpu_mem"), values.get("gpu_compute"), values.get("gpu_qos")
+    if fraction is None and mem is None:
+        for slot in ("gpu_compute", "gpu_qos"):
+            if slot in origin:
+                g = origin[slot]
+                raise JobScriptError(f"{g.where}{g.spelled}: only for a share of a GPU "
+                                     f"(--gpus-per-node below 1, or --gpu-mem)")
+        return {}
+    if fraction is None and gpus:
+        g = origin["gpu_mem"]
+        raise JobScriptError(f"{g.where}{g.spelled}: --gpu-mem asks for a share of one GPU; it cannot be "
+                             f"combined with {gpus} whole GPUs per node")
+    try:
+        GpuShare(fraction, mem, compute, qos or "guaranteed")
+    except ValueError as exc:
+        raise JobScriptError(str(exc)) from None
+    return {"gpu_fraction": fraction, "gpu_mem_mb": mem, "gpu_compute": compute, "gpu_qos": qos}
 
 
 def _gres(text: str) -> int:
@@ -362,7 +416,8 @@ def _parsers(env: Mapping[str, str], now: float | None = None,
     return {
         "begin": _begin(now), "array": _array(max_array_size), "dependency": _dependency,
         "job-name": _nonempty, "nodes": _nodes,
-        "gpus-per-node": lambda v: ("per_node", _typed_count(v)),
+        "gpus-per-node": _gpus_per_node,
+        "gpu-mem": _size, "gpu-compute": _percent, "gpu-qos": _gpu_qos,
         "gres": lambda v: ("per_node", _gres(v)),
         "gpus": lambda v: ("total", _typed_count(v)),
         "cpus-per-task": lambda v: _int(v, 1), "mem": _size, "time": _time,
@@ -478,7 +533,10 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
 
     nodes = values.get("nodes", 1)
     kind, gpus = values.get("gpus", ("per_node", 0))
-    if kind == "total":
+    share = _gpu_share(values, origin, gpus)
+    if kind == "fraction":
+        gpus = 0  # a share of one card per node, not whole GPUs
+    elif kind == "total":
         if gpus % nodes:
             g = origin["gpus"]
             raise JobScriptError(f"{g.where}{g.spelled}: {gpus} GPUs cannot be spread evenly "
@@ -525,6 +583,7 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         array=values.get("array"),
         dependency=values.get("dependency"),
         account=values.get("account"),
+        **share,
     )
     return Submission(spec=spec, parsable=values.get("parsable", False), wait=values.get("wait", False),
                       test_only=values.get("test_only", False))

@@ -13,6 +13,7 @@ from .states import JobState
 
 if TYPE_CHECKING:
     from .quota import Quotas
+    from .sharing import GpuShare
 
 DEFAULT_GRACE_SECONDS = 60
 DEFAULT_OUTPUT = "hai-%j.out"
@@ -49,6 +50,11 @@ class JobSpec:
     dependency: str | None = None  # --dependency, canonical (core.dependency)
     umask: int | None = None  # the submitter's umask: output files are created with it (None: 022)
     account: str | None = None  # -A/--account; None: the user's default account
+    # Fractional GPUs (core.sharing): a share of one card per rank instead of whole cards.
+    gpu_fraction: float | None = None  # --gpus-per-node below 1
+    gpu_mem_mb: int | None = None  # --gpu-mem
+    gpu_compute: int | None = None  # --gpu-compute, percent
+    gpu_qos: str | None = None  # --gpu-qos: guaranteed | burstable | best-effort
 
     def to_wire(self) -> dict[str, Any]:
         d = asdict(self)
@@ -76,6 +82,9 @@ class GpuInfo:
     uuid: str
     name: str
     memory_mb: int
+    shareable: bool = False  # the node offers it to sharing jobs (core.sharing)
+    isolation: str = "none"  # how shares are enforced on it: mps | mig | none
+    links: tuple[tuple[int, int, int], ...] = ()  # (peer index, NVLinks, common-ancestor level)
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,8 @@ class NodeView:
     used_mem_mb: int = 0
     runtimes: tuple[str, ...] = ("none",)  # what the agent can run jobs in (none, bwrap, runc, ...)
     container_runtime: str | None = None  # its runtime for --container-image without --runtime
+    # Cards holding shares of sharing jobs: (index, MiB, reserved compute %, jobs); they are in used_gpus too.
+    shared: tuple[tuple[int, int, int, int], ...] = ()
 
     @property
     def schedulable(self) -> bool:
@@ -135,6 +146,7 @@ class JobView:
     array_task_limit: int | None = None  # --array=...%N: tasks of the array running at once
     dependency: str | None = None  # the store's verdict on --dependency: a pending reason, None = satisfied
     account: str = "default"  # whose limits and fair share apply (-A)
+    gpu_share: GpuShare | None = None  # a sharing job: one card share per rank (gpus_per_node is 0)
 
     @property
     def gpus(self) -> int:
@@ -184,3 +196,4 @@ class Placement:
     """Where each rank of a gang goes: rank i runs on nodes[i] with gpus[i]."""
     nodes: tuple[str, ...]
     gpus: tuple[tuple[int, ...], ...]
+    shares: tuple[tuple[int, int], ...] = ()  # sharing jobs: per rank (GPU MiB, reserved compute %)

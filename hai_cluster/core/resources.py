@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .model import JobView, NodeView
+from .sharing import share_misfit
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ def fits(job: JobView, node: NodeView, *, ignore_usage: bool = False) -> Fit:
             return Fit(False, f"{node.name} has no container runtime")
     elif job.runtime and job.runtime not in node.runtimes:
         return Fit(False, f"{node.name} has no {job.runtime} runtime")
+    if job.gpu_share is not None and (why := share_misfit(job.gpu_share, node, ignore_usage=True)):
+        return Fit(False, why)
     if ignore_usage:
         return Fit(True)
     if not node.schedulable:
@@ -41,6 +44,8 @@ def fits(job: JobView, node: NodeView, *, ignore_usage: bool = False) -> Fit:
         return Fit(False, f"{node.name} has {node.cpus - node.used_cpus} free CPUs")
     if job.mem_mb and node.mem_mb - node.used_mem_mb < job.mem_mb:
         return Fit(False, f"{node.name} has {node.mem_mb - node.used_mem_mb} MiB free memory")
+    if job.gpu_share is not None and (why := share_misfit(job.gpu_share, node)):
+        return Fit(False, why)
     return Fit(True)
 
 
@@ -52,6 +57,9 @@ def could_ever_fit(job: JobView, nodes: tuple[NodeView, ...]) -> Fit:
     if not nodes:
         return Fit(False, "the cluster has no nodes")
     best = max(len(n.gpus) for n in nodes)
+    if job.gpu_share is not None:
+        return Fit(False, f"{job.nodes} node(s) with a shared GPU that can take {job.gpu_share.label()} are "
+                          f"needed; {len(candidates)} node(s) qualify")
     return Fit(False, f"{job.nodes} node(s) with {job.gpus_per_node} GPUs, {job.cpus_per_task} CPUs"
                       f"{f', {job.mem_mb} MiB' if job.mem_mb else ''}"
                       f"{f', the {job.runtime} runtime' if job.runtime else ''} each are needed; "

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from ..core.model import JobView, NodeView, Snapshot
 from ..core.resources import fits
+from ..core.sharing import best_effort_room
 from ..core.states import JobState
 from .placement import place, release, reserve
 from .plan import Plan, Preempt, Start, Wait
@@ -43,6 +44,7 @@ class MlfqConfig:
     # Among the runs a job may preempt, take those whose GPUs sit idle (JobView.idle, from the
     # controller's telemetry) first, whatever their level.
     prefer_idle_victims: bool = False
+    gpu_pack: str = "binpack"  # [gpu_sharing] pack: binpack | spread, for card shares (core.sharing)
 
     def __post_init__(self) -> None:
         if list(self.thresholds) != sorted(self.thresholds) or any(t <= 0 for t in self.thresholds):
@@ -56,6 +58,8 @@ class MlfqConfig:
             raise ValueError("mlfq starvation_factor, starvation_floor and reservation_after must not be negative")
         if self.placement not in ("binpack", "spread"):
             raise ValueError(f"mlfq placement must be binpack or spread, got {self.placement!r}")
+        if self.gpu_pack not in ("binpack", "spread"):
+            raise ValueError(f"gpu_sharing pack must be binpack or spread, got {self.gpu_pack!r}")
 
     @property
     def levels(self) -> int:
@@ -155,8 +159,9 @@ class _Decision:
                 if job.begin_time is not None and job.begin_time > self.now:
                     self.wake.append(job.begin_time)
                 continue
-            if any(p == job.partition and level >= lv and job.gpus_per_node >= g and job.nodes >= n
-                   and CLASS_RANK.get(job.priority, 2) >= c for p, lv, g, n, c in failed):
+            if job.gpu_share is None and any(
+                    p == job.partition and level >= lv and job.gpus_per_node >= g and job.nodes >= n
+                    and CLASS_RANK.get(job.priority, 2) >= c for p, lv, g, n, c in failed):
                 # A job at least as big and no more important already found no room: so does this.
                 self.actions.append(Wait(job.id, self._blocked_reason(job, waiting_ahead)))
                 continue
@@ -165,12 +170,13 @@ class _Decision:
             if self.wait_for_checkpoint(job):
                 waiting_ahead.setdefault(job.partition, level)
                 continue
-            if self.try_preempt(job, level):
+            if self.try_preempt(job, level) or self.preempt_best_effort(job):
                 waiting_ahead.setdefault(job.partition, level)
                 continue
             reason = self._blocked_reason(job, waiting_ahead)
             waiting_ahead.setdefault(job.partition, level)
-            failed.append((job.partition, level, job.gpus_per_node, job.nodes, CLASS_RANK.get(job.priority, 2)))
+            if job.gpu_share is None:  # a share's room is not a GPU count
+                failed.append((job.partition, level, job.gpus_per_node, job.nodes, CLASS_RANK.get(job.priority, 2)))
             if job.waited(self.now) >= self.cfg.reservation_after and self.starving(job):
                 if job.partition not in self.reserving:
                     # One reservation per partition (as in EASY backfill): it bounds the idle
@@ -192,7 +198,7 @@ class _Decision:
         return [n for n in self.nodes if n not in self.reserved] if self.reserved else None
 
     def try_start(self, job: JobView, level: int, waiting_ahead: dict) -> bool:
-        placement = place(job, self.nodes, self.cfg.placement, only=self.usable(job))
+        placement = place(job, self.nodes, self.cfg.placement, only=self.usable(job), pack=self.cfg.gpu_pack)
         if placement is None:
             return False
         if not job.preemptible and job.partition in waiting_ahead and waiting_ahead[job.partition] < level:
@@ -206,7 +212,7 @@ class _Decision:
 
     def wait_for_checkpoint(self, job: JobView) -> bool:
         """Room will be there once the runs already told to leave have left: wait, and claim it."""
-        placement = place(job, self.future, self.cfg.placement, only=self.usable(job))
+        placement = place(job, self.future, self.cfg.placement, only=self.usable(job), pack=self.cfg.gpu_pack)
         if placement is None:
             return False
         self.claim(job, placement)
@@ -292,6 +298,35 @@ class _Decision:
         self.claim(job, placement)
         self.actions.append(Wait(job.id, "WaitingForCheckpoint"))
         return True
+
+    def preempt_best_effort(self, job: JobView) -> bool:
+        """A guaranteed sharing job takes its share from best-effort sharing runs on a card, at
+        once, whatever their level (they only ever use idle compute)."""
+        if job.gpu_share is None or job.gpu_share.qos != "guaranteed":
+            return False
+        for name in self.node_order:
+            node = self.future[name]
+            if name in self.reserved or not node.schedulable or not fits(job, node, ignore_usage=True):
+                continue
+            room = best_effort_room(job, node, self.running, self.victims)
+            if room is None:
+                continue
+            card, victims = room
+            trial = {name: node}
+            for v in victims:
+                release(v, name, (card,), trial)
+            placement = place(job, trial, self.cfg.placement, pack=self.cfg.gpu_pack)
+            if placement is None:
+                continue
+            for v in victims:
+                release(v, name, (card,), self.future)
+                self.victims.add(v.id)
+                self.actions.append(Preempt(v.id, f"best-effort share of {name} GPU {card} goes to guaranteed "
+                                                  f"job {job.id}", for_job=job.id))
+            self.claim(job, placement)
+            self.actions.append(Wait(job.id, "WaitingForCheckpoint"))
+            return True
+        return False
 
     def reserve_for(self, job: JobView) -> None:
         """Hold the nodes where this starving job gets room soonest: the most GPUs that are free or

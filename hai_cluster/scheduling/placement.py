@@ -3,7 +3,8 @@
 Consolidation: each rank takes one node's share and a job gets the fewest nodes it asked for.
 Node choice: binpack (best fit: the fewest free GPUs that still fit, so large holes stay open for
 large jobs) or spread (the most free GPUs first, so jobs share cards' hosts less); ties by name.
-GPU choice within a node: the lowest free indices.
+GPU choice within a node: by topology (core.topology; the lowest free indices without topology data).
+Sharing jobs (a share of one card per rank) are placed by core.sharing, packed per `pack`.
 """
 from __future__ import annotations
 
@@ -12,18 +13,22 @@ from typing import Iterable
 
 from ..core.model import JobView, NodeView, Placement
 from ..core.resources import fits
+from ..core.sharing import place_shared, release_share, reserve_shares
+from ..core.topology import choose_cards
 
 
 def place(job: JobView, nodes: dict[str, NodeView], mode: str = "binpack",
-          only: Iterable[str] | None = None) -> Placement | None:
+          only: Iterable[str] | None = None, pack: str | None = None) -> Placement | None:
     if len(job.partitions) > 1:  # -p a,b: the whole gang in one partition, the first that has room
         only = None if only is None else list(only)
         for p in job.partitions:
-            placement = place(replace(job, partition=p), nodes, mode, only)
+            placement = place(replace(job, partition=p), nodes, mode, only, pack)
             if placement is not None:
                 return placement
         return None
     pool = nodes.values() if only is None else (nodes[n] for n in only)
+    if job.gpu_share is not None:
+        return place_shared(job, pool, pack or mode)
     g = job.gpus_per_node
     # The GPU count is the usual bottleneck and is cached on the view: test it before the rest.
     candidates = [n for n in pool if len(n.free_gpus) >= g and fits(job, n)]
@@ -34,12 +39,15 @@ def place(job: JobView, nodes: dict[str, NodeView], mode: str = "binpack",
     chosen = sorted(candidates[:job.nodes], key=lambda n: n.name)
     return Placement(
         nodes=tuple(n.name for n in chosen),
-        gpus=tuple(n.free_gpus[:job.gpus_per_node] for n in chosen),
+        gpus=tuple(choose_cards(n, job.gpus_per_node) for n in chosen),
     )
 
 
 def reserve(job: JobView, placement: Placement, nodes: dict[str, NodeView]) -> None:
     """Mark the placement's resources used in `nodes` (the policy's working copy)."""
+    if placement.shares:
+        reserve_shares(placement, nodes)
+        placement = replace(placement, gpus=tuple(() for _ in placement.gpus))  # cards counted above
     for name, gpus in zip(placement.nodes, placement.gpus):
         n = nodes[name]
         nodes[name] = replace(
@@ -52,6 +60,9 @@ def reserve(job: JobView, placement: Placement, nodes: dict[str, NodeView]) -> N
 
 def release(job: JobView, node_name: str, gpus: Iterable[int], nodes: dict[str, NodeView]) -> None:
     """The opposite of reserve for one rank: its resources count as free in the working copy."""
+    if job.gpu_share is not None:
+        release_share(job, node_name, gpus, nodes)
+        gpus = ()
     n = nodes[node_name]
     nodes[node_name] = replace(
         n,

@@ -82,6 +82,8 @@ def mlfq_from_toml(path: str):
 @cli.command()
 @click.argument("trace")
 @click.option("--cluster", "cluster_spec", default="16x8", show_default=True, help="NODESxGPUS")
+@click.option("--gpu-sharing", is_flag=True,
+              help="jobs asking for a fraction of a GPU share cards (mlfq, fifo); else each takes a whole card")
 @click.option("-p", "--policy", "policies", multiple=True,
               help="policy to replay (repeat; default: every registered one)")
 @click.option("--baseline", default="fifo", show_default=True, help="policy the JCT ratios are relative to")
@@ -102,17 +104,20 @@ def mlfq_from_toml(path: str):
 @click.option("--mlfq-config", metavar="FILE.toml", help="controller.toml (or its [scheduler] table) for mlfq")
 @click.option("-o", "--option", "options", multiple=True, metavar="POLICY.KEY=VALUE",
               help="a policy setting, e.g. mlfq.quanta=[300,900,1800] or tiresias.thresholds=[3600,36000]")
-def run(trace, cluster_spec, policies, baseline, restart_cost, restart_cost_per_gpu, sweeps, load_scale, limit,
-        seed, vc, csv_path, json_path, plot_path, mlfq_config, options):
+def run(trace, cluster_spec, gpu_sharing, policies, baseline, restart_cost, restart_cost_per_gpu, sweeps, load_scale,
+        limit, seed, vc, csv_path, json_path, plot_path, mlfq_config, options):
     """Replay TRACE on a simulated cluster under each policy and compare them."""
     try:
-        cluster = parse_cluster(cluster_spec)
+        cluster = dataclasses.replace(parse_cluster(cluster_spec), gpu_sharing=gpu_sharing)
         names = list(dict.fromkeys(policies or POLICIES))
         unknown = [n for n in names + [baseline] if n not in POLICIES]
         if unknown:
             raise ValueError(f"unknown policy {unknown[0]!r} (known: {', '.join(sorted(POLICIES))})")
         if baseline not in names:
             names.append(baseline)  # ratios need it
+        if gpu_sharing and set(names) - {"mlfq", "fifo"}:
+            raise ValueError(f"--gpu-sharing works with the mlfq and fifo policies (they place card shares), "
+                             f"not {', '.join(sorted(set(names) - {'mlfq', 'fifo'}))}")
         opts = policy_options(options, mlfq_config)
         if set(opts) - set(names):
             raise ValueError(f"options for a policy not being run: {', '.join(sorted(set(opts) - set(names)))}")

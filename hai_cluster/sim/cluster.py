@@ -4,6 +4,9 @@ A job asking for g <= G GPUs runs on one node. A bigger one spans ceil(g / G) wh
 GPUs split evenly; when g does not divide over those nodes each rank gets ceil(g / nodes), so the
 job holds (and is charged for) slightly more than it asked (12 GPUs on 8-GPU nodes: 2 x 6 exactly;
 9 GPUs: 2 x 5 = 10). Real traces ask for powers of two, where this never happens.
+
+A job asking for a fraction of one card (0.25) gets a share of one card when the cluster shares
+GPUs (`gpu_sharing`: every card takes shares, as with MPS), and a whole card otherwise.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ NODE_MEM_MB = 1 << 24
 class Cluster:
     nodes: int
     gpus_per_node: int
+    gpu_sharing: bool = False  # every card takes shares of fractional jobs
 
     @property
     def total_gpus(self) -> int:
@@ -37,12 +41,15 @@ class Cluster:
 
     def node_views(self) -> list[NodeView]:
         return [NodeView(name=name, cpus=NODE_CPUS, mem_mb=NODE_MEM_MB,
-                         gpus=tuple(GpuInfo(g, f"GPU-{name}-{g}", "sim", GPU_MEMORY_MB)
+                         gpus=tuple(GpuInfo(g, f"GPU-{name}-{g}", "sim", GPU_MEMORY_MB, shareable=self.gpu_sharing,
+                                            isolation="mps" if self.gpu_sharing else "none")
                                     for g in range(self.gpus_per_node)))
                 for name in self.node_names()]
 
-    def shape(self, gpus: int) -> tuple[int, int]:
-        """(nodes, GPUs per node) for a job asking for `gpus` GPUs."""
+    def shape(self, gpus: int | float) -> tuple[int, int]:
+        """(nodes, GPUs per node) for a job asking for `gpus` GPUs (a share of a card: 0 whole GPUs)."""
+        if gpus < 1:
+            return 1, 0 if self.gpu_sharing else 1
         if gpus <= self.gpus_per_node:
             return 1, gpus
         n = math.ceil(gpus / self.gpus_per_node)

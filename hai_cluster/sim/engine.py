@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from ..core.model import JobView, Snapshot
+from ..core.sharing import GpuShare
 from ..core.states import JobState
 from ..scheduling.plan import Plan, Policy, Preempt, Start, Wait
 from .cluster import Cluster
@@ -89,10 +90,14 @@ class SimResult:
 class _Job:
     __slots__ = ("id", "trace", "nodes", "gpn", "gpus", "remaining", "overhead", "state", "run_start",
                  "attained", "pending_since", "last_run_end", "restarts", "first_start", "token",
-                 "busy", "lost", "alloc", "time_limit")
+                 "busy", "lost", "alloc", "time_limit", "share")
 
     def __init__(self, id: int, trace: TraceJob, nodes: int, gpn: int):
         self.id, self.trace, self.nodes, self.gpn, self.gpus = id, trace, nodes, gpn, nodes * gpn
+        # A share of one card (a fractional job on a sharing cluster): charged its fraction.
+        self.share = GpuShare(fraction=trace.gpus) if gpn == 0 and 0 < trace.gpus < 1 else None
+        if self.share is not None:
+            self.gpus = trace.gpus
         self.remaining, self.overhead = trace.duration, 0.0
         self.state, self.run_start, self.attained = None, None, 0.0
         self.pending_since, self.last_run_end, self.restarts, self.first_start = None, None, 0, None
@@ -108,7 +113,8 @@ class _Job:
             run_start=self.run_start if running else None,
             nodelist=tuple(n for n, _ in self.alloc) if running else (),
             allocation=self.alloc if running else (),
-            pending_since=self.pending_since, last_run_end=self.last_run_end, time_limit=self.time_limit)
+            pending_since=self.pending_since, last_run_end=self.last_run_end, time_limit=self.time_limit,
+            gpu_share=self.share)
 
     def account(self, elapsed: float) -> None:
         """Book a run's first `elapsed` seconds: the restart redo first, then real progress."""
@@ -142,6 +148,7 @@ class _Engine:
         self.node_index = {n.name: i for i, n in enumerate(self.node_views)}
         self.all_gpus = frozenset(range(cluster.gpus_per_node))
         self.free = [set(self.all_gpus) for _ in self.node_views]
+        self.shared: list[dict[int, list[int]]] = [{} for _ in self.node_views]  # card -> [MiB, compute %, jobs]
         self.ranks = [0] * len(self.node_views)
         self.dirty: set[int] = set()
         self.views: dict[int, JobView] = {}  # the snapshot's jobs: pending and running
@@ -205,7 +212,8 @@ class _Engine:
                 return None
             for idx in self.dirty:
                 self.node_views[idx] = replace(self.node_views[idx], used_gpus=self.all_gpus - self.free[idx],
-                                               used_cpus=self.ranks[idx])
+                                               used_cpus=self.ranks[idx],
+                                               shared=tuple((c, *u) for c, u in sorted(self.shared[idx].items())))
             self.dirty.clear()
             snap = Snapshot(now=t, jobs=tuple(self.views.values()), nodes=tuple(self.node_views))
             started = time.perf_counter()
@@ -256,6 +264,9 @@ class _Engine:
             idx = self.node_index.get(name)
             if idx is None:
                 self._fail(t, f"places job {job.id} on unknown node {name!r}")
+            if job.share is not None:
+                alloc.append((name, self._check_share(job, idx, tuple(gpus), t)))
+                continue
             if len(gpus) != job.gpn or len(set(gpus)) != len(gpus):
                 self._fail(t, f"gives job {job.id} GPUs {gpus} on {name}; it needs {job.gpn} distinct ones")
             busy = set(gpus) - self.free[idx]
@@ -263,6 +274,16 @@ class _Engine:
                 self._fail(t, f"double-books GPU(s) {sorted(busy)} on {name} for job {job.id}")
             alloc.append((name, tuple(gpus)))
         return tuple(alloc)
+
+    def _check_share(self, job: _Job, idx: int, gpus: tuple, t: float) -> tuple:
+        card = gpus[0] if len(gpus) == 1 else None
+        if card not in self.all_gpus or (card not in self.free[idx] and card not in self.shared[idx]):
+            self._fail(t, f"gives job {job.id} (a GPU share) GPUs {gpus} on node {idx}; it needs one shareable card")
+        mem, compute, _ = self.shared[idx].get(card, (0, 0, 0))
+        info = self.node_views[idx].gpus[card]
+        if mem + job.share.mem_on(info) > info.memory_mb or compute + job.share.reserved_compute > 100:
+            self._fail(t, f"overcommits GPU {card} on node {idx} with job {job.id}'s share")
+        return gpus
 
     def _fail(self, t: float, what: str):
         raise PolicyError(f"policy {self.policy.name!r} at t={t:g} {what}")
@@ -282,6 +303,11 @@ class _Engine:
         for name, gpus in alloc:
             idx = self.node_index[name]
             self.free[idx].difference_update(gpus)
+            if job.share is not None:
+                u = self.shared[idx].setdefault(gpus[0], [0, 0, 0])
+                u[0] += job.share.mem_on(self.node_views[idx].gpus[gpus[0]])
+                u[1] += job.share.reserved_compute
+                u[2] += 1
             self.ranks[idx] += 1
             self.dirty.add(idx)
         job.state, job.run_start, job.alloc = RUNNING, t, alloc
@@ -298,7 +324,16 @@ class _Engine:
         job.account(t - job.run_start)
         for name, gpus in job.alloc:
             idx = self.node_index[name]
-            self.free[idx].update(gpus)
+            if job.share is not None:
+                u = self.shared[idx][gpus[0]]
+                u[0] -= job.share.mem_on(self.node_views[idx].gpus[gpus[0]])
+                u[1] -= job.share.reserved_compute
+                u[2] -= 1
+                if u[2] == 0:
+                    del self.shared[idx][gpus[0]]
+                    self.free[idx].add(gpus[0])
+            else:
+                self.free[idx].update(gpus)
             self.ranks[idx] -= 1
             self.dirty.add(idx)
         job.token += 1

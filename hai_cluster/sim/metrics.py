@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 from .engine import JobRecord, SimResult
 
 INF = math.inf
-SIZE_BUCKETS = (("1 GPU", 1, 1), ("2-4 GPUs", 2, 4), ("5-8 GPUs", 5, 8), (">8 GPUs", 9, INF))
+SIZE_BUCKETS = (("<1 GPU", 0, 0.999999), ("1 GPU", 1, 1), ("2-4 GPUs", 2, 4), ("5-8 GPUs", 5, 8), (">8 GPUs", 9, INF))
 # [low, high) seconds: interactive-ish, short runs, a working day, multi-day training.
 DURATION_BUCKETS = (("<10 min", 0, 600), ("10 min-1 h", 600, 3600), ("1-10 h", 3600, 36000), (">10 h", 36000, INF))
 

@@ -30,7 +30,7 @@ class TraceJob:
     id: str  # the trace's own id (the row number when it has none)
     submit: float
     duration: float  # seconds of work on its GPUs
-    gpus: int
+    gpus: int | float  # a float below 1 is a share of one card (Alibaba-style traces have them)
     user: str = "user"
     priority: str = "normal"
 
@@ -68,6 +68,16 @@ def _int(row: dict, key: str, line: int) -> int:
     return int(value)
 
 
+def _gpus(row: dict, key: str, line: int) -> int | float:
+    """A GPU count: whole, or a fraction of one card (0 < x < 1)."""
+    value = _num(row, key, line)
+    if 0 < value < 1:
+        return value
+    if value != int(value):
+        raise TraceError(f"line {line}: {key} {row.get(key)!r} is not a whole number (nor a fraction below 1)")
+    return int(value)
+
+
 def _job(line: int, ident: str | None, submit: float, duration: float, gpus: int, **kw) -> TraceJob:
     if duration < 0:
         raise TraceError(f"line {line}: negative duration {duration}")
@@ -76,12 +86,12 @@ def _job(line: int, ident: str | None, submit: float, duration: float, gpus: int
 
 def _elasticflow(r: dict, line: int) -> TraceJob:
     return _job(line, r["job_id"], _num(r, "submission_time", line), _num(r, "duration", line),
-                _int(r, "num_gpu", line))
+                _gpus(r, "num_gpu", line))
 
 
 def _tiresias(r: dict, line: int) -> TraceJob:
     return _job(line, r["job_id"], _num(r, "submit_time", line), _num(r, "duration", line),
-                _int(r, "num_gpu", line))
+                _gpus(r, "num_gpu", line))
 
 
 def _timestamp(text: str, line: int) -> float:
@@ -99,7 +109,7 @@ def _timestamp(text: str, line: int) -> float:
 
 def _philly(r: dict, line: int) -> TraceJob:
     return _job(line, r.get("job_id") or r.get("name"), _timestamp(r["timestamp"], line),
-                _num(r, "duration", line), _int(r, "num_gpus", line))
+                _num(r, "duration", line), _gpus(r, "num_gpus", line))
 
 
 def _canonical(r: dict, line: int) -> TraceJob:
@@ -107,7 +117,7 @@ def _canonical(r: dict, line: int) -> TraceJob:
     if priority not in PRIORITIES:
         raise TraceError(f"line {line}: priority {priority!r} is not one of {', '.join(PRIORITIES)}")
     return _job(line, r.get("job_id"), _num(r, "submit_time", line), _num(r, "duration", line),
-                _int(r, "gpus", line), user=(r.get("user") or "user").strip() or "user", priority=priority)
+                _gpus(r, "gpus", line), user=(r.get("user") or "user").strip() or "user", priority=priority)
 
 
 FORMATS = (
@@ -156,7 +166,7 @@ def load_trace(path: str, *, vc: str | None = None) -> Trace:
             job = fmt.row(row, line)
         except TraceError as exc:
             raise TraceError(f"{path}: {exc}") from None
-        if job.gpus < 1:
+        if job.gpus <= 0:
             skipped.append((job, "asks for no GPUs"))
         else:
             jobs.append(job)

@@ -14,6 +14,7 @@ from ..core.dependency import Target, evaluate, parse_dependency
 from ..core.jobids import parse_array
 from ..core.model import GpuInfo, JobSpec, JobView, NodeView, Placement, Snapshot
 from ..core.outcome import combine, job_state_after
+from ..core.sharing import share_of
 from ..core.states import ACTIVE_STATES, FINAL_STATES, JobState
 from .schema import gpus, jobs, nodes, run_ranks, runs
 
@@ -23,7 +24,7 @@ SNAPSHOT_COLUMNS = [jobs.c[name] for name in (
     "id", "user", "state", "submit_time", "nodes", "gpus_per_node", "cpus_per_task", "mem_mb", "partition",
     "priority", "hold", "hold_admin", "restart_count", "attained_gpu_seconds", "start_time", "nodelist",
     "preemptible", "pending_since", "last_run_end", "time_limit", "runtime", "begin_time", "array_job_id",
-    "array_task_limit", "dependency", "name", "account")]
+    "array_task_limit", "dependency", "name", "account", "gpu_fraction", "gpu_mem_mb", "gpu_compute", "gpu_qos")]
 # What job listings return: everything but the spec (script and environment can be large).
 LISTING_COLUMNS = [c for c in jobs.c if c.name != "spec"]  # reason prefix of nodes the controller itself declared down
 
@@ -65,6 +66,35 @@ def _selected(ids: Sequence[int] | None, tasks: Sequence[tuple[int, int]] | None
         terms += [jobs.c.id.in_(list(ids)), jobs.c.array_job_id.in_(list(ids))]
     terms += [and_(jobs.c.array_job_id == a, jobs.c.array_task_id == t) for a, t in tasks or ()]
     return or_(*terms)
+def _shared(ranks) -> tuple[tuple[int, int, int, int], ...]:
+    """Per card holding shares: (index, MiB, reserved compute %, ranks), from live sharing ranks."""
+    use: dict[int, list[int]] = {}
+    for r in ranks:
+        if r.gpu_mem_mb is not None:
+            for i in r.gpus:
+                u = use.setdefault(i, [0, 0, 0])
+                u[0], u[1], u[2] = u[0] + r.gpu_mem_mb, u[1] + (r.gpu_compute or 0), u[2] + 1
+    return tuple((i, *u) for i, u in sorted(use.items()))
+
+
+def _with_shares(c, rows: list[dict]) -> list[dict]:
+    """Add gpu_share_mb, the card memory the current run of a sharing job got (rank 0's)."""
+    ids = [r["id"] for r in rows if r.get("gpu_fraction") is not None or r.get("gpu_mem_mb") is not None]
+    if ids:
+        given = dict(c.execute(select(runs.c.job_id, run_ranks.c.gpu_mem_mb).join(runs, runs.c.id == run_ranks.c.run_id)
+                               .where(runs.c.job_id.in_(ids), run_ranks.c.rank == 0,
+                                      run_ranks.c.state != "ended")).all())
+        for r in rows:
+            r["gpu_share_mb"] = given.get(r["id"])
+    return rows
+
+
+def _gpu_sharing(g: Mapping[str, Any]) -> dict[str, Any]:
+    """The sharing fields of an agent's GPU report; agents that predate sharing send none."""
+    isolation = str(g.get("isolation") or "none")
+    links = [[int(x) for x in link][:3] for link in g.get("links") or () if len(link) >= 3]
+    return {"shareable": bool(g.get("shareable", False)),
+            "isolation": isolation if isolation in ("mps", "mig", "none") else "none", "links": links}
 
 
 class Repository:
@@ -82,7 +112,8 @@ class Repository:
             mem_mb=spec.mem_mb, time_limit=spec.time_limit, hold=spec.hold, spec=spec.to_wire(),
             restart_count=0, attempts=0, nodelist="", attained_gpu_seconds=0.0, version=1,
             pending_since=now, preemptible=spec.requeue, hold_admin=False, runtime=required_runtime(spec),
-            begin_time=spec.begin_time, dependency=spec.dependency, account=account)
+            begin_time=spec.begin_time, dependency=spec.dependency, account=account, gpu_fraction=spec.gpu_fraction,
+            gpu_mem_mb=spec.gpu_mem_mb, gpu_compute=spec.gpu_compute, gpu_qos=spec.gpu_qos)
         with self.engine.begin() as c:
             if spec.array is None:
                 return int(c.execute(insert(jobs).values(**row)).inserted_primary_key[0])
@@ -230,7 +261,9 @@ class Repository:
             used.setdefault(r.node, []).append(r)
         node_gpus: dict[str, list[GpuInfo]] = {}
         for g in gpu_rows:
-            node_gpus.setdefault(g.node, []).append(GpuInfo(g.index, g.uuid, g.name, g.memory_mb))
+            node_gpus.setdefault(g.node, []).append(GpuInfo(
+                g.index, g.uuid, g.name, g.memory_mb, shareable=g.shareable, isolation=g.isolation,
+                links=tuple(tuple(x) for x in g.links or ())))
         return tuple(
             NodeView(
                 name=n.name, gpus=tuple(node_gpus.get(n.name, ())), cpus=n.cpus, mem_mb=n.mem_mb,
@@ -239,6 +272,7 @@ class Repository:
                 used_cpus=sum(r.cpus for r in used.get(n.name, ())),
                 used_mem_mb=sum(r.mem_mb for r in used.get(n.name, ())),
                 runtimes=tuple(n.runtimes or ("none",)), container_runtime=n.container_runtime,
+                shared=_shared(used.get(n.name, ())),
             )
             for n in node_rows
         )
@@ -255,7 +289,8 @@ class Repository:
             allocation=tuple((r.node, tuple(r.gpus)) for r in ranks),
             preemptible=j.preemptible, pending_since=j.pending_since, last_run_end=j.last_run_end,
             time_limit=j.time_limit, runtime=j.runtime, begin_time=j.begin_time, array_job_id=j.array_job_id,
-            array_task_limit=j.array_task_limit, dependency=dependency, account=j.account or "default")
+            array_task_limit=j.array_task_limit, dependency=dependency, account=j.account or "default",
+            gpu_share=share_of(j.gpu_fraction, j.gpu_mem_mb, j.gpu_compute, j.gpu_qos))
 
     def set_reasons(self, reasons: Mapping[int, str]) -> None:
         """Store the pending reasons that changed (most do not, tick after tick)."""
@@ -276,13 +311,18 @@ class Repository:
             if job is None or job.state != JobState.PENDING.value or job.hold:
                 return None
             node_rows = {n.name: n for n in c.execute(select(nodes).where(nodes.c.name.in_(placement.nodes)))}
-            busy = {(r.node, g) for r in c.execute(select(run_ranks.c.node, run_ranks.c.gpus).where(
-                run_ranks.c.node.in_(placement.nodes), run_ranks.c.state != "ended")) for g in r.gpus}
-            for name, gpu_ids in zip(placement.nodes, placement.gpus):
+            live = c.execute(select(run_ranks.c.node, run_ranks.c.gpus, run_ranks.c.gpu_mem_mb,
+                                    run_ranks.c.gpu_compute).where(
+                run_ranks.c.node.in_(placement.nodes), run_ranks.c.state != "ended")).all()
+            busy = {(r.node, g) for r in live for g in r.gpus}
+            for rank, (name, gpu_ids) in enumerate(zip(placement.nodes, placement.gpus)):
                 n = node_rows.get(name)
                 if n is None or n.state != "up" or not n.responding:
                     return None
-                if any((name, g) in busy for g in gpu_ids):
+                if placement.shares:
+                    if not self._share_still_fits(c, name, gpu_ids, placement.shares[rank], live):
+                        return None
+                elif any((name, g) in busy for g in gpu_ids):
                     return None
             attempt = job.attempts
             # -p a,b: the run is in the first candidate partition that holds all its nodes
@@ -297,13 +337,32 @@ class Repository:
                 return None
             run_id = c.execute(insert(runs).values(
                 job_id=job_id, attempt=attempt, state=JobState.RUNNING.value, start_time=now,
-                nodelist=",".join(placement.nodes), gpus=sum(len(g) for g in placement.gpus),
+                # Whole GPUs held: a card share counts none (sharing jobs are not charged GPU-time).
+                nodelist=",".join(placement.nodes), gpus=0 if placement.shares else sum(len(g) for g in placement.gpus),
             )).inserted_primary_key[0]
             for rank, (name, gpu_ids) in enumerate(zip(placement.nodes, placement.gpus)):
                 c.execute(insert(run_ranks).values(
                     run_id=run_id, rank=rank, node=name, gpus=list(gpu_ids), cpus=job.cpus_per_task,
-                    mem_mb=job.mem_mb or 0, state="starting", killed=False))
+                    mem_mb=job.mem_mb or 0, state="starting", killed=False,
+                    gpu_mem_mb=placement.shares[rank][0] if placement.shares else None,
+                    gpu_compute=placement.shares[rank][1] if placement.shares else None))
             return {**_row(job), "partition": partition, "attempt": attempt, "run_id": run_id}
+
+    @staticmethod
+    def _share_still_fits(c, node: str, gpu_ids, share: Sequence[int], live) -> bool:
+        """A card share re-checked: the card takes shares, holds no whole-GPU run, and its memory
+        and reserved compute stay within the card with this share added."""
+        if len(gpu_ids) != 1:
+            return False
+        card = c.execute(select(gpus).where(gpus.c.node == node, gpus.c.index == gpu_ids[0])).first()
+        if card is None or not card.shareable:
+            return False
+        on_card = [r for r in live if r.node == node and gpu_ids[0] in r.gpus]
+        if any(r.gpu_mem_mb is None for r in on_card):
+            return False  # held whole
+        mem = sum(r.gpu_mem_mb for r in on_card) + share[0]
+        compute = sum(r.gpu_compute or 0 for r in on_card) + share[1]
+        return mem <= card.memory_mb and compute <= 100
 
     # ---- what agents report --------------------------------------------------------------
     def live_ranks(self, node: str | None = None) -> list[RankRef]:
@@ -402,7 +461,8 @@ class Repository:
             c.execute(delete(gpus).where(gpus.c.node == name))
             for g in hello["gpus"]:
                 c.execute(insert(gpus).values(node=name, index=int(g["index"]), uuid=str(g["uuid"]),
-                                              name=str(g["name"]), memory_mb=int(g["memory_mb"])))
+                                              name=str(g["name"]), memory_mb=int(g["memory_mb"]),
+                                              **_gpu_sharing(g)))
 
     def set_responding(self, name: str, responding: bool, now: float) -> None:
         with self.engine.begin() as c:
@@ -454,12 +514,12 @@ class Repository:
         if partitions:
             q = q.where(jobs.c.partition.in_(list(partitions)))
         with self.engine.connect() as c:
-            return [_row(r) for r in c.execute(q)]
+            return _with_shares(c, [_row(r) for r in c.execute(q)])
 
     def job(self, job_id: int) -> dict | None:
         with self.engine.connect() as c:
             r = c.execute(select(jobs).where(jobs.c.id == job_id)).first()
-            return _row(r) if r else None
+            return _with_shares(c, [_row(r)])[0] if r else None
 
     def runs(self, *, job_ids: Sequence[int] | None = None, users: Sequence[str] | None = None,
              tasks: Sequence[tuple[int, int]] | None = None) -> list[dict]:
@@ -477,12 +537,16 @@ class Repository:
         with self.engine.connect() as c:
             rows = [_row(r) for r in c.execute(select(nodes).order_by(nodes.c.name))]
             gpu_count = dict(c.execute(select(gpus.c.node, func.count()).group_by(gpus.c.node)).all())
+            modes = c.execute(select(gpus.c.node, gpus.c.isolation, gpus.c.shareable)).all()
             live = c.execute(select(run_ranks.c.node, run_ranks.c.gpus, run_ranks.c.cpus)
                              .where(run_ranks.c.state != "ended")).all()
         for r in rows:
             mine = [x for x in live if x.node == r["name"]]
             r["gpus_total"] = gpu_count.get(r["name"], 0)
-            r["gpus_alloc"] = sum(len(x.gpus) for x in mine)
+            r["gpus_alloc"] = len({g for x in mine for g in x.gpus})  # a card with several shares counts once
+            mine_modes = [m for m in modes if m.node == r["name"]]
+            r["isolation"] = ",".join(sorted({m.isolation for m in mine_modes})) or None  # mps | mig | none
+            r["gpus_shared"] = sum(1 for m in mine_modes if m.shareable)
             r["cpus_alloc"] = sum(x.cpus for x in mine)
             r["jobs"] = len(mine)
         return rows

@@ -6,7 +6,7 @@ migrations build exactly these tables.
 from __future__ import annotations
 
 from sqlalchemy import (JSON, Boolean, Column, Float, ForeignKey, Index, Integer, MetaData, String,
-                        Table, Text, UniqueConstraint)
+                        Table, Text, UniqueConstraint, false)
 
 metadata = MetaData()
 
@@ -54,6 +54,11 @@ jobs = Table(
     Column("dependency", String(1000)),  # canonical text; the snapshot evaluates it
     Index("ix_jobs_array_job_id", "array_job_id"),
     Column("account", String(64)),  # 0008: -A/--account (None: before accounts existed, "default")
+    # 0009: fractional GPUs (core.sharing): a share of one card per rank
+    Column("gpu_fraction", Float),
+    Column("gpu_mem_mb", Integer),
+    Column("gpu_compute", Integer),
+    Column("gpu_qos", String(16)),
     Index("ix_jobs_state", "state"),
 )
 
@@ -97,6 +102,8 @@ run_ranks = Table(
     Column("killed", Boolean, nullable=False, default=False),
     Column("message", Text),
     Column("end_time", Float),
+    Column("gpu_mem_mb", Integer),  # 0009: a sharing rank's share of its card (MiB, reserved compute %)
+    Column("gpu_compute", Integer),
     Index("ix_run_ranks_node_state", "node", "state"),
 )
 
@@ -124,6 +131,10 @@ gpus = Table(
     Column("uuid", String(128), nullable=False),
     Column("name", String(200), nullable=False),
     Column("memory_mb", Integer, nullable=False),
+    # 0009: sharing and topology, as the agent reports them
+    Column("shareable", Boolean, nullable=False, server_default=false()),
+    Column("isolation", String(8), nullable=False, server_default="none"),  # mps | mig | none
+    Column("links", JSON),  # [[peer, NVLinks, common-ancestor level], ...]
 )
 
 # 0008: limits and shares set live by admins (hcontrol update Account=/User=); they override the

@@ -34,7 +34,8 @@ def test_hello_reports_node_and_simulated_gpus(agent):
     assert hello["cpus"] == os.cpu_count() and hello["mem_mb"] > 0
     assert hello["gpu_backend"] == "simulated"
     assert hello["gpus"] == [{"index": i, "uuid": f"GPU-sim-testnode-{i}", "name": "Simulated H100 80GB",
-                              "memory_mb": 81920} for i in range(4)]
+                              "memory_mb": 81920, "shareable": False, "isolation": "none", "links": []}
+                             for i in range(4)]
     assert isinstance(hello["runs"], list)
     assert isinstance(ping["time"], float)
 

@@ -1,0 +1,87 @@
+"""Fractional GPUs on the node: the environment a sharing run gets, and the MPS daemons behind it.
+
+The scheduler gave the run one card (spec.gpus) and a share of it (spec.gpu_share). The card's
+isolation, as the inventory found it, decides the enforcement:
+- mps: the card's MPS control daemon for the job's user is started (agent.mps), and the job gets
+  CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (its memory share) and, for
+  guaranteed jobs, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (its compute share). Burstable jobs get no
+  compute cap (their share is a floor the scheduler keeps free); best-effort jobs run at MPS's
+  lower client priority.
+- none: time-slicing only; the card is offered for sharing only when [sharing] allow_unisolated.
+- mig: detected and reported; the inventory does not offer MIG cards for sharing (MIG instance
+  placement is not implemented).
+Every sharing run sees its card by UUID in CUDA_VISIBLE_DEVICES, and HAI_GPU_SHARE_MB /
+HAI_GPU_SHARE_COMPUTE / HAI_GPU_ISOLATION say what it was given.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import replace
+from typing import Iterable
+
+from ..config import AgentConfig
+from ..core.model import GpuInfo
+from ..core.sharing import GpuShare
+from .mps import MpsControl, MpsError
+from .runspec import RunSpec
+
+log = logging.getLogger(__name__)
+
+
+class ShareError(Exception):
+    pass
+
+
+class Shares:
+    def __init__(self, cfg: AgentConfig, gpus: Iterable[GpuInfo]) -> None:
+        self.cards = {g.index: g for g in gpus}
+        run_dir = cfg.sharing.run_dir or os.path.join(cfg.spool, "mps")
+        self.mps = MpsControl(cfg.sharing.mps_control, run_dir)
+
+    def prepare(self, spec: RunSpec) -> RunSpec:
+        """The spec with the share's environment added (unchanged for whole-GPU runs)."""
+        if spec.gpu_share is None:
+            return spec
+        share = GpuShare(**spec.gpu_share)
+        if len(spec.gpus) != 1 or spec.gpus[0] not in self.cards:
+            raise ShareError(f"a GPU share needs one GPU of this node, got {list(spec.gpus)}")
+        card = self.cards[spec.gpus[0]]
+        if not card.shareable:
+            raise ShareError(f"GPU {card.index} is not offered for sharing on this node")
+        mem = share.mem_on(card)
+        env = dict(spec.environment)
+        env.update(CUDA_VISIBLE_DEVICES=card.uuid, HAI_GPU_SHARE_MB=str(mem),
+                   HAI_GPU_SHARE_COMPUTE=str(share.compute_percent), HAI_GPU_ISOLATION=card.isolation,
+                   HAI_GPU_QOS=share.qos)
+        if card.isolation == "mps":
+            try:
+                pipe = self.mps.ensure(card.index, card.uuid, spec.uid, spec.gid)
+            except MpsError as exc:
+                raise ShareError(str(exc)) from None
+            env["CUDA_MPS_PIPE_DIRECTORY"] = str(pipe)
+            env["CUDA_MPS_LOG_DIRECTORY"] = str(self.mps.dirs(card.index, spec.uid)[1])
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mem}M"  # the job sees one device: ordinal 0
+            if share.qos == "guaranteed" and share.compute_percent:
+                env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(share.compute_percent)
+            if share.qos == "best-effort":
+                env["CUDA_MPS_CLIENT_PRIORITY"] = "1"  # below normal
+        return replace(spec, environment=env)
+
+    def release_idle(self, live: Iterable[RunSpec]) -> None:
+        """Stop the MPS daemons that no live sharing run uses any more."""
+        wanted = {(s.gpus[0], s.uid) for s in live if s.gpu_share is not None and s.gpus}
+        if not self.mps.run_dir.is_dir():
+            return
+        for entry in self.mps.run_dir.iterdir():
+            name, _, uid = entry.name.partition("-")
+            if not (name.startswith("gpu") and name[3:].isdigit() and uid.isdigit()):
+                continue
+            card, uid_n = int(name[3:]), int(uid)
+            if (card, uid_n) in wanted or card not in self.cards or not self.mps.running(card, uid_n):
+                continue
+            try:
+                st = entry.stat()
+                self.mps.quit(card, self.cards[card].uuid, uid_n, st.st_gid)
+            except (OSError, MpsError) as exc:
+                log.warning("MPS daemon on GPU %d for uid %d: %s", card, uid_n, exc)

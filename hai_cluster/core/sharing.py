@@ -1,0 +1,257 @@
+"""Fractional GPUs: a job's share of one card, per-card accounting, and card/node packing.
+
+A sharing job asks for a fraction of one card (`--gpus-per-node=0.25`: a quarter of its memory and
+compute) or for memory and compute directly (`--gpu-mem=8G --gpu-compute=30`). Each rank gets one
+card, shared with other sharing jobs; a card holding a share is never given whole to another job,
+and a card held whole is never shared. Memory is never overcommitted. Compute is reserved for
+`guaranteed` and `burstable` jobs (the floor) and not for `best-effort` ones, which only use idle
+compute and are the first preemption victims when a guaranteed job needs room on the card.
+
+Packing follows HAMi's score, (requested + used) / total per dimension (memory and compute):
+binpack takes the highest score (fill cards, keep others empty for whole-GPU jobs), spread the
+lowest. The same score, over all of a node's cards, orders nodes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Iterable
+
+from .model import GpuInfo, JobView, NodeView, Placement
+
+QOS_CLASSES = ("guaranteed", "burstable", "best-effort")
+PACK_MODES = ("binpack", "spread")
+
+
+@dataclass(frozen=True)
+class GpuShare:
+    """What one rank of a sharing job asks of one card."""
+    fraction: float | None = None  # of the card's memory and compute, 0 < fraction < 1
+    mem_mb: int | None = None  # --gpu-mem; wins over the fraction's memory
+    compute: int | None = None  # --gpu-compute, percent of the card's SMs; default: the fraction's
+    qos: str = "guaranteed"
+
+    def __post_init__(self) -> None:
+        if self.fraction is None and self.mem_mb is None:
+            raise ValueError("a GPU share needs a fraction or a memory size")
+        if self.fraction is not None and not 0 < self.fraction < 1:
+            raise ValueError(f"a GPU fraction must be above 0 and below 1, got {self.fraction}")
+        if self.mem_mb is not None and self.mem_mb <= 0:
+            raise ValueError("GPU memory of a share must be positive")
+        if self.compute is not None and not 0 <= self.compute <= 100:
+            raise ValueError(f"GPU compute must be a percentage (0-100), got {self.compute}")
+        if self.qos not in QOS_CLASSES:
+            raise ValueError(f"GPU QoS must be one of {', '.join(QOS_CLASSES)}, got {self.qos!r}")
+
+    def mem_on(self, card: GpuInfo) -> int:
+        """MiB of `card` this share holds."""
+        if self.mem_mb is not None:
+            return self.mem_mb
+        return int(card.memory_mb * self.fraction)  # floor: never more than the fraction
+
+    @property
+    def compute_percent(self) -> int:
+        """The compute the job may use (MPS thread percentage); 0: not limited."""
+        if self.compute is not None:
+            return self.compute
+        return math.ceil(self.fraction * 100) if self.fraction is not None else 0
+
+    @property
+    def reserved_compute(self) -> int:
+        """Compute counted against the card: none for best-effort jobs (idle compute only)."""
+        return 0 if self.qos == "best-effort" else self.compute_percent
+
+    def label(self, mem_mb: int | None = None) -> str:
+        """gpu:0.25, gpu:0.25(20G) once a card is given, gpu:8G,30% for memory requests."""
+        if self.fraction is not None and self.mem_mb is None:
+            text = f"gpu:{self.fraction:g}"
+            if mem_mb is not None:
+                text += f"({_mem_text(mem_mb)})"
+        else:
+            text = f"gpu:{_mem_text(self.mem_mb)}"
+            if self.compute is not None or self.fraction is not None:
+                text += f",{self.compute_percent}%"
+        return text if self.qos == "guaranteed" else f"{text}:{self.qos}"
+
+
+def _mem_text(mb: int) -> str:
+    return f"{mb // 1024}G" if mb % 1024 == 0 else f"{mb}M"
+
+
+def share_of(fraction: float | None, mem_mb: int | None, compute: int | None, qos: str | None) -> GpuShare | None:
+    """The share a job's stored request fields describe (None: not a sharing job)."""
+    if fraction is None and mem_mb is None:
+        return None
+    return GpuShare(fraction, mem_mb, compute, qos or "guaranteed")
+
+
+def spec_share(spec) -> GpuShare | None:
+    """The share a JobSpec asks for (None: whole GPUs)."""
+    return share_of(spec.gpu_fraction, spec.gpu_mem_mb, spec.gpu_compute, spec.gpu_qos)
+
+
+# ---- per-card accounting ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CardUse:
+    mem_mb: int = 0
+    compute: int = 0
+    jobs: int = 0
+
+
+def card_use(node: NodeView) -> dict[int, CardUse]:
+    """Shares held on each card of `node` (cards without shares are absent)."""
+    return {i: CardUse(m, c, n) for i, m, c, n in node.shared}
+
+
+def _with_use(node: NodeView, use: dict[int, CardUse]) -> NodeView:
+    live = {i: u for i, u in use.items() if u.jobs > 0}
+    whole = node.used_gpus - {i for i, _m, _c, _n in node.shared}
+    return replace(node, shared=tuple((i, u.mem_mb, u.compute, u.jobs) for i, u in sorted(live.items())),
+                   used_gpus=whole | frozenset(live))
+
+
+def add_share(node: NodeView, card: int, mem_mb: int, compute: int) -> NodeView:
+    use = card_use(node)
+    u = use.get(card, CardUse())
+    use[card] = CardUse(u.mem_mb + mem_mb, u.compute + compute, u.jobs + 1)
+    return _with_use(node, use)
+
+
+def remove_share(node: NodeView, card: int, mem_mb: int, compute: int) -> NodeView:
+    use = card_use(node)
+    u = use.get(card)
+    if u is None:
+        return node
+    use[card] = CardUse(max(0, u.mem_mb - mem_mb), max(0, u.compute - compute), u.jobs - 1)
+    return _with_use(node, use)
+
+
+def card_misfit(share: GpuShare, card: GpuInfo, node: NodeView, use: dict[int, CardUse] | None = None,
+                *, ignore_usage: bool = False) -> str | None:
+    """Why `share` cannot go on `card` (None: it can)."""
+    if not card.shareable:
+        return f"GPU {card.index} is not shared"
+    need = share.mem_on(card)
+    if need > card.memory_mb:
+        return f"GPU {card.index} has {card.memory_mb} MiB, the share needs {need}"
+    if ignore_usage:
+        return None
+    u = (use if use is not None else card_use(node)).get(card.index)
+    if u is None:
+        return f"GPU {card.index} is in use" if card.index in node.used_gpus else None
+    if u.mem_mb + need > card.memory_mb:
+        return f"GPU {card.index} has {card.memory_mb - u.mem_mb} MiB unshared"
+    if u.compute + share.reserved_compute > 100:
+        return f"GPU {card.index} has {100 - u.compute}% compute unreserved"
+    return None
+
+
+def share_misfit(share: GpuShare, node: NodeView, *, ignore_usage: bool = False) -> str | None:
+    """Why no card of `node` can take `share` (None: one can)."""
+    shareable = [g for g in node.gpus if g.shareable]
+    if not shareable:
+        return f"{node.name} has no shared GPUs"
+    use = card_use(node)
+    reasons = [card_misfit(share, g, node, use, ignore_usage=ignore_usage) for g in shareable]
+    if all(reasons):
+        return f"{node.name}: " + "; ".join(r for r in reasons if r)
+    return None
+
+
+def card_score(share: GpuShare, card: GpuInfo, use: CardUse | None) -> float:
+    """HAMi's score: (requested + used) / total, summed over memory and compute."""
+    u = use or CardUse()
+    return (share.mem_on(card) + u.mem_mb) / card.memory_mb + (share.reserved_compute + u.compute) / 100
+
+
+def node_score(share: GpuShare, node: NodeView) -> float:
+    """The same over the whole node (cards held whole count as full), with the request added once."""
+    use = card_use(node)
+    total_mem = sum(g.memory_mb for g in node.gpus) or 1
+    mem = comp = 0
+    for g in node.gpus:
+        if g.index in use:
+            mem, comp = mem + use[g.index].mem_mb, comp + use[g.index].compute
+        elif g.index in node.used_gpus:
+            mem, comp = mem + g.memory_mb, comp + 100
+    shareable = [g for g in node.gpus if g.shareable]
+    need = share.mem_on(shareable[0]) if shareable else 0
+    return (mem + need) / total_mem + (comp + share.reserved_compute) / (100 * max(1, len(node.gpus)))
+
+
+def choose_card(share: GpuShare, node: NodeView, pack: str) -> int | None:
+    """The card of `node` that takes `share` under `pack` (ties: lowest index); None: none fits."""
+    use = card_use(node)
+    fitting = [g for g in node.gpus if g.shareable and card_misfit(share, g, node, use) is None]
+    if not fitting:
+        return None
+    sign = -1 if pack == "binpack" else 1
+    return min(fitting, key=lambda g: (sign * card_score(share, g, use.get(g.index)), g.index)).index
+
+
+def place_shared(job: JobView, pool: Iterable[NodeView], pack: str) -> Placement | None:
+    """One card share per rank, on job.nodes distinct nodes ordered by the node score."""
+    from .resources import fits  # resources imports this module
+    share = job.gpu_share
+    options = []
+    for n in pool:
+        if not fits(job, n):
+            continue
+        card = choose_card(share, n, pack)
+        if card is not None:
+            options.append((n, card))
+    if len(options) < job.nodes:
+        return None
+    sign = -1 if pack == "binpack" else 1
+    options.sort(key=lambda o: (sign * node_score(share, o[0]), o[0].name))
+    chosen = sorted(options[:job.nodes], key=lambda o: o[0].name)
+    return Placement(
+        nodes=tuple(n.name for n, _ in chosen),
+        gpus=tuple((c,) for _, c in chosen),
+        shares=tuple((share.mem_on(_card(n, c)), share.reserved_compute) for n, c in chosen),
+    )
+
+
+def _card(node: NodeView, index: int) -> GpuInfo:
+    return next(g for g in node.gpus if g.index == index)
+
+
+def reserve_shares(placement: Placement, nodes: dict[str, NodeView]) -> None:
+    for name, gpus, (mem, comp) in zip(placement.nodes, placement.gpus, placement.shares):
+        nodes[name] = add_share(nodes[name], gpus[0], mem, comp)
+
+
+def release_share(job: JobView, node_name: str, gpus: Iterable[int], nodes: dict[str, NodeView]) -> None:
+    n = nodes[node_name]
+    for i in gpus:
+        if any(g.index == i for g in n.gpus):
+            n = remove_share(n, i, job.gpu_share.mem_on(_card(n, i)), job.gpu_share.reserved_compute)
+    nodes[node_name] = n
+
+
+def best_effort_room(job: JobView, node: NodeView, running: Iterable[JobView],
+                     taken: set[int]) -> tuple[int, list[JobView]] | None:
+    """For a guaranteed sharing job that does not fit on `node`: the card where preempting the
+    fewest best-effort sharing runs (largest shares first) makes room, and those runs."""
+    share = job.gpu_share
+    if share is None or share.qos != "guaranteed":
+        return None
+    use = card_use(node)
+    best: tuple[int, list[JobView]] | None = None
+    for card in node.gpus:
+        if card.index not in use or card_misfit(share, card, node, use, ignore_usage=True):
+            continue
+        here = [v for v in running if v.id not in taken and v.preemptible and v.gpu_share is not None
+                and v.gpu_share.qos == "best-effort" and (node.name, (card.index,)) in v.allocation]
+        here.sort(key=lambda v: (-v.gpu_share.mem_on(card), v.id))
+        u, chosen = use[card.index], []
+        for v in here:
+            if u.mem_mb + share.mem_on(card) <= card.memory_mb and u.compute + share.reserved_compute <= 100:
+                break
+            chosen.append(v)
+            u = CardUse(u.mem_mb - v.gpu_share.mem_on(card), u.compute - v.gpu_share.reserved_compute, u.jobs - 1)
+        fits_now = u.mem_mb + share.mem_on(card) <= card.memory_mb and u.compute + share.reserved_compute <= 100
+        if chosen and fits_now and (best is None or len(chosen) < len(best[1])):
+            best = (card.index, chosen)
+    return best

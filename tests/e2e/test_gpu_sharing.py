@@ -1,0 +1,100 @@
+"""Fractional GPUs end to end: a controller and an agent (simulated NVML), the CLI as a user, and
+the MPS control executable replaced by a script that records what it was asked (the faked edge)."""
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from .harness import TEST_USER, start_local_cluster, user_dir, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+FAKE_MPS = """#!/bin/sh
+# Records each call (as which uid, for which card, with which arguments and input); with -d it
+# "starts" the daemon by creating the control pipe, and `quit` on standard input removes it.
+calls="$CUDA_MPS_LOG_DIRECTORY/../calls"
+if [ "$1" = "-d" ]; then
+    echo "start uid=$(id -u) card=$CUDA_VISIBLE_DEVICES pipe=$CUDA_MPS_PIPE_DIRECTORY" >> "$calls"
+    touch "$CUDA_MPS_PIPE_DIRECTORY/control"
+else
+    read cmd
+    echo "$cmd uid=$(id -u) card=$CUDA_VISIBLE_DEVICES" >> "$calls"
+    [ "$cmd" = quit ] && rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
+fi
+exit 0
+"""
+
+
+@pytest.fixture
+def cluster():
+    tool_dir = Path(tempfile.mkdtemp(prefix="hai-mps-", dir="/tmp"))  # the job's user runs the tool
+    os.chmod(tool_dir, 0o755)
+    fake = tool_dir / "nvidia-cuda-mps-control"
+    fake.write_text(FAKE_MPS)
+    fake.chmod(0o755)
+    c = start_local_cluster(gpus=2, agent_toml=f'[sharing]\ngpus = [0]\nmps_control = "{fake}"\n')
+    yield c
+    c.close()
+    shutil.rmtree(tool_dir)
+
+
+def test_sharing_jobs_share_one_card_under_mps(cluster):
+    # This machine has 2 CPUs, so two jobs (one CPU each) run at once: both share card 0.
+    home = user_dir(cluster.workdir, TEST_USER)
+    flag = home / "go"
+    job = f"env > {home}/env.$HAI_JOB_ID; while [ ! -e {flag} ]; do sleep 0.1; done"
+    quarter = cluster.submit("--gpus-per-node=0.25", "--wrap", job)
+    best_effort = cluster.submit("--gpu-mem=8G", "--gpu-compute=30", "--gpu-qos=best-effort", "--wrap", job)
+    envs = {}
+    for j in (quarter, best_effort):
+        cluster.wait_state(j, "RUNNING")
+        path = home / f"env.{j}"
+        wait_for(path.exists, 30, what=f"job {j}'s environment")
+        envs[j] = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    uid = pwd.getpwnam(TEST_USER).pw_uid
+    mps_dir = cluster.workdir / "spool" / "mps" / f"gpu0-{uid}"
+    pipe = str(mps_dir / "pipe")
+    e = envs[quarter]
+    assert e["CUDA_VISIBLE_DEVICES"] == "GPU-sim-local1-0" and e["CUDA_MPS_PIPE_DIRECTORY"] == pipe
+    assert e["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert e["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M" and e["HAI_GPU_SHARE_MB"] == "20480"
+    e = envs[best_effort]
+    assert e["CUDA_VISIBLE_DEVICES"] == "GPU-sim-local1-0" and e["CUDA_MPS_PIPE_DIRECTORY"] == pipe
+    assert e["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M" and e["CUDA_MPS_CLIENT_PRIORITY"] == "1"
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in e  # best-effort: idle compute, no cap
+    calls = (mps_dir / "calls").read_text().splitlines()
+    assert calls == [f"start uid={uid} card=GPU-sim-local1-0 pipe={pipe}"]  # one daemon for the card
+
+    rows = cluster.cli("hqueue", "-h", "-o", "%i %b").stdout.split("\n")
+    shown = dict(r.split() for r in rows if r.strip())
+    assert shown == {str(quarter): "gpu:0.25(20G)", str(best_effort): "gpu:8G,30%:best-effort"}
+    assert "TresPerNode=gres/gpu:0.25(20G)" in cluster.cli("hcontrol", "show", "job", str(quarter)).stdout
+    node = cluster.cli("hcontrol", "show", "node").stdout
+    assert "Isolation=mps SharedGpus=1" in node and "GresUsed=gpu:1 " in node  # one card, two shares
+    assert "mps" in cluster.cli("hinfo", "-N").stdout.split("\n")[1].split()
+
+    flag.touch()
+    for j in (quarter, best_effort):
+        assert cluster.wait_state(j, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    wait_for(lambda: len((mps_dir / "calls").read_text().splitlines()) == 2, 30,
+             what="the MPS daemon to be told to quit")
+    assert (mps_dir / "calls").read_text().splitlines()[1] == f"quit uid={uid} card=GPU-sim-local1-0"
+
+    whole = cluster.submit("--gpus-per-node=1", "--wrap", f"env > {home}/env.$HAI_JOB_ID")
+    assert cluster.wait_state(whole, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    env = (home / f"env.{whole}").read_text()
+    assert "CUDA_VISIBLE_DEVICES=0\n" in env and "CUDA_MPS" not in env
+
+
+def test_bad_sharing_requests_submit_nothing(cluster):
+    for args, text in ((["--gpus-per-node=1.5"], "a fraction of a GPU must be below 1"),
+                       (["--gpu-compute=30"], "only for a share of a GPU"),
+                       (["--gpu-mem=200G"], "shared GPU that can take gpu:200G")):
+        proc = cluster.cli("hsubmit", *args, "--wrap", "true", check=False)
+        assert proc.returncode != 0 and text in proc.stderr, proc.stderr
+    assert cluster.call("jobs", {"all": True})["jobs"] == []

@@ -1,0 +1,70 @@
+"""The agent's side of fractional GPUs: the share in a RunSpec, and the environment it becomes."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from hai_cluster.agent.gpushare import ShareError, Shares
+from hai_cluster.agent.mps import MpsControl
+from hai_cluster.agent.runspec import RunSpec, SpecError
+from hai_cluster.config import AgentConfig, SharingConfig
+from hai_cluster.core.model import GpuInfo
+
+pytestmark = pytest.mark.timeout(30)
+
+BASE = {"job_id": 1, "attempt": 0, "rank": 0, "user": "u", "uid": 1000, "gid": 1000, "script": "#!/bin/sh\n",
+        "script_args": [], "workdir": "/tmp", "stdout": "/tmp/o", "stderr": None, "environment": {"A": "1"},
+        "time_limit": None, "signal": None, "signal_time": 60, "grace": 60, "checkpoint_dir": None}
+SHARE = {"fraction": 0.5, "mem_mb": None, "compute": None, "qos": "burstable"}
+
+
+def test_share_in_a_run_spec():
+    spec = RunSpec.from_wire({**BASE, "gpus": [1], "gpu_share": SHARE})
+    assert spec.gpu_share == SHARE and RunSpec.from_wire(spec.to_wire()) == spec
+    assert RunSpec.from_wire(BASE).gpu_share is None  # a controller that predates sharing
+    for bad, msg in (({**SHARE, "fraction": 2.0}, "below 1"), ({**SHARE, "qos": "gold"}, "QoS"),
+                     ({"fraction": 0.5}, "lacks field"), ("half", "must be a map")):
+        with pytest.raises(SpecError, match=msg):
+            RunSpec.from_wire({**BASE, "gpus": [0], "gpu_share": bad})
+    with pytest.raises(SpecError, match="exactly one GPU"):
+        RunSpec.from_wire({**BASE, "gpus": [0, 1], "gpu_share": SHARE})
+
+
+def test_unisolated_share_is_time_slicing_only(tmp_path):
+    cfg = AgentConfig(name="n", spool=str(tmp_path), sharing=SharingConfig(gpus=(0,), allow_unisolated=True))
+    cards = [GpuInfo(0, "GPU-a", "sim", 40960, shareable=True, isolation="none"),
+             GpuInfo(1, "GPU-b", "sim", 40960)]
+    shares = Shares(cfg, cards)
+    spec = shares.prepare(RunSpec.from_wire({**BASE, "gpus": [0], "gpu_share": SHARE}))
+    env = dict(spec.environment)
+    assert env == {"A": "1", "CUDA_VISIBLE_DEVICES": "GPU-a", "HAI_GPU_SHARE_MB": "20480",
+                   "HAI_GPU_SHARE_COMPUTE": "50", "HAI_GPU_ISOLATION": "none", "HAI_GPU_QOS": "burstable"}
+    assert not (tmp_path / "mps").exists()  # no daemon without MPS
+    whole = RunSpec.from_wire({**BASE, "gpus": [1]})
+    assert shares.prepare(whole) is whole
+    with pytest.raises(ShareError, match="GPU 1 is not offered for sharing"):
+        shares.prepare(RunSpec.from_wire({**BASE, "gpus": [1], "gpu_share": SHARE}))
+
+
+def test_mps_that_fails_to_start_refuses_the_run(tmp_path):
+    tool = tmp_path / "mps-tool"
+    tool.write_text("#!/bin/sh\necho 'no device' >&2\nexit 3\n")
+    tool.chmod(0o755)
+    cfg = AgentConfig(name="n", spool=str(tmp_path), sharing=SharingConfig(gpus=(0,), mps_control=str(tool)))
+    shares = Shares(cfg, [GpuInfo(0, "GPU-a", "sim", 40960, shareable=True, isolation="mps")])
+    with pytest.raises(ShareError, match="exited 3: no device"):
+        shares.prepare(RunSpec.from_wire({**BASE, "uid": 0, "gid": 0, "gpus": [0], "gpu_share": SHARE}))
+
+
+def test_a_stale_control_pipe_does_not_count(tmp_path):
+    mps = MpsControl("true", str(tmp_path))
+    pipe, _ = mps.dirs(0, 1000)
+    pipe.mkdir(parents=True)
+    assert not mps.running(0, 1000)
+    (pipe / "control").touch()
+    assert mps.running(0, 1000)  # no pid file: the pipe decides
+    (pipe / "nvidia-cuda-mps-control.pid").write_text("999999999\n")
+    assert not mps.running(0, 1000)  # that process is gone
+    (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")
+    assert mps.running(0, 1000)

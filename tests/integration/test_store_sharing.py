@@ -1,0 +1,68 @@
+"""The store with fractional GPUs: requests kept, shares recorded, re-checked, and in the snapshot."""
+import pytest
+
+from hai_cluster.core.model import JobSpec, Placement
+from hai_cluster.core.sharing import GpuShare
+from hai_cluster.store.engine import make_engine, upgrade
+from hai_cluster.store.repository import Repository
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def repo(request, tmp_path):
+    url = f"sqlite:///{tmp_path}/hai.db" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+    eng = make_engine(url)
+    upgrade(eng)
+    r = Repository(eng)
+    r.register_nodes([("a", "10.0.0.1", ["gpu"])], now=0.0)
+    r.update_inventory("a", {"cpus": 8, "mem_mb": 1000, "gpu_backend": "simulated", "gpus": [
+        {"index": 0, "uuid": "a0", "name": "sim", "memory_mb": 81920, "shareable": True, "isolation": "mps",
+         "links": [[1, 4, 10]]},
+        {"index": 1, "uuid": "a1", "name": "sim", "memory_mb": 81920, "links": [[0, 4, 10]]}]}, now=1.0)
+    r.set_responding("a", True, now=1.0)
+    yield r
+    eng.dispose()
+
+
+def submit(repo, **kw):
+    return repo.submit(JobSpec(script="#!/bin/sh\ntrue\n", workdir="/tmp", **kw), user="u", uid=1, gid=1,
+                       partition="gpu", now=1)
+
+
+def test_inventory_and_snapshot_carry_shares(repo):
+    j = submit(repo, gpu_fraction=0.5, gpu_qos="best-effort")
+    w = submit(repo, gpu_mem_mb=8192, gpu_compute=30)
+    snap = repo.load_snapshot(now=2)
+    (node,) = snap.nodes
+    assert [(g.shareable, g.isolation, g.links) for g in node.gpus] == [(True, "mps", ((1, 4, 10),)),
+                                                                       (False, "none", ((0, 4, 10),))]
+    views = {v.id: v for v in snap.jobs}
+    assert views[j].gpu_share == GpuShare(fraction=0.5, qos="best-effort")
+    assert views[w].gpu_share == GpuShare(mem_mb=8192, compute=30) and views[w].gpus_per_node == 0
+    assert repo.start_run(j, Placement(("a",), ((0,),), shares=((40960, 0),)), now=3) is not None
+    assert repo.start_run(w, Placement(("a",), ((0,),), shares=((8192, 30),)), now=3) is not None
+    (node,) = repo.load_snapshot(now=4).nodes
+    assert node.shared == ((0, 49152, 30, 2),) and node.used_gpus == {0}
+    ranks = repo.runs(job_ids=[w])
+    assert ranks[0]["gpus"] == 0  # no whole GPU held
+
+
+def test_start_of_a_share_is_rechecked(repo):
+    a, b, c, d = (submit(repo, gpu_mem_mb=40960) for _ in range(4))
+    assert repo.start_run(a, Placement(("a",), ((0,),), shares=((40960, 0),)), now=2) is not None
+    assert repo.start_run(b, Placement(("a",), ((0,),), shares=((40960, 0),)), now=2) is not None
+    assert repo.start_run(c, Placement(("a",), ((0,),), shares=((40960, 0),)), now=2) is None  # memory full
+    assert repo.start_run(c, Placement(("a",), ((1,),), shares=((40960, 0),)), now=2) is None  # not shareable
+    whole = submit(repo, gpus_per_node=1)
+    assert repo.start_run(whole, Placement(("a",), ((0,),)), now=2) is None  # holds shares
+    assert repo.start_run(whole, Placement(("a",), ((1,),)), now=2) is not None
+    repo.update_inventory("a", {"cpus": 8, "mem_mb": 1000, "gpu_backend": "simulated", "gpus": [
+        {"index": i, "uuid": f"a{i}", "name": "sim", "memory_mb": 81920, "shareable": True} for i in (0, 1)]},
+        now=3)
+    assert repo.start_run(d, Placement(("a",), ((1,),), shares=((40960, 0),)), now=3) is None  # held whole
+
+
+def test_an_agent_without_sharing_fields_is_understood(repo):
+    repo.update_inventory("a", {"cpus": 8, "mem_mb": 1000, "gpu_backend": "simulated", "gpus": [
+        {"index": 0, "uuid": "a0", "name": "sim", "memory_mb": 10, "isolation": "weird", "links": [[1]]}]}, now=2)
+    (node,) = repo.load_snapshot(now=3).nodes
+    assert [(g.shareable, g.isolation, g.links) for g in node.gpus] == [(False, "none", ())]
