@@ -98,6 +98,9 @@ class ControllerConfig:
     # Seconds between keep-alive pings on each agent link; a ping unanswered for twice this long
     # drops the link (and the node shows as not responding).
     ping_interval: float = 5.0
+    # PostgreSQL: a standby controller takes over when the active one has not renewed its lease
+    # for this long (renewed every third of it). See controller/leader.py.
+    lease_duration: float = 15.0
     admins: tuple[str, ...] = ("root",)
     partitions: tuple[str, ...] = ("gpu",)
     default_partition: str = "gpu"
@@ -274,6 +277,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         tick_seconds=c.get("tick_seconds", float, 1.0),
         node_down_after=c.get("node_down_after", float, 60.0),
         ping_interval=c.get("ping_interval", float, 5.0),
+        lease_duration=c.get("lease_duration", float, 15.0),
         admins=c.strings("admins", ("root",)),
         partitions=partitions,
         default_partition=c.get("default_partition", str, partitions[0]),
@@ -293,6 +297,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         raise ConfigError(f"{path}: controller.default_partition {cfg.default_partition!r} is not in partitions")
     _positive(path, "controller.tick_seconds", cfg.tick_seconds)
     _positive(path, "controller.node_down_after", cfg.node_down_after)
+    _positive(path, "controller.lease_duration", cfg.lease_duration)
     _positive(path, "controller.ping_interval", cfg.ping_interval)
     return cfg
 

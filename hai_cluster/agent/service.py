@@ -11,6 +11,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..transport.rpc import RequestError, RpcTable
+from .fencing import EpochGate
 from .runs import RunError
 from .runspec import TERMINATE_REASONS, RunSpec, SpecError, check_keys, nonneg_int, valid_signal
 
@@ -111,6 +112,7 @@ def build_table(agent: "Agent") -> RpcTable:
         _empty("ping", body)
         return {"time": time.time()}
 
+    epochs = EpochGate(agent.cfg.spool)  # commands of a superseded controller are refused
     for fn in (hello, start_run, terminate_run, signal_run, list_runs, forget_run, ping):
-        table.add(fn.__name__, _checked(fn))
+        table.add(fn.__name__, _checked(epochs.wrap(fn.__name__, fn)))
     return table

@@ -17,9 +17,11 @@ import click
 from ..config import ConfigError, ControllerConfig, load_controller_config
 from ..core.states import JobState
 from ..sdnotify import Notifier
+from ..store.lease import StoreInUse
 from ..transport.rpc import RpcConnection
 from ..transport.unix import SocketInUse, bind_socket, close_server, peer_credentials
 from .api import build_api, caller_from_creds
+from .leader import LOST_EXIT, Gate, Leader
 from .service import Controller
 
 log = logging.getLogger("hai.controller")
@@ -47,13 +49,22 @@ async def status_line(ctl: Controller) -> str:
             f"running, {counts.get(JobState.PENDING.value, 0)} pending")
 
 
-async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier | None = None) -> None:
+async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier | None = None) -> Leader:
+    """Serve the socket; wait as a standby until this controller holds the lease, then run.
+    Returns the Leader, whose `lost` says whether we stopped because another controller took over."""
     notifier = notifier or Notifier(None)
     sock = bind_socket(cfg.socket, 0o666, "controller")  # anyone may connect; the kernel says who
     ctl = Controller(cfg)
-    notifier.status("migrating the store and starting")
-    await ctl.start()
-    api = build_api(ctl)
+    leader = Leader(cfg)
+    notifier.status("migrating the store")
+    try:
+        await leader.open()
+    except BaseException:
+        sock.close()
+        os.unlink(cfg.socket)
+        leader.close()
+        raise
+    api = Gate(build_api(ctl), leader)
     connections: set[RpcConnection] = set()
 
     async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -69,16 +80,34 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
     server = await asyncio.start_unix_server(on_client, sock=sock)
     log.info("controller listening on %s, %d node(s), store %s", cfg.socket, len(cfg.nodes),
              cfg.database.split("@")[-1])
-    notifier.ready(f"serving, 0/{len(ctl.links)} nodes responding")
-    heartbeat = asyncio.create_task(notifier.heartbeat(lambda: status_line(ctl), STATUS_EVERY))
+
+    async def status() -> str:
+        return await status_line(ctl) if leader.active else leader.status_line()
+
+    notifier.ready("waiting for the controller lease")
+    heartbeat = asyncio.create_task(notifier.heartbeat(status, STATUS_EVERY))
+    keeper = None
+    started = False
     try:
+        if await leader.wait_until_active(stop):
+            notifier.status("active; starting")
+            leader.on_lost = stop.set
+            started = True
+            await ctl.start(leader)
+            keeper = asyncio.create_task(leader.keep())
         await stop.wait()
     finally:
         notifier.stopping("shutting down (running jobs keep running)")
         heartbeat.cancel()
+        if keeper is not None:
+            keeper.cancel()
         log.info("shutting down (running jobs keep running)")
         await close_server(server, connections, cfg.socket)
-        await ctl.stop()
+        if started:
+            await ctl.stop()
+        await leader.release()
+        leader.close()
+    return leader
 
 
 def run_daemon(config_path: str) -> None:
@@ -96,13 +125,15 @@ def run_daemon(config_path: str) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(cfg, stop, notifier)
+        return await serve(cfg, stop, notifier)
 
     try:
-        asyncio.run(run())
-    except SocketInUse as exc:
+        leader = asyncio.run(run())
+    except (SocketInUse, StoreInUse) as exc:
         click.echo(f"hai-controller: {exc}", err=True)
         sys.exit(2)
+    if leader.lost:  # systemd restarts us (Restart=on-failure) and we come back as a standby
+        sys.exit(LOST_EXIT)
 
 
 @click.group(invoke_without_command=True)

@@ -70,14 +70,23 @@ class Controller:
         return result
 
     # ---- start and stop --------------------------------------------------------------------
-    async def start(self) -> None:
+    async def start(self, leader=None) -> None:
+        """Open the store and connect to the agents. With a `leader` (controller/leader.py), the
+        store was opened and migrated by it, every write is fenced by its epoch and every agent
+        command carries it."""
         def open_store() -> Repository:
-            engine = make_engine(self.cfg.database)
-            upgrade(engine)
+            if leader is not None:
+                engine = leader.fenced_engine()
+            else:
+                engine = make_engine(self.cfg.database)
+                upgrade(engine)
             repo = Repository(engine)
             repo.register_nodes(((n.name, n.address, n.partitions) for n in self.cfg.nodes), time.time())
             return repo
         self.repo = await self.db(open_store)
+        if leader is not None:
+            for link in self.links.values():
+                link.epoch = leader.agent_epoch
         self._tasks = [asyncio.create_task(link.run(), name=f"link-{name}") for name, link in self.links.items()]
         self._tasks.append(asyncio.create_task(self._loop(), name="scheduler"))
 
