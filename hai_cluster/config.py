@@ -55,6 +55,12 @@ class AgentConfig:
     launch_timeout: float = 30.0  # how long start_run waits for the shepherd to report the launch
     log_level: str = "INFO"
     isolation: IsolationConfig = field(default_factory=IsolationConfig)
+    # Node health (agent/health.py): the site's program ("" = none), how often all checks run,
+    # the program's time limit, and the spool usage at which the node counts as unhealthy.
+    health_check_program: str = ""
+    health_check_interval: float = 60.0
+    health_check_timeout: float = 30.0
+    spool_full_percent: float = 95.0
 
 
 @dataclass(frozen=True)
@@ -187,9 +193,20 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
             memory_mb=g.get("simulated_memory_mb", int, SimulatedGpus.memory_mb),
         ),
         isolation=isolation,
+        health_check_program=a.get("health_check_program", str, ""),
+        health_check_interval=a.get("health_check_interval", float, 60.0),
+        health_check_timeout=a.get("health_check_timeout", float, 30.0),
+        spool_full_percent=a.get("spool_full_percent", float, 95.0),
     )
     a.done()
     g.done()
+    if cfg.health_check_program and not os.path.isabs(cfg.health_check_program):
+        raise ConfigError(f"{path}: agent.health_check_program must be an absolute path, "
+                          f"got {cfg.health_check_program!r}")
+    _positive(path, "agent.health_check_interval", cfg.health_check_interval)
+    _positive(path, "agent.health_check_timeout", cfg.health_check_timeout)
+    if not 0 < cfg.spool_full_percent <= 100:
+        raise ConfigError(f"{path}: agent.spool_full_percent must be in (0, 100], got {cfg.spool_full_percent}")
     if cfg.gpu_backend not in ("auto", "nvml", "simulated"):
         raise ConfigError(f"{path}: gpus.backend must be auto, nvml or simulated, got {cfg.gpu_backend!r}")
     if cfg.simulated.count < 0:

@@ -19,6 +19,7 @@ from ..sdnotify import Notifier
 from ..transport.rpc import ConnectionLost, RpcConnection
 from ..transport.unix import SocketInUse, bind_socket, close_server, peer_credentials
 from .gpus import GpuError, inventory
+from .health import HealthChecker
 from .isolation import NodeIsolation
 from .runs import RunTable
 from .service import build_table
@@ -36,6 +37,7 @@ class Agent:
         self.mem_mb = psutil.virtual_memory().total // (1024 * 1024)
         self.isolation = NodeIsolation.detect(cfg)  # logs what it found (and what is missing)
         self.runs = RunTable(cfg.spool, cfg.launch_timeout, self.isolation)
+        self.health = HealthChecker(cfg, len(self.gpus))
         self.table = build_table(self)
         self.connections: set[RpcConnection] = set()
 
@@ -102,6 +104,7 @@ async def serve(cfg: AgentConfig, notifier: Notifier | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.create_task(agent.watch_spool())
+    checker = asyncio.create_task(agent.health.run(agent.push))
     log.info("serving on %s", cfg.socket)
     notifier.ready(status_line(agent))
 
@@ -115,6 +118,7 @@ async def serve(cfg: AgentConfig, notifier: Notifier | None = None) -> None:
         notifier.stopping("shutting down; running jobs stay with their shepherds")
         heartbeat.cancel()
         watcher.cancel()
+        checker.cancel()
         agent.isolation.release()
         await close_server(server, agent.connections, cfg.socket)
 

@@ -20,6 +20,7 @@ from ..store.engine import make_engine, upgrade
 from ..store.repository import RankRef, Repository
 from ..transport.rpc import ConnectionLost, RequestError, RpcError
 from .dispatch import rank_spec
+from .health import on_health
 from .nodes import NodeLink, NodeUnavailable
 
 log = logging.getLogger(__name__)
@@ -262,6 +263,8 @@ class Controller:
     async def _on_hello(self, node: str, hello: dict) -> None:
         """Reconcile with what the agent runs, then let the node take work again."""
         await self.db(self.repo.update_inventory, node, hello, time.time())
+        if hello.get("health") is not None:
+            await on_health(self, node, hello["health"])
         strays = await self._reconcile(node, hello.get("runs", []))
         if strays:
             await self._wait_for_strays(node, strays)
@@ -337,6 +340,8 @@ class Controller:
                 await self._run_ended(node, body)
             except StoreUnavailable:
                 pass  # not acknowledged to the agent: the next resync delivers it again
+        elif name == "health":
+            await on_health(self, node, body)
         else:
             log.warning("node %s sent an unknown or malformed event %r", node, name)
 
