@@ -112,6 +112,9 @@ class Leader:
                 log.warning("could not renew the controller lease (%s); agent commands stop when it may "
                             "have run out", str(exc.orig or exc).strip().splitlines()[0])
                 continue
+            except Exception:  # a bug here must not stop the renewals (the lease would lapse)
+                log.exception("renewing the controller lease failed")
+                continue
             if ours:
                 self._valid_until = sent + LOCAL_MARGIN * self.duration
             else:
