@@ -83,6 +83,12 @@ class AgentConfig:
     isolation: IsolationConfig = field(default_factory=IsolationConfig)
     telemetry: AgentTelemetryConfig = field(default_factory=AgentTelemetryConfig)
     sharing: SharingConfig = field(default_factory=SharingConfig)
+    # Node health (agent/health.py): the site's program ("" = none), how often all checks run,
+    # the program's time limit, and the spool usage at which the node counts as unhealthy.
+    health_check_program: str = ""
+    health_check_interval: float = 60.0
+    health_check_timeout: float = 30.0
+    spool_full_percent: float = 95.0
 
 
 @dataclass(frozen=True)
@@ -185,6 +191,9 @@ class ControllerConfig:
     # Seconds between keep-alive pings on each agent link; a ping unanswered for twice this long
     # drops the link (and the node shows as not responding).
     ping_interval: float = 5.0
+    # PostgreSQL: a standby controller takes over when the active one has not renewed its lease
+    # for this long (renewed every third of it). See controller/leader.py.
+    lease_duration: float = 15.0
     admins: tuple[str, ...] = ("root",)
     partitions: tuple[str, ...] = ("gpu",)
     default_partition: str = "gpu"
@@ -290,9 +299,20 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
         isolation=isolation,
         telemetry=telemetry,
         sharing=sharing,
+        health_check_program=a.get("health_check_program", str, ""),
+        health_check_interval=a.get("health_check_interval", float, 60.0),
+        health_check_timeout=a.get("health_check_timeout", float, 30.0),
+        spool_full_percent=a.get("spool_full_percent", float, 95.0),
     )
     a.done()
     g.done()
+    if cfg.health_check_program and not os.path.isabs(cfg.health_check_program):
+        raise ConfigError(f"{path}: agent.health_check_program must be an absolute path, "
+                          f"got {cfg.health_check_program!r}")
+    _positive(path, "agent.health_check_interval", cfg.health_check_interval)
+    _positive(path, "agent.health_check_timeout", cfg.health_check_timeout)
+    if not 0 < cfg.spool_full_percent <= 100:
+        raise ConfigError(f"{path}: agent.spool_full_percent must be in (0, 100], got {cfg.spool_full_percent}")
     if cfg.gpu_backend not in ("auto", "nvml", "simulated"):
         raise ConfigError(f"{path}: gpus.backend must be auto, nvml or simulated, got {cfg.gpu_backend!r}")
     if cfg.simulated.count < 0:
@@ -482,6 +502,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         tick_seconds=c.get("tick_seconds", float, 1.0),
         node_down_after=c.get("node_down_after", float, 60.0),
         ping_interval=c.get("ping_interval", float, 5.0),
+        lease_duration=c.get("lease_duration", float, 15.0),
         admins=legacy_admins or ("root",),
         partitions=partitions,
         default_partition=table_default or c.get("default_partition", str, partitions[0]),
@@ -510,6 +531,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     _positive(path, "controller.tick_seconds", cfg.tick_seconds)
     _positive(path, "controller.max_array_size", cfg.max_array_size)
     _positive(path, "controller.node_down_after", cfg.node_down_after)
+    _positive(path, "controller.lease_duration", cfg.lease_duration)
     _positive(path, "controller.ping_interval", cfg.ping_interval)
     return cfg
 

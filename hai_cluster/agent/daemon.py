@@ -19,6 +19,7 @@ from ..sdnotify import Notifier
 from ..transport.rpc import ConnectionLost, RpcConnection
 from ..transport.unix import SocketInUse, bind_socket, close_server, peer_credentials
 from .gpus import GpuError, inventory
+from .health import HealthChecker
 from .isolation import NodeIsolation
 from .gpushare import Shares
 from .runs import RunTable
@@ -39,6 +40,7 @@ class Agent:
         self.isolation = NodeIsolation.detect(cfg)  # logs what it found (and what is missing)
         self.runs = RunTable(cfg.spool, cfg.launch_timeout, self.isolation)
         self.shares = Shares(cfg, self.gpus)
+        self.health = HealthChecker(cfg, len(self.gpus))
         self.table = build_table(self)
         self.connections: set[RpcConnection] = set()
         self._occupancy: dict[int, list[int]] = {}
@@ -152,6 +154,7 @@ async def serve(cfg: AgentConfig, notifier: Notifier | None = None) -> None:
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.create_task(agent.watch_spool())
     sampling = asyncio.create_task(agent.sampler.run(agent.live_runs, agent.send_telemetry)) if agent.sampler else None
+    checker = asyncio.create_task(agent.health.run(agent.push))
     log.info("serving on %s", cfg.socket)
     notifier.ready(status_line(agent))
 
@@ -168,6 +171,7 @@ async def serve(cfg: AgentConfig, notifier: Notifier | None = None) -> None:
         if sampling is not None:
             sampling.cancel()
             await asyncio.gather(sampling, return_exceptions=True)
+        checker.cancel()
         agent.isolation.release()
         await close_server(server, agent.connections, cfg.socket)
 

@@ -11,7 +11,8 @@ import signal as _signal
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-REASONS = ("cancel", "preempt", "requeue", "node_fail", "timeout", "launch_failed", "lost", "oom")
+REASONS = ("cancel", "preempt", "requeue", "node_fail", "timeout", "launch_failed", "lost", "oom",
+           "output_error")
 TERMINATE_REASONS = ("cancel", "preempt", "node_fail", "requeue")
 RUNTIMES = ("none", "bwrap", "runc", "podman", "apptainer", "enroot")
 # Runtimes that take an OCI/registry reference rather than a rootfs path on the node.

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..transport.rpc import RequestError, RpcTable
 from .gpushare import ShareError
+from .fencing import EpochGate
 from .runs import RunError
 from .runspec import TERMINATE_REASONS, RunSpec, SpecError, check_keys, nonneg_int, valid_signal
 
@@ -68,6 +69,7 @@ def build_table(agent: "Agent") -> RpcTable:
         return {"node": agent.cfg.name, "hostname": socket.gethostname(), "protocol": PROTOCOL,
                 "cpus": agent.cpus, "mem_mb": agent.mem_mb, "gpu_backend": agent.gpu_backend,
                 "gpus": [asdict(g) for g in agent.gpus], "runs": runs.statuses(),
+                "health": agent.health.current.to_wire() if agent.health.current else None,
                 **agent.isolation.hello()}
 
     async def start_run(body: Any, ctx: Any) -> dict:
@@ -117,6 +119,7 @@ def build_table(agent: "Agent") -> RpcTable:
         _empty("ping", body)
         return {"time": time.time()}
 
+    epochs = EpochGate(agent.cfg.spool)  # commands of a superseded controller are refused
     for fn in (hello, start_run, terminate_run, signal_run, list_runs, forget_run, ping):
-        table.add(fn.__name__, _checked(fn))
+        table.add(fn.__name__, _checked(epochs.wrap(fn.__name__, fn)))
     return table

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 from . import spool
 from .jobproc import exec_job
+from .outputs import output_problem
 from .runspec import TERMINATE_REASONS, RunSpec, RunStatus
 
 if TYPE_CHECKING:
@@ -306,6 +307,10 @@ class Shepherd:
             st.exit_code, st.signal = self.box.decode(self.wait_status)
             if self.box.oom_seen and st.reason is None:  # a terminate already under way wins
                 st.reason, st.message = "oom", self.box.oom_message()
+            if st.reason is None:
+                lost_output = output_problem((self.spec.stdout, self.spec.stderr))
+                if lost_output is not None:
+                    st.reason, st.message = "output_error", lost_output
         return st
 
     def run(self) -> int:

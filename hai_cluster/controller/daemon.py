@@ -17,11 +17,13 @@ import click
 from ..config import ConfigError, ControllerConfig, load_controller_config
 from ..core.states import JobState
 from ..sdnotify import Notifier
+from ..store.lease import StoreInUse
 from ..transport.rpc import RpcConnection
 from ..transport.unix import SocketInUse, bind_socket, close_server, peer_credentials
 from .access import caller_from_creds
 from .api import build_api
 from .connlimit import ConnectionCounter
+from .leader import LOST_EXIT, Gate, Leader
 from .metrics import render, start_metrics_server
 from .service import Controller
 
@@ -50,20 +52,31 @@ async def status_line(ctl: Controller) -> str:
             f"running, {counts.get(JobState.PENDING.value, 0)} pending")
 
 
-async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier | None = None) -> None:
+async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier | None = None) -> Leader:
+    """Serve the socket; wait as a standby until this controller holds the lease, then run.
+    Returns the Leader, whose `lost` says whether we stopped because another controller took over."""
     notifier = notifier or Notifier(None)
     sock = bind_socket(cfg.socket, 0o666, "controller")  # anyone may connect; the kernel says who
     ctl = Controller(cfg)
+    leader = Leader(cfg)
     metrics = None
-    if cfg.telemetry.metrics_listen:  # first: a port in use ends the start before anything else
-        try:
-            metrics = await start_metrics_server(cfg.telemetry.metrics_listen,
-                                                 lambda: render(ctl.telemetry, [n.name for n in cfg.nodes]))
-        except OSError as exc:
-            raise ConfigError(f"metrics.listen {cfg.telemetry.metrics_listen}: {exc.strerror or exc}") from None
-    notifier.status("migrating the store and starting")
-    await ctl.start()
-    api = build_api(ctl)
+    try:
+        if cfg.telemetry.metrics_listen:  # first: a port in use ends the start before anything else
+            try:
+                metrics = await start_metrics_server(cfg.telemetry.metrics_listen,
+                                                     lambda: render(ctl.telemetry, [n.name for n in cfg.nodes]))
+            except OSError as exc:
+                raise ConfigError(f"metrics.listen {cfg.telemetry.metrics_listen}: {exc.strerror or exc}") from None
+        notifier.status("migrating the store")
+        await leader.open()
+    except BaseException:
+        if metrics is not None:
+            metrics.close()
+        sock.close()
+        os.unlink(cfg.socket)
+        leader.close()
+        raise
+    api = Gate(build_api(ctl), leader)
     connections: set[RpcConnection] = set()
 
     counter = ConnectionCounter(cfg.access.max_connections_per_uid)
@@ -87,18 +100,36 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
     server = await asyncio.start_unix_server(on_client, sock=sock)
     log.info("controller listening on %s, %d node(s), store %s", cfg.socket, len(cfg.nodes),
              cfg.database.split("@")[-1])
-    notifier.ready(f"serving, 0/{len(ctl.links)} nodes responding")
-    heartbeat = asyncio.create_task(notifier.heartbeat(lambda: status_line(ctl), STATUS_EVERY))
+
+    async def status() -> str:
+        return await status_line(ctl) if leader.active else leader.status_line()
+
+    notifier.ready("waiting for the controller lease")
+    heartbeat = asyncio.create_task(notifier.heartbeat(status, STATUS_EVERY))
+    keeper = None
+    started = False
     try:
+        if await leader.wait_until_active(stop):
+            notifier.status("active; starting")
+            leader.on_lost = stop.set
+            started = True
+            await ctl.start(leader)
+            keeper = asyncio.create_task(leader.keep())
         await stop.wait()
     finally:
         notifier.stopping("shutting down (running jobs keep running)")
         heartbeat.cancel()
+        if keeper is not None:
+            keeper.cancel()
         log.info("shutting down (running jobs keep running)")
         await close_server(server, connections, cfg.socket)
         if metrics is not None:
             metrics.close()
-        await ctl.stop()
+        if started:
+            await ctl.stop()
+        await leader.release()
+        leader.close()
+    return leader
 
 
 def run_daemon(config_path: str) -> None:
@@ -116,13 +147,15 @@ def run_daemon(config_path: str) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(cfg, stop, notifier)
+        return await serve(cfg, stop, notifier)
 
     try:
-        asyncio.run(run())
-    except (SocketInUse, ConfigError) as exc:
+        leader = asyncio.run(run())
+    except (SocketInUse, StoreInUse, ConfigError) as exc:
         click.echo(f"hai-controller: {exc}", err=True)
         sys.exit(2)
+    if leader.lost:  # systemd restarts us (Restart=on-failure) and we come back as a standby
+        sys.exit(LOST_EXIT)
 
 
 @click.group(invoke_without_command=True)

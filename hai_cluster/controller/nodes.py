@@ -38,6 +38,14 @@ class NodeLink:
         self._conn: RpcConnection | None = None
         self.generation = 0  # bumps on every new connection; lets callers tell links apart
         self.last_error: str | None = None
+        # Set by an active controller: the lease epoch every command carries (it raises when the
+        # lease may have run out, so nothing is sent). Pings carry none: they change nothing.
+        self.epoch: Callable[[], int] | None = None
+
+    def _with_epoch(self, method: str, body: Any) -> Any:
+        if self.epoch is None or method == "ping":
+            return body
+        return {**(body or {}), "epoch": self.epoch()}
 
     @property
     def name(self) -> str:
@@ -51,7 +59,7 @@ class NodeLink:
         conn = self._conn
         if conn is None or conn.closed:
             raise NodeUnavailable(f"node {self.name} is not responding")
-        return await conn.call(method, body, timeout=timeout)
+        return await conn.call(method, self._with_epoch(method, body), timeout=timeout)
 
     async def run(self) -> None:
         delay = BACKOFF_FIRST
@@ -85,7 +93,8 @@ class NodeLink:
         conn = RpcConnection(stream.reader, stream.writer, on_event=on_event, name=f"agent {self.name}")
         reader = asyncio.create_task(conn.run())
         try:
-            hello = await conn.call("hello", {"controller": "hai-controller"}, timeout=2 * self.ping_interval)
+            hello = await conn.call("hello", self._with_epoch("hello", {"controller": "hai-controller"}),
+                                    timeout=2 * self.ping_interval)
             if hello.get("node") != self.name:
                 raise ConnectionLost(f"agent at {self.node.address} says it is node {hello.get('node')!r}, "
                                      f"expected {self.name!r}")
@@ -106,4 +115,7 @@ class NodeLink:
             reader.cancel()
             await stream.close()
             if was_up:
-                await self._on_lost(self.name, conn.close_reason or "link closed")
+                try:  # must not replace a cancellation (shutdown) with the store's error
+                    await self._on_lost(self.name, conn.close_reason or "link closed")
+                except Exception as exc:
+                    log.warning("node %s: could not record the lost link: %s", self.name, exc)

@@ -22,6 +22,7 @@ from ..store.engine import make_engine, upgrade
 from ..store.repository import RankRef, Repository
 from ..transport.rpc import ConnectionLost, RequestError, RpcError
 from .dispatch import rank_spec
+from .health import on_health
 from .nodes import NodeLink, NodeUnavailable
 from .telemetry import TelemetryHub
 from .tenancy import Tenancy
@@ -76,14 +77,23 @@ class Controller:
         return result
 
     # ---- start and stop --------------------------------------------------------------------
-    async def start(self) -> None:
+    async def start(self, leader=None) -> None:
+        """Open the store and connect to the agents. With a `leader` (controller/leader.py), the
+        store was opened and migrated by it, every write is fenced by its epoch and every agent
+        command carries it."""
         def open_store() -> Repository:
-            engine = make_engine(self.cfg.database)
-            upgrade(engine)
+            if leader is not None:
+                engine = leader.fenced_engine()
+            else:
+                engine = make_engine(self.cfg.database)
+                upgrade(engine)
             repo = Repository(engine)
             repo.register_nodes(((n.name, n.address, n.partitions) for n in self.cfg.nodes), time.time())
             return repo
         self.repo = await self.db(open_store)
+        if leader is not None:
+            for link in self.links.values():
+                link.epoch = leader.agent_epoch
         self._tasks = [asyncio.create_task(link.run(), name=f"link-{name}") for name, link in self.links.items()]
         self._tasks.append(asyncio.create_task(self._loop(), name="scheduler"))
         self._tasks.append(asyncio.create_task(self._persist_telemetry(), name="telemetry"))
@@ -276,6 +286,8 @@ class Controller:
     async def _on_hello(self, node: str, hello: dict) -> None:
         """Reconcile with what the agent runs, then let the node take work again."""
         await self.db(self.repo.update_inventory, node, hello, time.time())
+        if hello.get("health") is not None:
+            await on_health(self, node, hello["health"])
         strays = await self._reconcile(node, hello.get("runs", []))
         if strays:
             await self._wait_for_strays(node, strays)
@@ -365,6 +377,8 @@ class Controller:
                 await self._run_ended(node, body)
             except StoreUnavailable:
                 pass  # not acknowledged to the agent: the next resync delivers it again
+        elif name == "health":
+            await on_health(self, node, body)
         else:
             log.warning("node %s sent an unknown or malformed event %r", node, name)
 

@@ -16,6 +16,7 @@ _REASON_STATE = {
     "lost": JobState.NODE_FAIL,
     "launch_failed": JobState.FAILED,
     "oom": JobState.OUT_OF_MEMORY,
+    "output_error": JobState.FAILED,  # the job's output could not be written (file system full)
 }
 # When ranks disagree, the run shows the most telling state.
 _SEVERITY = [JobState.CANCELLED, JobState.NODE_FAIL, JobState.PREEMPTED, JobState.REQUEUED,

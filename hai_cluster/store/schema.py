@@ -150,3 +150,14 @@ limits = Table(
     Column("updated_by", String(64)),
     Column("updated_at", Float),
 )
+
+# 0010: the active controller's lease. One row; `epoch` goes up at every takeover and fences
+# every write of an older leader (see store/lease.py). Times are the database server's clock.
+controller_lease = Table(
+    "controller_lease", metadata,
+    Column("name", String(32), primary_key=True),
+    Column("holder", String(300), nullable=False),  # host:socket of the active controller
+    Column("epoch", Integer, nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Column("acquired_at", Float, nullable=False),
+)

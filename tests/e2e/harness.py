@@ -144,7 +144,7 @@ def python_daemon(module: str, config: Path) -> list[str]:
 
 
 def start_ssh_cluster(ssh_nodes, *, gpus_per_node: int, scheduler_toml: str = "", tick: float = 0.3,
-                      controller_toml: str = "", agent_toml: str = "") -> Cluster:
+                      controller_toml: str = "", agent_toml: str = "", database: str | None = None) -> Cluster:
     """Agents in the nodes' namespaces behind their sshd, a controller reaching them over SSH.
 
     Everything lives under a fresh /tmp directory readable by the test users (pytest's own tmp
@@ -165,8 +165,10 @@ def start_ssh_cluster(ssh_nodes, *, gpus_per_node: int, scheduler_toml: str = ""
         node_tables.append(f'[[nodes]]\nname = "{node.name}"\naddress = "{node.address}"\nport = {node.port}\n'
                            f'agent_socket = "{sock}"\n')
     ctl_sock = base / "controller.sock"
+    default_db = f"sqlite:///{base}/hai.db"
     (base / "controller.toml").write_text(
-        f'[controller]\nsocket = "{ctl_sock}"\ndatabase = "sqlite:///{base}/hai.db"\nstate_dir = "{base}"\n'
+        f'[controller]\nsocket = "{ctl_sock}"\ndatabase = "{database or default_db}"\n'
+        f'state_dir = "{base}"\n'
         f'tick_seconds = {tick}\n{controller_toml}\n[ssh]\nuser = "root"\nkey = "{ssh_nodes[0].key}"\n'
         f'known_hosts = "{ssh_nodes[0].known_hosts}"\n\n{scheduler_toml}\n' + "\n".join(node_tables))
     controller = Daemon(python_daemon("hai_cluster.controller.daemon", base / "controller.toml"),

@@ -1,0 +1,25 @@
+"""Whether a job could write its output: checked by the shepherd when the job ends.
+
+The job writes its stdout/stderr files itself, so a write that failed with ENOSPC is seen only by
+the job (which may well exit 0 regardless). When the file system of an output file has no space
+left for the user at the job's end, the run fails with reason output_error and says so, instead of
+looking COMPLETED with its output cut short. (Opening the files is checked at launch: a permission
+error there fails the launch with the path and the error.)"""
+from __future__ import annotations
+
+import os
+import stat
+from typing import Iterable
+
+
+def output_problem(paths: Iterable[str | None]) -> str | None:
+    for path in dict.fromkeys(p for p in paths if p):
+        try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # /dev/null, a pipe, a terminal
+                continue
+            fs = os.statvfs(path)
+        except OSError:
+            continue
+        if fs.f_blocks > 0 and fs.f_bavail == 0:
+            return f"writing job output {path} failed: No space left on device (its file system is full)"
+    return None

@@ -1,0 +1,26 @@
+"""What the controller does with an agent's health report (agent/health.py): drain or resume."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..store.nodehealth import apply_health
+
+log = logging.getLogger(__name__)
+
+
+async def on_health(ctl, node: str, body: Any) -> None:
+    if not (isinstance(body, dict) and isinstance(body.get("ok"), bool) and isinstance(body.get("reason", ""), str)):
+        log.warning("node %s sent a malformed health report %r", node, body)
+        return
+    from .service import StoreUnavailable
+
+    try:
+        changed = await ctl.db(apply_health, ctl.repo.engine, node, body["ok"], body.get("reason", ""))
+    except StoreUnavailable:
+        return  # the agent reports again at its next check
+    if changed == "drained":
+        log.warning("node %s drained: health: %s", node, body.get("reason"))
+    elif changed == "resumed":
+        log.warning("node %s healthy again: back in service", node)
+        ctl.wake()
