@@ -105,6 +105,8 @@ class ControllerConfig:
     nodes: tuple[NodeConfig, ...] = ()
     log_level: str = "INFO"
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    # Days the event history (hcontrol show events) is kept; older events are pruned.
+    events_max_age_days: float = 30.0
 
 
 _TYPES: dict[type, str] = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
@@ -278,6 +280,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         partitions=partitions,
         default_partition=c.get("default_partition", str, partitions[0]),
         log_level=c.get("log_level", str, "INFO"),
+        events_max_age_days=c.get("events_max_age_days", float, 30.0),
         ssh=SshConfig(
             user=s.get("user", str, "root"),
             key=s.get("key", str, "/etc/hai/id_ed25519"),
@@ -294,6 +297,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     _positive(path, "controller.tick_seconds", cfg.tick_seconds)
     _positive(path, "controller.node_down_after", cfg.node_down_after)
     _positive(path, "controller.ping_interval", cfg.ping_interval)
+    _positive(path, "controller.events_max_age_days", cfg.events_max_age_days)
     return cfg
 
 

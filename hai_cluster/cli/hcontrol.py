@@ -5,6 +5,7 @@ import datetime
 
 import click
 
+from ..controller.events import format_line
 from ..core.timefmt import format_duration, format_limit
 from .common import call, fail
 from .hinfo import node_state
@@ -64,6 +65,36 @@ def show_job(job_id):
     reply = call("hcontrol", "show_job", {"job_id": jid})
     for line in job_lines(reply["job"], reply["now"]):
         print(("   " if not line.startswith("JobId") else "") + line)
+
+
+@show.command("events")
+@click.argument("job_id", required=False)
+@click.option("--node", "node", metavar="NAME", help="a node's history instead of a job's")
+@click.option("-n", "--last", "last", type=click.IntRange(min=1), help="only the newest N events")
+def show_events(job_id, node, last):
+    """A job's decision history (why it waited, when it started, who preempted it and for whom),
+    or a node's (--node NAME): one line per event, oldest first."""
+    if (job_id is None) == (node is None):
+        fail("hcontrol", "show events needs a job id or --node NAME (one of them)")
+    body: dict = {"node": node} if node else {"job_id": _job_id(job_id)}
+    if last:
+        body["limit"] = last
+    reply = call("hcontrol", "events", body)
+    if not reply["events"]:
+        print(f"No events for {'node ' + node if node else 'job ' + job_id}")
+    for e in reply["events"]:
+        print(event_line(e))
+
+
+def event_line(e: dict) -> str:
+    return f"{_time(e['time'])} " + format_line(e["kind"], e["job_id"], e["node"], e["detail"])
+
+
+def _job_id(job_id: str) -> int:
+    try:
+        return int(job_id)
+    except ValueError:
+        fail("hcontrol", f"Invalid job id specified: {job_id}")
 
 
 def _job_action(method: str, job_id: str) -> None:

@@ -16,6 +16,7 @@ from ..core.jobscript import JobScriptError, parse_submission
 from ..core.model import JobView
 from ..core.resources import could_ever_fit
 from ..core.states import FINAL_STATES, JobState, parse_state
+from ..store.events import read_events
 from ..store.repository import required_runtime
 from ..transport.rpc import RequestError, RpcTable
 from .service import Controller
@@ -136,6 +137,8 @@ def build_api(ctl: Controller) -> RpcTable:
             return {"test_only": await would_start(spec, partition, caller)}
         job_id = await ctl.db(repo().submit, spec, user=caller.user, uid=caller.uid, gid=caller.gid,
                               partition=partition, now=time.time())
+        ctl.events.record("submitted", job_id, user=caller.user, partition=partition, nodes=spec.nodes,
+                          gpus_per_node=spec.gpus_per_node, priority=spec.priority, hold=spec.hold or None)
         ctl.wake()
         return {"job_id": job_id}
 
@@ -221,9 +224,11 @@ def build_api(ctl: Controller) -> RpcTable:
                     done.append(job["id"])
             elif state == JobState.PENDING:
                 if await ctl.db(repo().cancel_pending, job["id"], time.time(), caller.uid):
+                    ctl.events.record("cancel_requested", job["id"], by=caller.user, state=state.value)
                     done.append(job["id"])
             elif state.holds_resources:
                 await ctl.db(repo().request_end, job["id"], "cancel", f"cancelled by {caller.uid}")
+                ctl.events.record("cancel_requested", job["id"], by=caller.user, state=state.value)
                 await ctl.end_job(job["id"], "cancel")
                 done.append(job["id"])
         ctl.wake()
@@ -250,7 +255,7 @@ def build_api(ctl: Controller) -> RpcTable:
             raise RequestError(f"Requeue of job {job['id']} refused: it was submitted with --no-requeue")
         if job["state"] != JobState.RUNNING.value:
             raise RequestError(f"Job {job['id']} is {job['state']}; only a running job can be requeued")
-        await ctl.preempt(job["id"], "requeue", f"requeued by {caller.user}")
+        await ctl.preempt(job["id"], "requeue", f"requeued by {caller.user}", by=caller.user)
         return {"job_id": job["id"]}
 
     @api.expose("preempt")
@@ -263,7 +268,7 @@ def build_api(ctl: Controller) -> RpcTable:
             raise RequestError(f"Job {job['id']} is {job['state']}; only a running job can be preempted")
         if not job["preemptible"]:
             raise RequestError(f"Job {job['id']} was submitted with --no-requeue and is never preempted")
-        await ctl.preempt(job["id"], "preempt", f"preempted by administrator {caller.user}")
+        await ctl.preempt(job["id"], "preempt", f"preempted by administrator {caller.user}", by=caller.user)
         return {"job_id": job["id"]}
 
     async def set_hold(body, caller: Caller, hold: bool):
@@ -271,6 +276,7 @@ def build_api(ctl: Controller) -> RpcTable:
         error = await ctl.db(repo().set_hold, job["id"], hold, admin=caller.admin and job["user"] != caller.user)
         if error:
             raise RequestError(error)
+        ctl.events.record("held" if hold else "released", job["id"], by=caller.user)
         ctl.wake()
         return {"job_id": job["id"]}
 
@@ -289,8 +295,28 @@ def build_api(ctl: Controller) -> RpcTable:
             raise RequestError(f"A reason is required to set node {name} {target} (reason=...)")
         if not await ctl.db(repo().set_node_state, name, target, reason and f"{reason} [{caller.user}]"):
             raise RequestError(f"Invalid node name specified: {name}")
+        ctl.events.record("node_state", None, name, state=target, by=caller.user, reason=reason)
         ctl.wake()
         return {"name": name, "state": target}
+
+    @api.expose("events")
+    async def events(body, caller: Caller):
+        """A job's history (its owner and admins), or a node's (anyone, as hinfo shows nodes)."""
+        job_id = _expect(body, "job_id", int)
+        node = _expect(body, "node", str)
+        limit = _expect(body, "limit", int)
+        if (job_id is None) == (node is None):
+            raise RequestError("give a job id or a node name (one of them)")
+        if limit is not None and limit <= 0:
+            raise RequestError("limit must be positive")
+        if job_id is not None:
+            job = await own_job(body, caller)  # the job may be gone from the table: say so
+            job_id = job["id"]
+        await ctl.flush_events()
+        rows = await ctl.db(read_events, repo().engine, job_id=job_id, node=node, limit=limit)
+        if node is not None and not rows and node not in {n["name"] for n in await ctl.db(repo().nodes)}:
+            raise RequestError(f"Node {node} not found")  # a removed node's history is still shown
+        return {"now": time.time(), "events": rows}
 
     api.add("hold", lambda body, caller: set_hold(body, caller, True))
     api.add("release", lambda body, caller: set_hold(body, caller, False))

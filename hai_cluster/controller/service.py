@@ -15,11 +15,14 @@ from typing import Any, Callable
 from sqlalchemy.exc import DBAPIError
 
 from ..config import ControllerConfig
+from ..core.states import JobState
 from ..scheduling.registry import make_policy
 from ..store.engine import make_engine, upgrade
+from ..store.events import add_events, prune_events
 from ..store.repository import RankRef, Repository
 from ..transport.rpc import ConnectionLost, RequestError, RpcError
 from .dispatch import rank_spec
+from .events import EventLog
 from .nodes import NodeLink, NodeUnavailable
 
 log = logging.getLogger(__name__)
@@ -28,6 +31,7 @@ AGENT_ERRORS = (NodeUnavailable, ConnectionLost, asyncio.TimeoutError, OSError)
 # Seconds between full comparisons of each agent's runs with the store: an end reported while the
 # store was down (the agent pushes it once) is picked up here; acknowledged ends are never lost.
 RESYNC_INTERVAL = 15.0
+PRUNE_INTERVAL = 3600.0  # seconds between prunes of old events
 
 
 class StoreUnavailable(RequestError):
@@ -54,6 +58,8 @@ class Controller:
         self._tasks: list[asyncio.Task] = []
         self.store_down = False
         self._last_resync = 0.0
+        self.events = EventLog()
+        self._last_prune = 0.0
 
     async def db(self, fn: Callable, *args, **kw) -> Any:
         try:
@@ -85,11 +91,28 @@ class Controller:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.repo is not None:
+            try:
+                await self.flush_events()
+            except StoreUnavailable:
+                log.warning("%d event(s) not written: the store is unavailable", len(self.events.take()))
         self._executor.shutdown(wait=True)
         self._policy_executor.shutdown(wait=True)
 
     def wake(self) -> None:
         self._wake.set()
+
+    async def flush_events(self) -> None:
+        """Write the buffered events (one transaction); prune old ones once an hour."""
+        rows = self.events.take()
+        try:
+            await self.db(add_events, self.repo.engine, rows)
+            if time.monotonic() - self._last_prune >= PRUNE_INTERVAL:
+                self._last_prune = time.monotonic()
+                await self.db(prune_events, self.repo.engine, time.time() - self.cfg.events_max_age_days * 86400)
+        except StoreUnavailable:
+            self.events.put_back(rows)
+            raise
 
     async def decide(self, snapshot):
         """The policy is pure CPU work: off the event loop, so API calls and link pings keep flowing."""
@@ -108,6 +131,7 @@ class Controller:
                 if time.monotonic() - self._last_resync >= RESYNC_INTERVAL:
                     self._last_resync = time.monotonic()
                     await self._resync_all()
+                await self.flush_events()
             except asyncio.CancelledError:
                 raise
             except StoreUnavailable:
@@ -119,16 +143,20 @@ class Controller:
         await self._mark_silent_nodes_down()
         snapshot = await self.db(self.repo.load_snapshot, time.time())
         plan = await self.decide(snapshot)
-        await self.db(self.repo.set_reasons, {w.job_id: w.reason for w in plan.waits})
+        changed = await self.db(self.repo.set_reasons, {w.job_id: w.reason for w in plan.waits})
+        for job_id, reason in changed.items():
+            self.events.record("waiting", job_id, reason=reason)
         for p in plan.preempts:
-            await self.preempt(p.job_id, "preempt", p.reason)
+            await self.preempt(p.job_id, "preempt", p.reason, for_job=p.for_job, by="scheduler")
         for start in plan.starts:
             job = await self.db(self.repo.start_run, start.job_id, start.placement, time.time())
             if job is None:
                 log.info("job %d: start no longer possible, re-planning next tick", start.job_id)
                 continue
-            log.info("job %d attempt %d: starting on %s (%s)", job["id"], job["attempt"],
-                     ",".join(start.placement.nodes), start.reason)
+            self.events.record("started", job["id"], ",".join(start.placement.nodes), attempt=job["attempt"],
+                               gpus=" ".join(f"{n}:{','.join(map(str, g))}"
+                                             for n, g in zip(start.placement.nodes, start.placement.gpus)),
+                               reason=start.reason)
             for rank, node in enumerate(start.placement.nodes):
                 self._spawn(self._dispatch(job, job["attempt"], rank, start.placement.nodes,
                                            start.placement.gpus[rank]))
@@ -188,14 +216,20 @@ class Controller:
         try:
             await link.call("terminate_run", {"job_id": r.job_id, "attempt": r.attempt, "reason": reason})
             self._told_to_end.add(key)
+            if reason in ("preempt", "requeue"):
+                self.events.record("checkpoint_notice", r.job_id, r.node, attempt=r.attempt, request=reason)
         except (RpcError, *AGENT_ERRORS) as exc:
             log.warning("job %d: could not tell %s to end the run (%s); will retry", r.job_id, r.node, exc)
 
-    async def preempt(self, job_id: int, request: str, why: str) -> bool:
-        """Checkpoint-and-requeue a running job: record it, then tell its agents (notice + signal)."""
+    async def preempt(self, job_id: int, request: str, why: str, *, for_job: int | None = None,
+                      by: str | None = None) -> bool:
+        """Checkpoint-and-requeue a running job: record it, then tell its agents (notice + signal).
+
+        `for_job`: the job the GPUs go to; `by`: who decided (the scheduler, or a user's name)."""
         if not await self.db(self.repo.request_end, job_id, request, why):
             return False
-        log.info("job %d: %s (%s)", job_id, "preempting" if request == "preempt" else "requeueing", why)
+        self.events.record("preempted" if request == "preempt" else "requeue_requested", job_id,
+                           for_job=for_job, by=by, reason=why)
         await self.end_job(job_id, request)
         return True
 
@@ -220,8 +254,11 @@ class Controller:
         job_id, attempt = int(status["job_id"]), int(status["attempt"])
         result = await self.db(self.repo.rank_ended, job_id, attempt, node, status, time.time())
         if result.run_state is not None:
-            log.info("job %d attempt %d: run ended %s, job now %s", job_id, attempt,
-                     result.run_state.value, result.job_state.value)
+            self.events.record("ended", job_id, node, attempt=attempt, state=result.run_state.value,
+                               exit_code=status.get("exit_code"), signal=status.get("signal"),
+                               reason=status.get("reason"))
+            if result.job_state == JobState.PENDING:
+                self.events.record("requeued", job_id, attempt=attempt, after=result.run_state.value)
         for peer in result.stop_ranks:
             log.info("job %d: rank on %s failed; stopping rank on %s", job_id, node, peer.node)
             await self._tell_to_end(peer, "cancel")
@@ -244,6 +281,7 @@ class Controller:
                 why += f" ({link.last_error})"
             ranks = await self.db(self.repo.mark_down, name, why)
             log.warning("node %s is down: %s; failing %d run(s) there", name, why, len(ranks))
+            self.events.record("node_down", None, name, reason=why, runs=len(ranks))
             for r in ranks:
                 await self._run_ended(name, {"job_id": r.job_id, "attempt": r.attempt, "rank": r.rank,
                                              "exit_code": None, "signal": None, "reason": "node_fail",
@@ -257,6 +295,7 @@ class Controller:
         if strays:
             await self._wait_for_strays(node, strays)
         await self.db(self.repo.set_responding, node, True, time.time())
+        self.events.record("node_up", None, node, gpus=len(hello.get("gpus", [])), backend=hello.get("gpu_backend"))
         self.wake()
 
     async def _resync_all(self) -> None:
@@ -332,5 +371,5 @@ class Controller:
             log.warning("node %s sent an unknown or malformed event %r", node, name)
 
     async def _on_lost(self, node: str, reason: str) -> None:
-        log.warning("node %s not responding: %s", node, reason)
+        self.events.record("node_lost", None, node, reason=reason)
         await self.db(self.repo.set_responding, node, False, time.time())

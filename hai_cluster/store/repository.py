@@ -167,10 +167,10 @@ class Repository:
             preemptible=j.preemptible, pending_since=j.pending_since, last_run_end=j.last_run_end,
             time_limit=j.time_limit, runtime=j.runtime, begin_time=j.begin_time)
 
-    def set_reasons(self, reasons: Mapping[int, str]) -> None:
-        """Store the pending reasons that changed (most do not, tick after tick)."""
+    def set_reasons(self, reasons: Mapping[int, str]) -> dict[int, str]:
+        """Store the pending reasons that changed (most do not, tick after tick); returns those."""
         if not reasons:
-            return
+            return {}
         with self.engine.begin() as c:
             current = dict(c.execute(select(jobs.c.id, jobs.c.reason).where(jobs.c.state == JobState.PENDING.value)).all())
             changed = [{"jid": job_id, "new": reason} for job_id, reason in reasons.items()
@@ -178,6 +178,7 @@ class Repository:
             if changed:
                 c.execute(update(jobs).where(jobs.c.id == bindparam("jid"), jobs.c.state == JobState.PENDING.value)
                           .values(reason=bindparam("new")), changed)
+            return {r["jid"]: r["new"] for r in changed}
 
     def start_run(self, job_id: int, placement: Placement, now: float) -> dict | None:
         """Record a run of a pending job on `placement`. None if the decision no longer holds."""

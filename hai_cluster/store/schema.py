@@ -111,3 +111,16 @@ gpus = Table(
     Column("name", String(200), nullable=False),
     Column("memory_mb", Integer, nullable=False),
 )
+
+# 0009: what happened to a job or a node and why (hcontrol show events); pruned by age.
+events = Table(
+    "events", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("time", Float, nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("job_id", Integer),  # no foreign key: the history may outlive the job row
+    Column("node", String(1000)),  # one node, or the nodes of a gang start, comma-separated
+    Column("detail", JSON, nullable=False),
+    Index("ix_events_job", "job_id"),
+    Index("ix_events_time", "time"),
+)

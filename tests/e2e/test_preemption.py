@@ -71,6 +71,13 @@ def test_short_job_preempts_long_ones_which_resume_from_their_checkpoint(cluster
         assert [line.split("|")[1] for line in acct] == [str(i) for i in range(len(acct))]
         out = (user_dir(cluster.workdir, TEST_USER) / f"a{a_jobs.index(j)}-{j}.out").read_text()
         assert "done: steps=150" in out  # output of every run lands in the same file
+    # The history says who was preempted, for whom and why, and what followed.
+    first = cluster.cli("hcontrol", "show", "events", str(preempted[0]), user="root").stdout
+    assert f"event=preempted job={preempted[0]} for_job={b} by=scheduler" in first
+    assert "past its quantum" in first and "event=checkpoint_notice" in first
+    assert "state=PREEMPTED" in first and "event=requeued" in first
+    mine = cluster.cli("hcontrol", "show", "events", str(b), user=OTHER_USER).stdout
+    assert "reason=WaitingForCheckpoint" in mine and "event=started" in mine
 
 
 def test_job_ignoring_the_signal_is_killed_after_grace_and_requeued(cluster):
