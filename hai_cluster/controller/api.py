@@ -19,6 +19,7 @@ from ..core.states import FINAL_STATES, JobState, parse_state
 from ..store.events import read_events
 from ..store.repository import required_runtime
 from ..transport.rpc import RequestError, RpcTable
+from . import membership
 from .service import Controller
 
 NOT_FINAL = [s.value for s in JobState if s not in FINAL_STATES and s not in (JobState.PREEMPTED,
@@ -318,6 +319,7 @@ def build_api(ctl: Controller) -> RpcTable:
             raise RequestError(f"Node {node} not found")  # a removed node's history is still shown
         return {"now": time.time(), "events": rows}
 
+    membership.expose(api, ctl)  # node_add, node_remove
     api.add("hold", lambda body, caller: set_hold(body, caller, True))
     api.add("release", lambda body, caller: set_hold(body, caller, False))
 

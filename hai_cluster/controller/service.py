@@ -14,13 +14,14 @@ from typing import Any, Callable
 
 from sqlalchemy.exc import DBAPIError
 
-from ..config import ControllerConfig
+from ..config import ControllerConfig, NodeConfig, SshConfig
 from ..core.states import JobState
 from ..scheduling.registry import make_policy
 from ..store.engine import make_engine, upgrade
 from ..store.events import add_events, prune_events
 from ..store.repository import RankRef, Repository
 from ..transport.rpc import ConnectionLost, RequestError, RpcError
+from . import membership
 from .dispatch import rank_spec
 from .events import EventLog
 from .nodes import NodeLink, NodeUnavailable
@@ -47,11 +48,9 @@ class Controller:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
         self._policy_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
         self.repo: Repository | None = None
-        self.links: dict[str, NodeLink] = {
-            n.name: NodeLink(n, cfg.ssh, cfg.ping_interval, on_hello=self._on_hello, on_event=self._on_event,
-                             on_lost=self._on_lost)
-            for n in cfg.nodes}
-        self.addresses = {n.name: n.address for n in cfg.nodes}
+        self.links: dict[str, NodeLink] = {}
+        self.addresses: dict[str, str] = {}
+        self._link_tasks: dict[str, asyncio.Task] = {}
         self._wake = asyncio.Event()
         self._in_flight: set[tuple[int, int, str]] = set()  # start_run requests under way
         self._told_to_end: set[tuple[int, int, str, int]] = set()  # (job, attempt, node, link generation)
@@ -84,8 +83,27 @@ class Controller:
             repo.register_nodes(((n.name, n.address, n.partitions) for n in self.cfg.nodes), time.time())
             return repo
         self.repo = await self.db(open_store)
-        self._tasks = [asyncio.create_task(link.run(), name=f"link-{name}") for name, link in self.links.items()]
+        for n in self.cfg.nodes:
+            self.open_link(n, self.cfg.ssh)
+        await membership.resume(self)  # nodes added with hcontrol node add, and removals under way
         self._tasks.append(asyncio.create_task(self._loop(), name="scheduler"))
+
+    def open_link(self, node: NodeConfig, ssh: SshConfig) -> None:
+        self.links[node.name] = link = NodeLink(node, ssh, self.cfg.ping_interval, on_hello=self._on_hello,
+                                                on_event=self._on_event, on_lost=self._on_lost)
+        self.addresses[node.name] = node.address
+        self._link_tasks[node.name] = task = asyncio.create_task(link.run(), name=f"link-{node.name}")
+        self._tasks.append(task)
+
+    async def close_link(self, name: str) -> None:
+        task = self._link_tasks.pop(name, None)
+        self.links.pop(name, None)
+        self.addresses.pop(name, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            if task in self._tasks:
+                self._tasks.remove(task)
 
     async def stop(self) -> None:
         for t in self._tasks:

@@ -101,6 +101,11 @@ nodes = Table(
     Column("unreachable_since", Float),  # 0003: when the link went down; None while responding
     Column("runtimes", JSON),  # 0004: what the agent can run jobs in
     Column("container_runtime", String(16)),  # 0004: its default for --container-image
+    # 0009: a node an admin added with `hcontrol node add` (not from [[nodes]]), and how to reach it.
+    Column("added", Boolean, nullable=False, default=False),
+    Column("port", Integer),
+    Column("ssh_user", String(64)),
+    Column("agent_socket", String(255)),
 )
 
 gpus = Table(
