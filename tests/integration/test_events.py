@@ -95,3 +95,15 @@ def test_store_reads_by_job_and_node_and_prunes_by_age(tmp_path):
     assert prune_events(engine, before=25.0) == 2
     assert [e["time"] for e in read_events(engine, node="b")] == [40.0]
     engine.dispose()
+
+
+def test_listings_send_only_the_fields_asked_for(cluster):
+    job = cluster.submit("--hold", "--job-name=few", "--wrap", "true")
+    full = next(j for j in cluster.call("jobs", {})["jobs"] if j["id"] == job)
+    few = next(j for j in cluster.call("jobs", {"fields": ["id", "name", "level", "code"]})["jobs"] if j["id"] == job)
+    assert few == {"id": job, "name": "few", "level": full["level"], "code": "PD"}
+    with pytest.raises(ClientError, match="unknown job field"):
+        cluster.call("jobs", {"fields": ["id", "spec"]})
+    assert f"{job} " in cluster.cli("hqueue", "-h", "-o", "%i %j %L %R").stdout
+    cluster.cli("hcancel", str(job))
+
