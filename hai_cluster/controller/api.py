@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..config import PRIORITY_CLASSES
-from ..core.jobscript import JobScriptError, parse_submission
+from ..core.jobscript import JobScriptError, parse_submission, split_command_line
 from ..core.model import JobView
 from ..core.resources import could_ever_fit
 from ..core.states import FINAL_STATES, JobState, parse_state
@@ -147,7 +147,17 @@ def build_api(ctl: Controller) -> RpcTable:
         ctl.events.record("submitted", job_id, user=caller.user, partition=partition, nodes=spec.nodes,
                           gpus_per_node=spec.gpus_per_node, priority=spec.priority, hold=spec.hold or None)
         ctl.wake()
-        return {"job_id": job_id}
+        return {"job_id": job_id, "parsable": sub.parsable, "wait": sub.wait}  # directives may set them
+
+    @api.expose("split_submission")
+    async def split_submission(body, caller: Caller):
+        """hsubmit's arguments -> options, script path, script arguments: the client need not
+        import the job script parser (a fifth of its start-up) to know which file to read."""
+        try:
+            options, script_path, script_args = split_command_line(_str_list(body, "argv") or [])
+        except JobScriptError as exc:
+            raise RequestError(str(exc)) from None
+        return {"options": options, "script_path": script_path, "script_args": script_args}
 
     async def would_start(spec, partition: str, caller: Caller) -> dict:
         """sbatch --test-only: run the policy on the current state with this job added, change nothing."""

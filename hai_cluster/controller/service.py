@@ -172,8 +172,8 @@ class Controller:
                 log.info("job %d: start no longer possible, re-planning next tick", start.job_id)
                 continue
             self.events.record("started", job["id"], ",".join(start.placement.nodes), attempt=job["attempt"],
-                               gpus=" ".join(f"{n}:{','.join(map(str, g))}"
-                                             for n, g in zip(start.placement.nodes, start.placement.gpus)),
+                               gpus=" ".join(f"{n}:{','.join(map(str, g))}" for n, g in
+                                             zip(start.placement.nodes, start.placement.gpus) if g) or None,
                                reason=start.reason)
             for rank, node in enumerate(start.placement.nodes):
                 self._spawn(self._dispatch(job, job["attempt"], rank, start.placement.nodes,
