@@ -196,15 +196,18 @@ class _Decision:
     def _blocked_reason(self, job: JobView, waiting_ahead: dict) -> str:
         return "Priority" if job.partition in waiting_ahead else "Resources"
 
-    def usable(self, job: JobView, free: FreeIndex) -> list[str]:
-        """Nodes this job may use (not those reserved for a starving job), narrowed to the ones
-        placement would consider: enough free GPUs, in its order of preference."""
+    def place_in(self, job: JobView, nodes: dict[str, NodeView], free: FreeIndex):
+        """place() on the nodes this job may use (not those reserved for a starving job), looking
+        first at the nodes it prefers (victims.FreeIndex.preferred), then at the others."""
         if self.victim_search == "scan":  # the reference: every node that is not reserved
-            return [n for n in self.nodes if n not in self.reserved]
-        return free.first_fitting(job, self.cfg.placement, self.reserved)
+            return place(job, nodes, self.cfg.placement, only=[n for n in nodes if n not in self.reserved])
+        first, rest = free.preferred(job.gpus_per_node, self.cfg.placement, self.reserved)
+        if first and (placement := place(job, nodes, self.cfg.placement, only=first)) is not None:
+            return placement
+        return place(job, nodes, self.cfg.placement, only=first + rest) if rest else None
 
     def try_start(self, job: JobView, level: int, waiting_ahead: dict) -> bool:
-        placement = place(job, self.nodes, self.cfg.placement, only=self.usable(job, self.free_now))
+        placement = self.place_in(job, self.nodes, self.free_now)
         if placement is None:
             return False
         if not job.preemptible and job.partition in waiting_ahead and waiting_ahead[job.partition] < level:
@@ -219,7 +222,7 @@ class _Decision:
 
     def wait_for_checkpoint(self, job: JobView) -> bool:
         """Room will be there once the runs already told to leave have left: wait, and claim it."""
-        placement = place(job, self.future, self.cfg.placement, only=self.usable(job, self.free_future))
+        placement = self.place_in(job, self.future, self.free_future)
         if placement is None:
             return False
         self.claim(job, placement)

@@ -45,19 +45,17 @@ class FreeIndex:
     def at_least(self, gpus: int) -> list[str]:
         return [n for k, names in self._by_count.items() if k >= gpus for n in names]
 
-    def first_fitting(self, job: JobView, mode: str, excluded: set[str]) -> list[str]:
-        """The nodes place() can choose from: it takes the fewest-free (binpack) or most-free
-        (spread) nodes first, so only the buckets until `job.nodes` nodes fit matter."""
-        counts = sorted((k for k in self._by_count if k >= job.gpus_per_node), reverse=mode != "binpack")
-        names: list[str] = []
-        fitting = 0
-        for k in counts:
-            bucket = [n for n in self._by_count[k] if n not in excluded]
-            names += bucket
-            fitting += sum(1 for n in bucket if fits(job, self.nodes[n]))
-            if fitting >= job.nodes:
-                break
-        return names
+    def preferred(self, gpus: int, mode: str, excluded: set[str]) -> tuple[list[str], list[str]]:
+        """The nodes with at least `gpus` free, split into the bucket place() prefers (fewest free
+        for binpack, most for spread) and the rest: place() on the first alone gives the same
+        answer as on all whenever it finds room there, since every other node sorts after it."""
+        counts = sorted((k for k, names in self._by_count.items() if k >= gpus and names),
+                        reverse=mode != "binpack")
+        buckets = [[n for n in self._by_count[k] if n not in excluded] for k in counts]
+        buckets = [b for b in buckets if b]
+        if not buckets:
+            return [], []
+        return buckets[0], [n for b in buckets[1:] for n in b]
 
 
 def node_option(d: _Decision, job: JobView, level: int, name: str, urgent: bool):
