@@ -212,6 +212,8 @@ class ControllerConfig:
     user_limits: LimitsConfig = field(default_factory=LimitsConfig)  # [limits]: for every user
     accounts: tuple[AccountConfig, ...] = ()
     fairshare: FairShareConfig = field(default_factory=FairShareConfig)
+    # Days the event history (hcontrol show events) is kept; older events are pruned.
+    events_max_age_days: float = 30.0
 
 
 _TYPES: dict[type, str] = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
@@ -510,6 +512,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         max_array_size=c.get("max_array_size", int, 1001),
         kill_invalid_depend=c.get("kill_invalid_depend", bool, False),
         log_level=c.get("log_level", str, "INFO"),
+        events_max_age_days=c.get("events_max_age_days", float, 30.0),
         ssh=SshConfig(
             user=s.get("user", str, "root"),
             key=s.get("key", str, "/etc/hai/id_ed25519"),
@@ -533,6 +536,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     _positive(path, "controller.node_down_after", cfg.node_down_after)
     _positive(path, "controller.lease_duration", cfg.lease_duration)
     _positive(path, "controller.ping_interval", cfg.ping_interval)
+    _positive(path, "controller.events_max_age_days", cfg.events_max_age_days)
     return cfg
 
 

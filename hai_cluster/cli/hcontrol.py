@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import datetime
 import sys
+import time
 
 import click
 
+from ..controller.events import format_line
 from ..core.timefmt import format_duration, format_limit
 from ..core.jobids import ArrayError, job_label, parse_job_ref
 from .client import ClientError, ControllerClient
@@ -86,6 +88,36 @@ def _job_body(job_id: str) -> dict:
     if len(ref.tasks) != 1:
         fail("hcontrol", f"Invalid job id specified: {job_id} (give one task, e.g. {ref.job_id}_{ref.tasks[0]})")
     return {"job_id": ref.job_id, "task_id": ref.tasks[0]}
+
+
+@show.command("events")
+@click.argument("job_id", required=False)
+@click.option("--node", "node", metavar="NAME", help="a node's history instead of a job's")
+@click.option("-n", "--last", "last", type=click.IntRange(min=1), help="only the newest N events")
+def show_events(job_id, node, last):
+    """A job's decision history (why it waited, when it started, who preempted it and for whom),
+    or a node's (--node NAME): one line per event, oldest first."""
+    if (job_id is None) == (node is None):
+        fail("hcontrol", "show events needs a job id or --node NAME (one of them)")
+    body: dict = {"node": node} if node else {"job_id": _job_id(job_id)}
+    if last:
+        body["limit"] = last
+    reply = call("hcontrol", "events", body)
+    if not reply["events"]:
+        print(f"No events for {'node ' + node if node else 'job ' + job_id}")
+    for e in reply["events"]:
+        print(event_line(e))
+
+
+def event_line(e: dict) -> str:
+    return f"{_time(e['time'])} " + format_line(e["kind"], e["job_id"], e["node"], e["detail"])
+
+
+def _job_id(job_id: str) -> int:
+    try:
+        return int(job_id)
+    except ValueError:
+        fail("hcontrol", f"Invalid job id specified: {job_id}")
 
 
 def _job_action(method: str, job_id: str) -> None:
@@ -231,3 +263,52 @@ def show_node(name):
             print(f"   Isolation={n['isolation']} SharedGpus={n.get('gpus_shared', 0)}")
         reason = n["reason"] or (reply["links"].get(n["name"]) if not n["responding"] else None)
         print(f"   Address={n['address']} Reason={reason or 'None'}")
+
+
+@main.group()
+def node():
+    """Admins: add a node to the cluster or remove one (next to [[nodes]] in controller.toml)."""
+
+
+@node.command("add")
+@click.argument("name")
+@click.option("--address", required=True, help="host the controller reaches the node's sshd at")
+@click.option("--port", type=click.IntRange(1, 65535), default=22, show_default=True, help="its sshd port")
+@click.option("--user", help="SSH user [default: [ssh] user of the controller]")
+@click.option("--partitions", help="comma-separated [default: every partition]")
+@click.option("--agent-socket", help="the agent's socket on the node [default: /run/hai/agent.sock]")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=15.0, show_default=True,
+              help="seconds to wait for the agent to answer (0: do not wait)")
+def node_add(name, address, port, user, partitions, agent_socket, wait_s):
+    """Register node NAME; the controller connects at once and reads its GPUs from the agent."""
+    body = {"name": name, "address": address, "port": port, "user": user, "agent_socket": agent_socket,
+            "partitions": [p for p in partitions.split(",") if p] if partitions is not None else None}
+    call("hcontrol", "node_add", body)
+    deadline = time.monotonic() + wait_s
+    while True:
+        reply = call("hcontrol", "nodes", {})
+        n = next((x for x in reply["nodes"] if x["name"] == name), None)
+        if n is not None and n["responding"]:
+            print(f"Node {name} added: {n['gpus_total']} GPUs ({n['gpu_backend']}), {n['cpus']} CPUs, "
+                  f"{n['mem_mb']} MiB, partitions {','.join(n['partitions'])}")
+            return
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    error = reply["links"].get(name)
+    print(f"Node {name} added, not responding yet" + (f": {error}" if error else "")
+          + f" (hcontrol show node {name})")
+
+
+@node.command("remove")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="drain it and requeue what runs there (checkpointed), then remove it")
+def node_remove(name, force):
+    """Remove node NAME (refused while jobs run there, unless --force)."""
+    reply = call("hcontrol", "node_remove", {"name": name, "force": force})
+    if reply["removed"]:
+        print(f"Node {name} removed")
+    else:
+        print(f"Node {name} draining: job(s) {', '.join(map(str, reply['jobs']))} run there "
+              f"({', '.join(map(str, reply['preempted'])) or 'none'} told to checkpoint and requeue); "
+              f"it is removed when they have left")

@@ -9,7 +9,7 @@ import click
 
 from ..core.jobids import ArrayError, collapse_pending, parse_job_refs, refs_to_wire
 from .common import call, fail, print_table, split_list
-from .jobfields import DEFAULT_FORMAT, FIELDS, LONG_FORMAT, RIGHT
+from .jobfields import DEFAULT_FORMAT, FIELDS, LONG_FORMAT, NEEDS, RIGHT, ROW_KEYS
 
 _SPEC = re.compile(r"%(\.?)(\d*)([A-Za-z])")
 
@@ -66,13 +66,16 @@ def main(users, me, job_ids, states, partitions, names, long_, noheader, fmt, ex
         columns = parse_format(fmt or (LONG_FORMAT if long_ else DEFAULT_FORMAT))
     except click.BadParameter as exc:
         fail("hqueue", str(exc.message))
+    if not as_json:  # only the columns shown: a tenth of the bytes for a default listing
+        body["fields"] = sorted({key for c in columns for key in NEEDS[c]} | set(ROW_KEYS))
     reply = call("hqueue", "jobs", body)
     if as_json:
         json.dump({"jobs": reply["jobs"]}, sys.stdout, indent=2, default=str)
         print()
         return
     now = reply["now"]
+    getters = [FIELDS[c][1] for c in columns]
     listed = [(j, None) for j in reply["jobs"]] if expand else collapse_pending(reply["jobs"])
-    rows = [[FIELDS[c][1]({**job, "label": label}, now) for c in columns] for job, label in listed]
+    rows = [[get(job if label is None else {**job, "label": label}, now) for get in getters] for job, label in listed]
     print_table([FIELDS[c][0] for c in columns], rows, header=not noheader,
                 right=[i for i, c in enumerate(columns) if c in RIGHT])

@@ -5,7 +5,7 @@ import os
 import sys
 import time
 
-from ..core.jobscript import JobScriptError, parse_submission, split_command_line
+from .client import ClientError, ControllerClient
 from .common import call, fail
 
 USAGE = """Usage: hsubmit [OPTIONS] [SCRIPT [ARGS...]]
@@ -31,10 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     if argv and argv[0] in ("--help", "-h") or argv == ["--usage"]:
         print(USAGE, end="")
         return
-    try:
-        options, script_path, script_args = split_command_line(argv)
-    except JobScriptError as exc:
-        fail("hsubmit", str(exc))
+    options, script_path, script_args = split(argv)
     script, script_name = None, None
     wraps = any(o == "--wrap" or o.startswith("--wrap=") for o in options)
     if script_path is not None:
@@ -50,16 +47,13 @@ def main(argv: list[str] | None = None) -> None:
         script = sys.stdin.read()
         script_name = "sbatch"
     cwd, env = os.getcwd(), dict(os.environ)
-    try:
-        sub = parse_submission(script, options, cwd=cwd, env=env, script_args=script_args, script_name=script_name,
-                               now=time.time(), max_array_size=None)  # the controller knows its bound
-    except (JobScriptError, ValueError) as exc:
-        fail("hsubmit", str(exc))
+    # The controller parses the submission (options and directives) and its answer is the one
+    # that counts; it also says whether the job asked for --parsable or --wait.
     umask = os.umask(0o022)  # reading the umask means setting it: put it back at once
     os.umask(umask)
     reply = call("hsubmit", "submit", {"script": script, "script_name": script_name, "option_args": options,
                                        "script_args": script_args, "cwd": cwd, "env": env, "umask": umask})
-    if sub.test_only:
+    if "test_only" in reply:
         t = reply["test_only"]
         if t["start"] == "now":
             print(f"hsubmit: Job would start now on nodes {','.join(t['nodes'])} in partition {t['partition']}",
@@ -68,9 +62,21 @@ def main(argv: list[str] | None = None) -> None:
             print(f"hsubmit: Job would wait in partition {t['partition']}: {t['reason']}", file=sys.stderr)
         return
     job_id = reply["job_id"]
-    print(job_id if sub.parsable else f"Submitted batch job {job_id}", flush=True)
-    if sub.wait:
+    print(job_id if reply["parsable"] else f"Submitted batch job {job_id}", flush=True)
+    if reply["wait"]:
         sys.exit(wait_for_end(job_id))
+
+
+def split(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
+    """Options, script path and script arguments, as the controller's parser reads them."""
+    client = ControllerClient()
+    try:
+        r = client.call("split_submission", {"argv": argv})
+    except ClientError as exc:
+        fail("hsubmit", str(exc))
+    finally:
+        client.close()
+    return r["options"], r["script_path"], r["script_args"]
 
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}

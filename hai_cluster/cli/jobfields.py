@@ -63,6 +63,17 @@ FIELDS: dict[str, tuple[str, Callable[[dict, float], str]]] = {
     "I": ("IDLE", lambda j, now: "idle" if j.get("idle") else "-"),
 }
 RIGHT = {"i", "M", "l", "D", "C", "q", "L", "g", "G"}
+# letter -> the job keys its getter reads: hqueue asks the controller for only these (and ROW_KEYS).
+NEEDS: dict[str, tuple[str, ...]] = {
+    "i": ("id", "array_job_id", "array_task_id"), "P": ("partition",), "j": ("name",), "u": ("user",),
+    "a": ("account",), "t": ("code",), "T": ("state",), "M": ("start_time", "end_time"), "l": ("time_limit",),
+    "D": ("nodes",), "R": ("state", "nodelist", "reason"), "N": ("nodelist",), "r": ("reason",),
+    "b": ("gpus_per_node", "gpu_fraction", "gpu_mem_mb", "gpu_compute", "gpu_qos", "gpu_share_mb"),
+    "C": ("cpus_per_task", "nodes"), "Q": ("priority",), "p": ("priority",), "q": ("restart_count",),
+    "L": ("level",), "g": ("gpu_util",), "G": ("gpu_mem_used_mb",), "I": ("idle",),
+}
+# What every listed row needs besides its columns: pending array tasks collapse to one row.
+ROW_KEYS = ("id", "state", "reason", "array_job_id", "array_task_id")
 # Slurm's columns plus LEVEL: the job's MLFQ level (0 = newest work, served first).
 DEFAULT_FORMAT = "%i %P %j %u %t %M %D %L %R"
 LONG_FORMAT = "%i %P %j %u %a %T %M %l %D %L %q %R"

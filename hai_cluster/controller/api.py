@@ -12,18 +12,20 @@ from typing import Any
 
 from ..config import PRIORITY_CLASSES
 from ..core.dependency import parse_dependency
-from ..core.jobids import JobRef, job_label, parse_array
 from ..core.envfilter import submitted_env
-from ..core.jobscript import JobScriptError, parse_submission
+from ..core.jobids import JobRef, job_label, parse_array
+from ..core.jobscript import JobScriptError, parse_submission, split_command_line
 from ..core.model import JobSpec, JobView
 from ..core.resources import could_ever_fit
 from ..core.sharing import spec_share
 from ..core.states import FINAL_STATES, JobState, parse_state
 from ..core.timefmt import format_limit, parse_time_limit
-from ..store.repository import required_runtime
+from ..store.events import read_events
+from ..store.repository import LISTING_COLUMNS, required_runtime
 from ..transport.rpc import RequestError, RpcTable
-from .partitions import PartitionRefused, admit, groups_of
+from . import membership
 from .access import Caller, deny, may_act_on
+from .partitions import PartitionRefused, admit, groups_of
 from .service import Controller
 from .telemetry_view import job_telemetry, nodes_telemetry
 
@@ -68,8 +70,19 @@ def _str_list(body: Any, key: str) -> list[str] | None:
     return values
 
 
+# What a listing may ask for (`fields`): the job table's columns but the spec, and what _public adds.
+# Job listing keys that are not columns: computed by _public, from live telemetry, or by the store.
+TELEMETRY_FIELDS = frozenset({"gpu_util", "gpu_mem_used_mb", "cpu_pct", "idle"})
+DERIVED_FIELDS = frozenset({"code", "attained_now", "level", "gpu_share_mb"}) | TELEMETRY_FIELDS
+LISTING_FIELDS = frozenset(c.name for c in LISTING_COLUMNS) | DERIVED_FIELDS
+_PUBLIC_NEEDS = ("state", "attained_gpu_seconds", "start_time", "nodes", "gpus_per_node")
+_TELEMETRY_NEEDS = ("id", "attempts")  # with_telemetry: the live run's key
+_SHARE_NEEDS = ("id", "gpu_fraction", "gpu_mem_mb")  # the store's gpu_share_mb
+
+
 def _public(job: dict, mlfq, now: float) -> dict:
-    out = {k: v for k, v in job.items() if k != "spec"}
+    out = dict(job)
+    out.pop("spec", None)
     state = JobState(job["state"])
     out["code"] = state.code
     attained = job["attained_gpu_seconds"]
@@ -154,8 +167,21 @@ def build_api(ctl: Controller) -> RpcTable:
             return repo().submit(spec, user=caller.user, uid=caller.uid, gid=caller.gid, partition=partition,
                                  now=time.time(), account=account)
         job_id = await ctl.db(record)
+        ctl.events.record("submitted", job_id, user=caller.user, partition=partition, nodes=spec.nodes,
+                          gpus_per_node=spec.gpus_per_node, priority=spec.priority, hold=spec.hold or None,
+                          array=spec.array, account=account)
         ctl.wake()
-        return {"job_id": job_id}
+        return {"job_id": job_id, "parsable": sub.parsable, "wait": sub.wait}  # directives may set them
+
+    @api.expose("split_submission")
+    async def split_submission(body, caller: Caller):
+        """hsubmit's arguments -> options, script path, script arguments: the client need not
+        import the job script parser (a fifth of its start-up) to know which file to read."""
+        try:
+            options, script_path, script_args = split_command_line(_str_list(body, "argv") or [])
+        except JobScriptError as exc:
+            raise RequestError(str(exc)) from None
+        return {"options": options, "script_path": script_path, "script_args": script_args}
 
     async def would_start(spec, partition: str, caller: Caller) -> dict:
         """sbatch --test-only: run the policy on the current state with this job added, change nothing."""
@@ -185,10 +211,27 @@ def build_api(ctl: Controller) -> RpcTable:
             states = states or None
         else:
             states = states or NOT_FINAL
+        fields = _str_list(body, "fields")  # only these keys per job (hqueue asks for its columns)
+        columns, telemetry = None, True
+        if fields is not None:
+            if unknown := sorted(set(fields) - LISTING_FIELDS):
+                raise RequestError(f"unknown job field(s): {', '.join(unknown)}")
+            need = (set(fields) - DERIVED_FIELDS) | set(_PUBLIC_NEEDS)
+            telemetry = bool(TELEMETRY_FIELDS & set(fields))
+            if telemetry:
+                need.update(_TELEMETRY_NEEDS)
+            if "gpu_share_mb" in fields:
+                need.update(_SHARE_NEEDS)
+            columns = sorted(need)
         rows = await ctl.db(repo().jobs, ids=_int_list(body, "ids"), states=states,
                             users=_str_list(body, "users"), names=_str_list(body, "names"),
-                            partitions=_str_list(body, "partitions"), tasks=_task_list(body))
-        return {"now": time.time(), "jobs": [with_telemetry(public(j)) for j in rows]}
+                            partitions=_str_list(body, "partitions"), columns=columns, tasks=_task_list(body))
+        listed = map(public, rows)
+        if telemetry:
+            listed = map(with_telemetry, listed)
+        if fields is None:
+            return {"now": time.time(), "jobs": list(listed)}
+        return {"now": time.time(), "jobs": [{k: p.get(k) for k in fields} for p in listed]}
 
     def with_telemetry(job: dict) -> dict:
         """A live run's latest GPU utilization and memory, and its idle flag (hqueue -o %g %G %I)."""
@@ -283,9 +326,11 @@ def build_api(ctl: Controller) -> RpcTable:
                     done.append(job["id"])
             elif state == JobState.PENDING:
                 if await ctl.db(repo().cancel_pending, job["id"], time.time(), caller.uid):
+                    ctl.events.record("cancel_requested", job["id"], by=caller.user, state=state.value)
                     done.append(job["id"])
             elif state.holds_resources:
                 await ctl.db(repo().request_end, job["id"], "cancel", f"cancelled by {caller.uid}")
+                ctl.events.record("cancel_requested", job["id"], by=caller.user, state=state.value)
                 await ctl.end_job(job["id"], "cancel")
                 done.append(job["id"])
         ctl.wake()
@@ -315,7 +360,7 @@ def build_api(ctl: Controller) -> RpcTable:
             raise RequestError(f"Requeue of job {job['id']} refused: it was submitted with --no-requeue")
         if job["state"] != JobState.RUNNING.value:
             raise RequestError(f"Job {job['id']} is {job['state']}; only a running job can be requeued")
-        await ctl.preempt(job["id"], "requeue", f"requeued by {caller.user}")
+        await ctl.preempt(job["id"], "requeue", f"requeued by {caller.user}", by=caller.user)
         return {"job_id": job["id"]}
 
     @api.expose("preempt")
@@ -328,7 +373,7 @@ def build_api(ctl: Controller) -> RpcTable:
             raise RequestError(f"Job {job['id']} is {job['state']}; only a running job can be preempted")
         if not job["preemptible"]:
             raise RequestError(f"Job {job['id']} was submitted with --no-requeue and is never preempted")
-        await ctl.preempt(job["id"], "preempt", f"preempted by administrator {caller.user}")
+        await ctl.preempt(job["id"], "preempt", f"preempted by administrator {caller.user}", by=caller.user)
         return {"job_id": job["id"]}
 
     async def set_hold(body, caller: Caller, hold: bool):
@@ -336,6 +381,7 @@ def build_api(ctl: Controller) -> RpcTable:
         error = await ctl.db(repo().set_hold, job["id"], hold, admin=caller.operator and job["user"] != caller.user)
         if error:
             raise RequestError(error)
+        ctl.events.record("held" if hold else "released", job["id"], by=caller.user)
         ctl.wake()
         return {"job_id": job["id"]}
 
@@ -356,6 +402,7 @@ def build_api(ctl: Controller) -> RpcTable:
             raise RequestError(f"A reason is required to set node {name} {target} (reason=...)")
         if not await ctl.db(repo().set_node_state, name, target, reason and f"{reason} [{caller.user}]"):
             raise RequestError(f"Invalid node name specified: {name}")
+        ctl.events.record("node_state", None, name, state=target, by=caller.user, reason=reason)
         ctl.wake()
         return {"name": name, "state": target}
 
@@ -465,6 +512,27 @@ def build_api(ctl: Controller) -> RpcTable:
         return {"half_life": ctl.cfg.fairshare.half_life, "enabled": ctl.cfg.fairshare.enabled,
                 "rows": [vars(r) for r in rows]}
 
+
+    @api.expose("events")
+    async def events(body, caller: Caller):
+        """A job's history (its owner and admins), or a node's (anyone, as hinfo shows nodes)."""
+        job_id = _expect(body, "job_id", int)
+        node = _expect(body, "node", str)
+        limit = _expect(body, "limit", int)
+        if (job_id is None) == (node is None):
+            raise RequestError("give a job id or a node name (one of them)")
+        if limit is not None and limit <= 0:
+            raise RequestError("limit must be positive")
+        if job_id is not None:
+            job = await own_job(body, caller, "the history")  # the job may be gone from the table: say so
+            job_id = job["id"]
+        await ctl.flush_events()
+        rows = await ctl.db(read_events, repo().engine, job_id=job_id, node=node, limit=limit)
+        if node is not None and not rows and node not in {n["name"] for n in await ctl.db(repo().nodes)}:
+            raise RequestError(f"Node {node} not found")  # a removed node's history is still shown
+        return {"now": time.time(), "events": rows}
+
+    membership.expose(api, ctl)  # node_add, node_remove
     api.add("hold", lambda body, caller: set_hold(body, caller, True))
     api.add("release", lambda body, caller: set_hold(body, caller, False))
 

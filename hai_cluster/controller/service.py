@@ -14,14 +14,17 @@ from typing import Any, Callable
 
 from sqlalchemy.exc import DBAPIError
 
-from ..config import ControllerConfig
+from ..config import ControllerConfig, NodeConfig, SshConfig
 from ..core.dependency import NEVER
-from ..scheduling.quotas import WithinQuotas
+from ..core.states import JobState
 from ..scheduling.registry import make_policy
 from ..store.engine import make_engine, upgrade
+from ..store.events import add_events, prune_events
 from ..store.repository import RankRef, Repository
 from ..transport.rpc import ConnectionLost, RequestError, RpcError
+from . import membership
 from .dispatch import rank_spec
+from .events import EventLog
 from .health import on_health
 from .nodes import NodeLink, NodeUnavailable
 from .telemetry import TelemetryHub
@@ -33,6 +36,7 @@ AGENT_ERRORS = (NodeUnavailable, ConnectionLost, asyncio.TimeoutError, OSError)
 # Seconds between full comparisons of each agent's runs with the store: an end reported while the
 # store was down (the agent pushes it once) is picked up here; acknowledged ends are never lost.
 RESYNC_INTERVAL = 15.0
+PRUNE_INTERVAL = 3600.0  # seconds between prunes of old events
 
 
 class StoreUnavailable(RequestError):
@@ -44,23 +48,24 @@ class Controller:
     def __init__(self, cfg: ControllerConfig) -> None:
         self.cfg = cfg
         sched = cfg.scheduler
-        self.policy = WithinQuotas(make_policy(sched.policy, config=sched.mlfq))  # limits hold for every policy
+        self.policy = make_policy(sched.policy, config=sched.mlfq)
         self.tenancy = Tenancy(cfg)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
         self._policy_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
         self.repo: Repository | None = None
-        self.links: dict[str, NodeLink] = {
-            n.name: NodeLink(n, cfg.ssh, cfg.ping_interval, on_hello=self._on_hello, on_event=self._on_event,
-                             on_lost=self._on_lost)
-            for n in cfg.nodes}
-        self.addresses = {n.name: n.address for n in cfg.nodes}
+        self.links: dict[str, NodeLink] = {}
+        self.addresses: dict[str, str] = {}
+        self._link_tasks: dict[str, asyncio.Task] = {}
         self._wake = asyncio.Event()
         self._in_flight: set[tuple[int, int, str]] = set()  # start_run requests under way
         self._told_to_end: set[tuple[int, int, str, int]] = set()  # (job, attempt, node, link generation)
         self._tasks: list[asyncio.Task] = []
         self.store_down = False
         self._last_resync = 0.0
+        self._agent_epoch: Callable[[], int] | None = None
         self.telemetry = TelemetryHub(cfg.telemetry)
+        self.events = EventLog()
+        self._last_prune = 0.0
 
     async def db(self, fn: Callable, *args, **kw) -> Any:
         try:
@@ -91,22 +96,57 @@ class Controller:
             repo.register_nodes(((n.name, n.address, n.partitions) for n in self.cfg.nodes), time.time())
             return repo
         self.repo = await self.db(open_store)
-        if leader is not None:
-            for link in self.links.values():
-                link.epoch = leader.agent_epoch
-        self._tasks = [asyncio.create_task(link.run(), name=f"link-{name}") for name, link in self.links.items()]
+        self._agent_epoch = None if leader is None else leader.agent_epoch
+        for n in self.cfg.nodes:
+            self.open_link(n, self.cfg.ssh)
+        await membership.resume(self)  # nodes added with hcontrol node add, and removals under way
         self._tasks.append(asyncio.create_task(self._loop(), name="scheduler"))
         self._tasks.append(asyncio.create_task(self._persist_telemetry(), name="telemetry"))
+
+    def open_link(self, node: NodeConfig, ssh: SshConfig) -> None:
+        self.links[node.name] = link = NodeLink(node, ssh, self.cfg.ping_interval, on_hello=self._on_hello,
+                                                on_event=self._on_event, on_lost=self._on_lost)
+        link.epoch = self._agent_epoch  # the lease epoch every command carries (two controllers)
+        self.addresses[node.name] = node.address
+        self._link_tasks[node.name] = task = asyncio.create_task(link.run(), name=f"link-{node.name}")
+        self._tasks.append(task)
+
+    async def close_link(self, name: str) -> None:
+        task = self._link_tasks.pop(name, None)
+        self.links.pop(name, None)
+        self.addresses.pop(name, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            if task in self._tasks:
+                self._tasks.remove(task)
 
     async def stop(self) -> None:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.repo is not None:
+            try:
+                await self.flush_events()
+            except StoreUnavailable:
+                log.warning("%d event(s) not written: the store is unavailable", len(self.events.take()))
         self._executor.shutdown(wait=True)
         self._policy_executor.shutdown(wait=True)
 
     def wake(self) -> None:
         self._wake.set()
+
+    async def flush_events(self) -> None:
+        """Write the buffered events (one transaction); prune old ones once an hour."""
+        rows = self.events.take()
+        try:
+            await self.db(add_events, self.repo.engine, rows)
+            if time.monotonic() - self._last_prune >= PRUNE_INTERVAL:
+                self._last_prune = time.monotonic()
+                await self.db(prune_events, self.repo.engine, time.time() - self.cfg.events_max_age_days * 86400)
+        except StoreUnavailable:
+            self.events.put_back(rows)
+            raise
 
     async def decide(self, snapshot):
         """The policy is pure CPU work: off the event loop, so API calls and link pings keep flowing.
@@ -127,6 +167,7 @@ class Controller:
                 if time.monotonic() - self._last_resync >= RESYNC_INTERVAL:
                     self._last_resync = time.monotonic()
                     await self._resync_all()
+                await self.flush_events()
             except asyncio.CancelledError:
                 raise
             except StoreUnavailable:
@@ -140,16 +181,20 @@ class Controller:
         if self.cfg.kill_invalid_depend:
             await self._cancel_unsatisfiable(snapshot)
         plan = await self.decide(self.telemetry.mark_idle(snapshot))
-        await self.db(self.repo.set_reasons, {w.job_id: w.reason for w in plan.waits})
+        changed = await self.db(self.repo.set_reasons, {w.job_id: w.reason for w in plan.waits})
+        for job_id, reason in changed.items():
+            self.events.record("waiting", job_id, reason=reason)
         for p in plan.preempts:
-            await self.preempt(p.job_id, "preempt", p.reason)
+            await self.preempt(p.job_id, "preempt", p.reason, for_job=p.for_job, by="scheduler")
         for start in plan.starts:
             job = await self.db(self.repo.start_run, start.job_id, start.placement, time.time())
             if job is None:
                 log.info("job %d: start no longer possible, re-planning next tick", start.job_id)
                 continue
-            log.info("job %d attempt %d: starting on %s (%s)", job["id"], job["attempt"],
-                     ",".join(start.placement.nodes), start.reason)
+            self.events.record("started", job["id"], ",".join(start.placement.nodes), attempt=job["attempt"],
+                               gpus=" ".join(f"{n}:{','.join(map(str, g))}" for n, g in
+                                             zip(start.placement.nodes, start.placement.gpus) if g) or None,
+                               reason=start.reason)
             for rank, node in enumerate(start.placement.nodes):
                 self._spawn(self._dispatch(job, job["attempt"], rank, start.placement.nodes,
                                            start.placement.gpus[rank]))
@@ -215,14 +260,20 @@ class Controller:
         try:
             await link.call("terminate_run", {"job_id": r.job_id, "attempt": r.attempt, "reason": reason})
             self._told_to_end.add(key)
+            if reason in ("preempt", "requeue"):
+                self.events.record("checkpoint_notice", r.job_id, r.node, attempt=r.attempt, request=reason)
         except (RpcError, *AGENT_ERRORS) as exc:
             log.warning("job %d: could not tell %s to end the run (%s); will retry", r.job_id, r.node, exc)
 
-    async def preempt(self, job_id: int, request: str, why: str) -> bool:
-        """Checkpoint-and-requeue a running job: record it, then tell its agents (notice + signal)."""
+    async def preempt(self, job_id: int, request: str, why: str, *, for_job: int | None = None,
+                      by: str | None = None) -> bool:
+        """Checkpoint-and-requeue a running job: record it, then tell its agents (notice + signal).
+
+        `for_job`: the job the GPUs go to; `by`: who decided (the scheduler, or a user's name)."""
         if not await self.db(self.repo.request_end, job_id, request, why):
             return False
-        log.info("job %d: %s (%s)", job_id, "preempting" if request == "preempt" else "requeueing", why)
+        self.events.record("preempted" if request == "preempt" else "requeue_requested", job_id,
+                           for_job=for_job, by=by, reason=why)
         await self.end_job(job_id, request)
         return True
 
@@ -247,8 +298,11 @@ class Controller:
         job_id, attempt = int(status["job_id"]), int(status["attempt"])
         result = await self.db(self.repo.rank_ended, job_id, attempt, node, status, time.time())
         if result.run_state is not None:
-            log.info("job %d attempt %d: run ended %s, job now %s", job_id, attempt,
-                     result.run_state.value, result.job_state.value)
+            self.events.record("ended", job_id, node, attempt=attempt, state=result.run_state.value,
+                               exit_code=status.get("exit_code"), signal=status.get("signal"),
+                               reason=status.get("reason"))
+            if result.job_state == JobState.PENDING:
+                self.events.record("requeued", job_id, attempt=attempt, after=result.run_state.value)
             rollup = self.telemetry.finish((job_id, attempt))
             if rollup is not None:
                 try:
@@ -277,6 +331,7 @@ class Controller:
                 why += f" ({link.last_error})"
             ranks = await self.db(self.repo.mark_down, name, why)
             log.warning("node %s is down: %s; failing %d run(s) there", name, why, len(ranks))
+            self.events.record("node_down", None, name, reason=why, runs=len(ranks))
             for r in ranks:
                 await self._run_ended(name, {"job_id": r.job_id, "attempt": r.attempt, "rank": r.rank,
                                              "exit_code": None, "signal": None, "reason": "node_fail",
@@ -292,6 +347,7 @@ class Controller:
         if strays:
             await self._wait_for_strays(node, strays)
         await self.db(self.repo.set_responding, node, True, time.time())
+        self.events.record("node_up", None, node, gpus=len(hello.get("gpus", [])), backend=hello.get("gpu_backend"))
         self.wake()
 
     async def _resync_all(self) -> None:
@@ -383,5 +439,5 @@ class Controller:
             log.warning("node %s sent an unknown or malformed event %r", node, name)
 
     async def _on_lost(self, node: str, reason: str) -> None:
-        log.warning("node %s not responding: %s", node, reason)
+        self.events.record("node_lost", None, node, reason=reason)
         await self.db(self.repo.set_responding, node, False, time.time())

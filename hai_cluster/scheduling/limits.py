@@ -1,4 +1,5 @@
-"""Limits every policy obeys, applied around it: job array task limits (--array=...%N).
+"""Limits every policy obeys, applied around it: job array task limits (--array=...%N), and
+(inside them, scheduling/quotas.py) the running-GPU quotas of users and accounts.
 
 Before the policy runs, an array with N tasks allowed at once and R of them holding resources
 keeps only its first N - R eligible pending tasks in the snapshot; the others wait with reason
@@ -11,6 +12,7 @@ from dataclasses import replace
 from ..core.model import Snapshot
 from ..core.states import JobState
 from .plan import Plan, Policy, Wait
+from .quotas import WithinQuotas
 
 ARRAY_LIMIT = "JobArrayTaskLimit"
 
@@ -54,7 +56,8 @@ class Limited:
 
 
 def with_limits(policy: Policy) -> Limited:
-    return policy if isinstance(policy, Limited) else Limited(policy)
+    """The policy inside every limit: array task limits around running-GPU quotas (quotas.py)."""
+    return policy if isinstance(policy, Limited) else Limited(WithinQuotas(policy))
 
 
 __all__ = ["ARRAY_LIMIT", "Limited", "throttled", "with_limits"]

@@ -21,6 +21,7 @@ from ..core.sharing import best_effort_room
 from ..core.states import JobState
 from .placement import place, release, reserve
 from .plan import Plan, Preempt, Start, Wait
+from .victims import FreeIndex, VictimIndex, scan_options
 
 CLASS_RANK = {"urgent": 0, "high": 1, "normal": 2, "low": 3}
 
@@ -84,6 +85,9 @@ class MlfqPolicy:
 
 class _Decision:
     """One scheduling pass over a snapshot; all state here is the pass's working copy."""
+    # "index": placement and preemption look only at the nodes the indexes in victims.py name;
+    # "scan": every node, the reference the differential test compares the indexes with.
+    victim_search = "index"
 
     def __init__(self, cfg: MlfqConfig, snap: Snapshot) -> None:
         self.cfg, self.snap, self.now = cfg, snap, snap.now
@@ -113,6 +117,18 @@ class _Decision:
                 for node, gpus in j.allocation:
                     if node in self.future:
                         release(j, node, gpus, self.future)
+        self.free_now, self.free_future = FreeIndex(self.nodes), FreeIndex(self.future)
+        self.victim_index = VictimIndex(self)
+
+    def changed(self, names, *, now: bool = True) -> None:
+        """Nodes whose working copies (or reservations, or victims) the pass just changed;
+        now=False: only the future copy."""
+        names = list(names)
+        for name in names:
+            if now:
+                self.free_now.update(name)
+            self.free_future.update(name)
+        self.victim_index.changed(names)
 
     # ---- levels and order --------------------------------------------------------------
     def level(self, j: JobView) -> int:
@@ -193,12 +209,21 @@ class _Decision:
     def _blocked_reason(self, job: JobView, waiting_ahead: dict) -> str:
         return "Priority" if job.partition in waiting_ahead else "Resources"
 
-    def usable(self, job: JobView) -> list[str] | None:
-        """Nodes this job may use: all but those reserved for a starving job (None: all)."""
-        return [n for n in self.nodes if n not in self.reserved] if self.reserved else None
+    def place_in(self, job: JobView, nodes: dict[str, NodeView], free: FreeIndex):
+        """place() on the nodes this job may use (not those reserved for a starving job), looking
+        first at the nodes it prefers (victims.FreeIndex.preferred), then at the others."""
+        pack = self.cfg.gpu_pack
+        if self.victim_search == "scan" or job.gpu_share is not None:
+            # The reference, and card shares (their room is not a free-GPU count): every node
+            # that is not reserved.
+            return place(job, nodes, self.cfg.placement, only=[n for n in nodes if n not in self.reserved], pack=pack)
+        first, rest = free.preferred(job.gpus_per_node, self.cfg.placement, self.reserved)
+        if first and (placement := place(job, nodes, self.cfg.placement, only=first, pack=pack)) is not None:
+            return placement
+        return place(job, nodes, self.cfg.placement, only=first + rest, pack=pack) if rest else None
 
     def try_start(self, job: JobView, level: int, waiting_ahead: dict) -> bool:
-        placement = place(job, self.nodes, self.cfg.placement, only=self.usable(job), pack=self.cfg.gpu_pack)
+        placement = self.place_in(job, self.nodes, self.free_now)
         if placement is None:
             return False
         if not job.preemptible and job.partition in waiting_ahead and waiting_ahead[job.partition] < level:
@@ -207,12 +232,13 @@ class _Decision:
             return True
         reserve(job, placement, self.nodes)
         reserve(job, placement, self.future)
+        self.changed(placement.nodes)
         self.actions.append(Start(job.id, placement, f"level {level}, first in order that fits"))
         return True
 
     def wait_for_checkpoint(self, job: JobView) -> bool:
         """Room will be there once the runs already told to leave have left: wait, and claim it."""
-        placement = place(job, self.future, self.cfg.placement, only=self.usable(job), pack=self.cfg.gpu_pack)
+        placement = self.place_in(job, self.future, self.free_future)
         if placement is None:
             return False
         self.claim(job, placement)
@@ -225,6 +251,7 @@ class _Decision:
         for name, gpus in zip(placement.nodes, placement.gpus):
             n = self.nodes[name]
             self.nodes[name] = replace(n, used_gpus=n.used_gpus | (frozenset(gpus) - n.used_gpus))
+        self.changed(placement.nodes)
 
     # ---- preemption --------------------------------------------------------------------
     def may_preempt(self, victim: JobView, job: JobView, level: int) -> bool:
@@ -245,36 +272,13 @@ class _Decision:
         return sum(not v.idle for v in victims) if self.cfg.prefer_idle_victims else 0
 
     def try_preempt(self, job: JobView, level: int) -> bool:
-        options = []
-        g = job.gpus_per_node
-        urgent = CLASS_RANK.get(job.priority, 2) == 0
-        for name in self.node_order:
-            node = self.future[name]
-            need = g - len(node.free_gpus)
-            if need > 0 and name not in self.candidates:
-                continue
-            if name in self.reserved or not node.schedulable or not fits(job, node, ignore_usage=True):
-                continue
-            chosen: list[JobView] = []
-            freed = 0
-            for v in self.candidates.get(name, ()):
-                if freed >= need:
-                    break
-                if not urgent and self.level(v) <= level:
-                    if self.cfg.prefer_idle_victims:
-                        continue  # idle runs came first, whatever their level: look further
-                    break  # candidates come lowest level first: the rest are not below this job
-                if self.may_preempt(v, job, level):
-                    chosen.append(v)
-                    freed += sum(len(gs) for n, gs in v.allocation if n == name)
-            if freed >= need:
-                options.append((len(chosen), sum(v.gpus for v in chosen), name, chosen))
-                if job.nodes == 1 and options[-1][:2] == (1, need) and self._busy(chosen) == 0:
-                    break  # one victim of exactly the size needed: nothing can be cheaper
-        if len(options) < job.nodes:
+        rank = CLASS_RANK.get(job.priority, 2)
+        if self.victim_search == "scan" or self.cfg.prefer_idle_victims:
+            picked = scan_options(self, job, level, rank)
+        else:
+            picked = self.victim_index.options(job, level, rank)
+        if picked is None:
             return False
-        options.sort(key=lambda o: (self._busy(o[3]), *o[:3]))
-        picked = options[:job.nodes]
         victims = {v.id: v for o in picked for v in o[3]}
         if not victims:
             return False  # room without preempting anyone would have been found earlier
@@ -292,6 +296,7 @@ class _Decision:
                 if node in self.future:
                     release(v, node, gpus, self.future)
             self.victims.add(v.id)
+            self.changed((node for node, _ in v.allocation if node in self.future), now=False)
             why = ("urgent job" if CLASS_RANK.get(job.priority, 2) == 0 else f"level {level} job")
             self.actions.append(Preempt(v.id, f"level {self.level(v)} run past its quantum; GPUs go to "
                                               f"{why} {job.id}", for_job=job.id))
@@ -323,6 +328,7 @@ class _Decision:
                 self.victims.add(v.id)
                 self.actions.append(Preempt(v.id, f"best-effort share of {name} GPU {card} goes to guaranteed "
                                                   f"job {job.id}", for_job=job.id))
+            self.changed([name], now=False)
             self.claim(job, placement)
             self.actions.append(Wait(job.id, "WaitingForCheckpoint"))
             return True
@@ -341,6 +347,7 @@ class _Decision:
         pool.sort(key=lambda n: (-(len(n.free_gpus) + below.get(n.name, 0)), n.name))
         for n in pool[:job.nodes]:
             self.reserved.add(n.name)
+        self.changed(n.name for n in pool[:job.nodes])
 
     def note_quantum_ends(self) -> None:
         """When a running job's quantum ends or it sinks a level, the plan may change."""

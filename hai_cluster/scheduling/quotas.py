@@ -13,7 +13,9 @@ from .plan import Plan, Policy, Start, Wait
 class WithinQuotas:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.name = policy.name
+
+    def __getattr__(self, name: str):  # everything else is the policy's own
+        return getattr(self.policy, name)
 
     def decide(self, snapshot: Snapshot) -> Plan:
         if not snapshot.quotas:

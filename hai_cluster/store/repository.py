@@ -292,10 +292,10 @@ class Repository:
             array_task_limit=j.array_task_limit, dependency=dependency, account=j.account or "default",
             gpu_share=share_of(j.gpu_fraction, j.gpu_mem_mb, j.gpu_compute, j.gpu_qos))
 
-    def set_reasons(self, reasons: Mapping[int, str]) -> None:
-        """Store the pending reasons that changed (most do not, tick after tick)."""
+    def set_reasons(self, reasons: Mapping[int, str]) -> dict[int, str]:
+        """Store the pending reasons that changed (most do not, tick after tick); returns those."""
         if not reasons:
-            return
+            return {}
         with self.engine.begin() as c:
             current = dict(c.execute(select(jobs.c.id, jobs.c.reason).where(jobs.c.state == JobState.PENDING.value)).all())
             changed = [{"jid": job_id, "new": reason} for job_id, reason in reasons.items()
@@ -303,6 +303,7 @@ class Repository:
             if changed:
                 c.execute(update(jobs).where(jobs.c.id == bindparam("jid"), jobs.c.state == JobState.PENDING.value)
                           .values(reason=bindparam("new")), changed)
+            return {r["jid"]: r["new"] for r in changed}
 
     def start_run(self, job_id: int, placement: Placement, now: float) -> dict | None:
         """Record a run of a pending job on `placement`. None if the decision no longer holds."""
@@ -499,10 +500,11 @@ class Repository:
     # ---- queries for the CLI -------------------------------------------------------------
     def jobs(self, *, ids: Sequence[int] | None = None, states: Sequence[str] | None = None,
              users: Sequence[str] | None = None, names: Sequence[str] | None = None,
-             partitions: Sequence[str] | None = None,
+             partitions: Sequence[str] | None = None, columns: Sequence[str] | None = None,
              tasks: Sequence[tuple[int, int]] | None = None) -> list[dict]:
-        """Jobs by filter. `ids` also name every task of an array; `tasks` are (array id, task id)."""
-        q = select(*LISTING_COLUMNS).order_by(jobs.c.id)
+        """Job rows without the spec; `columns`: only these (names in LISTING_COLUMNS). `ids` also
+        name every task of an array; `tasks` are (array id, task id)."""
+        q = select(*(LISTING_COLUMNS if columns is None else [jobs.c[n] for n in columns])).order_by(jobs.c.id)
         if ids or tasks:
             q = q.where(_selected(ids, tasks))
         if states:
@@ -514,7 +516,9 @@ class Repository:
         if partitions:
             q = q.where(jobs.c.partition.in_(list(partitions)))
         with self.engine.connect() as c:
-            return _with_shares(c, [_row(r) for r in c.execute(q)])
+            res = c.execute(q)
+            keys = tuple(res.keys())
+            return _with_shares(c, [dict(zip(keys, r)) for r in res])  # a third of the time of r._mapping per row
 
     def job(self, job_id: int) -> dict | None:
         with self.engine.connect() as c:

@@ -122,6 +122,11 @@ nodes = Table(
     Column("unreachable_since", Float),  # 0003: when the link went down; None while responding
     Column("runtimes", JSON),  # 0004: what the agent can run jobs in
     Column("container_runtime", String(16)),  # 0004: its default for --container-image
+    # 0011: a node an admin added with `hcontrol node add` (not from [[nodes]]), and how to reach it.
+    Column("added", Boolean, nullable=False, default=False),
+    Column("port", Integer),
+    Column("ssh_user", String(64)),
+    Column("agent_socket", String(255)),
 )
 
 gpus = Table(
@@ -160,4 +165,17 @@ controller_lease = Table(
     Column("epoch", Integer, nullable=False),
     Column("expires_at", Float, nullable=False),
     Column("acquired_at", Float, nullable=False),
+)
+
+# 0011: what happened to a job or a node and why (hcontrol show events); pruned by age.
+events = Table(
+    "events", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("time", Float, nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("job_id", Integer),  # no foreign key: the history may outlive the job row
+    Column("node", String(1000)),  # one node, or the nodes of a gang start, comma-separated
+    Column("detail", JSON, nullable=False),
+    Index("ix_events_job", "job_id"),
+    Index("ix_events_time", "time"),
 )

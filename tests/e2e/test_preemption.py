@@ -73,6 +73,13 @@ def test_short_job_preempts_long_ones_which_resume_from_their_checkpoint(cluster
         assert [line.split("|")[1] for line in acct] == [str(i) for i in range(len(acct))]
         out = (user_dir(cluster.workdir, TEST_USER) / f"a{a_jobs.index(j)}-{j}.out").read_text()
         assert "done: steps=150" in out  # output of every run lands in the same file
+    # The history says who was preempted, for whom and why, and what followed.
+    first = cluster.cli("hcontrol", "show", "events", str(preempted[0]), user="root").stdout
+    assert f"event=preempted job={preempted[0]} for_job={b} by=scheduler" in first
+    assert "past its quantum" in first and "event=checkpoint_notice" in first
+    assert "state=PREEMPTED" in first and "event=requeued" in first
+    mine = cluster.cli("hcontrol", "show", "events", str(b), user=OTHER_USER).stdout
+    assert "reason=WaitingForCheckpoint" in mine and "event=started" in mine
 
 
 def test_job_ignoring_the_signal_is_killed_after_grace_and_requeued(cluster):
@@ -102,7 +109,8 @@ def test_no_requeue_job_is_never_preempted(cluster, ssh_nodes):
     # Long past the pinned job's quantum and level change, it still runs its first run.
     wait_for(lambda: cluster.job(pinned)["attained_now"] > 40, 30, what="the pinned job to sink")
     row = cluster.cli("hqueue", "-h", "-o", "%i %t %L %R", "-j", f"{pinned},{newcomer}").stdout.splitlines()
-    assert [r.split() for r in row] == [[str(pinned), "R", "1", compress([n.name for n in ssh_nodes])], [str(newcomer), "PD", "0", "(Resources)"]]
+    nodes = compress(sorted(cluster.agents))  # hai-n[1-2], or haiK-n[1-2] beside another test run
+    assert [r.split() for r in row] == [[str(pinned), "R", "1", nodes], [str(newcomer), "PD", "0", "(Resources)"]]
     assert len(cluster.job(pinned)["runs"]) == 1
     cluster.cli("hcancel", str(pinned))
     assert cluster.wait_state(newcomer, "COMPLETED", timeout=30)["state"] == "COMPLETED"

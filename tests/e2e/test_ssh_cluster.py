@@ -177,7 +177,8 @@ def test_wait_returns_the_exit_code_and_test_only_submits_nothing(cluster):
     assert cluster.cli("hsubmit", "--wait", "--parsable", "--wrap", "true").returncode == 0
     before = len(cluster.call("jobs", {"all": True})["jobs"])
     proc = cluster.cli("hsubmit", "--test-only", "--gpus-per-node=2", "--wrap", "true")
-    assert "Job would start now on nodes hai" in proc.stderr and "partition gpu" in proc.stderr
+    assert "Job would start now on nodes " in proc.stderr and "partition gpu" in proc.stderr
+    assert proc.stderr.split("on nodes ")[1].split()[0] in cluster.agents
     blocker = cluster.submit("-N", "2", f"--gpus-per-node={GPUS_PER_NODE}", "--wrap", "sleep 1000")
     cluster.wait_state(blocker, "RUNNING")
     proc = cluster.cli("hsubmit", "--test-only", "--gpus-per-node=1", "--wrap", "true")

@@ -1,4 +1,4 @@
-"""Running-GPU limits (core/quota.py through the WithinQuotas hook, for every policy) and Slurm's
+"""Running-GPU limits (core/quota.py, applied around every policy by make_policy) and Slurm's
 classic fair share (core/fairshare.py), including its effect on the MLFQ's order."""
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from hai_cluster.core.model import GpuInfo, JobView, NodeView, Snapshot
 from hai_cluster.core.quota import Quotas
 from hai_cluster.core.states import JobState
 from hai_cluster.scheduling.plan import Preempt, Start, Wait
-from hai_cluster.scheduling.quotas import WithinQuotas
 from hai_cluster.scheduling.registry import POLICIES, make_policy
 
 
@@ -46,13 +45,13 @@ def test_user_gpu_limit_holds_for_every_policy(policy):
     quotas = Quotas(user_gpus={"u": 3})
     jobs = [job(1, gpus=2, state=JobState.RUNNING, alloc=(("a", (0, 1)),), start=0.0),
             job(2, gpus=2, t=1), job(3, gpus=1, t=2), job(4, gpus=1, t=3), job(5, user="v", gpus=4, t=4)]
-    plan = WithinQuotas(make_policy(policy)).decide(snap(jobs, quotas))
+    plan = make_policy(policy).decide(snap(jobs, quotas))
     got = outcome(plan)
     # u holds 2 of 3: the 2-GPU job waits (QuotaLimit), one 1-GPU job starts, the next would pass it
     assert got[2] == "QuotaLimit" and got[5] == "start"
     assert sorted([got[3], got[4]]) == ["QuotaLimit", "start"]
     # without quotas (and GPUs enough) the same jobs all start
-    got = outcome(WithinQuotas(make_policy(policy)).decide(snap(jobs, gpus=16)))
+    got = outcome(make_policy(policy).decide(snap(jobs, gpus=16)))
     assert got == {2: "start", 3: "start", 4: "start", 5: "start"}
 
 
@@ -60,17 +59,17 @@ def test_account_limit_and_per_user_override():
     quotas = Quotas(default_user_gpus=4, user_gpus={"big": 8}, account_gpus={"lab": 6})
     jobs = [job(1, user="a", account="lab", gpus=4, t=1), job(2, user="b", account="lab", gpus=4, t=2),
             job(3, user="big", gpus=8, t=3, account="other")]
-    got = outcome(WithinQuotas(make_policy("fifo")).decide(snap(jobs, quotas, gpus=16)))
+    got = outcome(make_policy("fifo").decide(snap(jobs, quotas, gpus=16)))
     assert got == {1: "start", 2: "QuotaLimit", 3: "start"}
     jobs = [job(1, user="a", gpus=5)]  # over the default per-user limit alone
-    assert outcome(WithinQuotas(make_policy("fifo")).decide(snap(jobs, quotas))) == {1: "QuotaLimit"}
+    assert outcome(make_policy("fifo").decide(snap(jobs, quotas))) == {1: "QuotaLimit"}
 
 
 def test_a_job_over_its_quota_preempts_nobody():
     quotas = Quotas(user_gpus={"boss": 2})
     victim = job(1, user="v", gpus=8, state=JobState.RUNNING, alloc=(("a", tuple(range(8))),), start=0.0)
     urgent = job(2, user="boss", gpus=4, priority="urgent", t=5)
-    policy = WithinQuotas(make_policy("mlfq"))
+    policy = make_policy("mlfq")
     assert outcome(policy.decide(snap([victim, urgent], quotas))) == {2: "QuotaLimit"}
     plan = policy.decide(snap([victim, urgent]))
     assert any(isinstance(a, Preempt) and a.job_id == 1 for a in plan.actions)
@@ -79,7 +78,7 @@ def test_a_job_over_its_quota_preempts_nobody():
 def test_held_jobs_keep_their_own_reason():
     quotas = Quotas(user_gpus={"u": 1})
     held = replace(job(1, gpus=4), hold=True)
-    assert outcome(WithinQuotas(make_policy("fifo")).decide(snap([held], quotas))) == {1: "JobHeldUser"}
+    assert outcome(make_policy("fifo").decide(snap([held], quotas))) == {1: "JobHeldUser"}
 
 
 def test_decayed_usage_halves_per_half_life():
