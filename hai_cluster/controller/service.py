@@ -20,6 +20,7 @@ from ..core.states import JobState
 from ..scheduling.registry import make_policy
 from ..store.engine import make_engine, upgrade
 from ..store.events import add_events, prune_events
+from ..store.lease import Fenced
 from ..store.repository import RankRef, Repository
 from ..transport.rpc import ConnectionLost, RequestError, RpcError
 from . import membership
@@ -130,6 +131,8 @@ class Controller:
                 await self.flush_events()
             except StoreUnavailable:
                 log.warning("%d event(s) not written: the store is unavailable", len(self.events.take()))
+            except Fenced:  # another controller took over: it writes the history from now on
+                log.warning("%d event(s) not written: no longer the active controller", len(self.events.take()))
         self._executor.shutdown(wait=True)
         self._policy_executor.shutdown(wait=True)
 
