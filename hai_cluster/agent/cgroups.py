@@ -59,6 +59,14 @@ def _read(path: str) -> str:
         return f.read()
 
 
+def _tree(d: str) -> list[str]:
+    """d and the cgroups below it, parents first (none below unless a runtime made them)."""
+    out = [d]
+    for top, dirs, _ in os.walk(d):
+        out += [os.path.join(top, x) for x in sorted(dirs)]
+    return out
+
+
 def _keyed(path: str, key: str) -> int:
     """The value of `key` in a flat keyed file (memory.events, memory.oom_control); 0 if absent."""
     try:
@@ -237,10 +245,13 @@ class RunCgroup:
         d = self._tracking()
         if d is None:
             return []
-        try:
-            return [int(p) for p in _read(os.path.join(d, "cgroup.procs")).split()]
-        except (OSError, ValueError):
-            return []
+        out = []
+        for sub in _tree(d):  # a runtime may put the job below (podman: <run>/libpod-<id>)
+            try:
+                out += [int(p) for p in _read(os.path.join(sub, "cgroup.procs")).split()]
+            except (OSError, ValueError):
+                pass
+        return out
 
     def oom_kills(self) -> int:
         d = self._dir("memory")
@@ -248,7 +259,8 @@ class RunCgroup:
             return 0
         if self.caps.features["memory"] == "v2":
             return _keyed(f"{d}/memory.events", "oom_kill")
-        return _keyed(f"{d}/memory.oom_control", "oom_kill")
+        # v1 counts a kill only in the victim's own cgroup, not in its ancestors (v2 does)
+        return sum(_keyed(f"{sub}/memory.oom_control", "oom_kill") for sub in _tree(d))
 
     # -- actions --
 
@@ -305,7 +317,7 @@ class RunCgroup:
     def remove(self, timeout: float = 5.0) -> None:
         """rmdir every directory; busy ones are retried while their last processes exit."""
         deadline = time.monotonic() + timeout
-        for d in self.dirs.values():
+        for d in [sub for top in self.dirs.values() for sub in reversed(_tree(top))]:  # children first
             while True:
                 try:
                     os.rmdir(d)

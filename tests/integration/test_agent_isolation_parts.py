@@ -72,6 +72,24 @@ def test_pure_v2_gets_every_limit_from_v2(tmp_path, monkeypatch):
     assert cgroups.RunCgroup.from_record(cg.record()).dirs == cg.dirs
 
 
+def test_v1_counts_members_and_oom_kills_in_cgroups_a_runtime_made_below_the_run(tmp_path):
+    """podman's runc puts the container in <run>/libpod-<id>: its processes are the run's, and v1
+    counts an OOM kill only in the victim's own cgroup (v2 propagates memory.events upwards)."""
+    mem = tmp_path / "memory"
+    caps = cgroups.Capabilities(parent="hai/n1", v2=None, v1={"memory": str(mem)},
+                                features={"memory": "v1", "kill": "v1"})
+    cg = cgroups.RunCgroup(caps, "7.0")
+    run_dir = mem / "hai/n1/7.0"
+    child = run_dir / "libpod-abc"
+    child.mkdir(parents=True)
+    (run_dir / "cgroup.procs").write_text("11\n")
+    (run_dir / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
+    (child / "cgroup.procs").write_text("12\n13\n")
+    (child / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+    assert cg.members() == [11, 12, 13]
+    assert cg.oom_kills() == 1
+
+
 def test_no_cgroups_at_all_is_not_an_error():
     caps = cgroups.detect("hai/n1", "proc /proc proc rw 0 0\n")
     assert not caps.usable and caps.summary() == dict.fromkeys(cgroups.FEATURES)
@@ -172,7 +190,8 @@ def test_runc_bundle(tmp_path):
     p = cfg["process"]
     assert p["user"] == {"uid": 1000, "gid": 1000, "additionalGids": [1000, 27]}
     assert p["args"] == ["/dev/init", "-g", "-p", "SIGKILL", "--", "/spool/runs/1.0/script"]
-    assert sorted(p["env"]) == ["A=b", "CUDA_VISIBLE_DEVICES=0", "NVIDIA_VISIBLE_DEVICES=1"]
+    # TINI_VERBOSITY=0: tini's warnings are not the job's output (runc.init_env)
+    assert sorted(p["env"]) == ["A=b", "CUDA_VISIBLE_DEVICES=0", "NVIDIA_VISIBLE_DEVICES=1", "TINI_VERBOSITY=0"]
     assert p["noNewPrivileges"] and all(v == [] for v in p["capabilities"].values())
     assert p["rlimits"][0]["type"] == "RLIMIT_NOFILE" and p["cwd"] == "/w"
     assert cfg["root"] == {"path": "/run/1.0/rootfs", "readonly": True}

@@ -39,10 +39,26 @@ def container_id(ctx: Context) -> str:
     return f"hai-{ctx.spec.job_id}-{ctx.spec.attempt}"
 
 
+def _catatonit(init: str) -> bool:
+    return "catatonit" in os.path.basename(init)
+
+
 def _init_args(init: str) -> list[str]:
-    if "catatonit" in os.path.basename(init):
+    if _catatonit(init):
         return [INIT, "-g", "--"]
     return [INIT, "-g", "-p", "SIGKILL", "--"]  # tini
+
+
+def init_env(ctx: Context, init: str) -> dict[str, str]:
+    """The job's container environment, plus TINI_VERBOSITY=0 for tini. Its default level prints
+    warnings into the job's error file, "[WARN  tini (1)] Child was dead when forwarding signal"
+    above all: a signal that reaches tini just after the script ended (common under load) finds no
+    process group left to forward it to. That race is harmless and the line is not the job's
+    output; with verbosity 0 tini still prints its fatal errors (an exec that failed)."""
+    env = container_env(ctx)
+    if not _catatonit(init):
+        env.setdefault("TINI_VERBOSITY", "0")
+    return env
 
 
 def _mount(dst: str, kind: str, src: str, *options: str) -> dict:
@@ -87,7 +103,7 @@ def bundle_config(ctx: Context, root: str, init: str) -> dict:
         "terminal": False,
         "user": {"uid": spec.uid, "gid": spec.gid, "additionalGids": list(ctx.groups)},
         "args": [*_init_args(init), ctx.script, *spec.script_args],
-        "env": [f"{k}={v}" for k, v in container_env(ctx).items()],
+        "env": [f"{k}={v}" for k, v in init_env(ctx, init).items()],
         "cwd": spec.workdir,
         "capabilities": {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")},
         "rlimits": [{"type": "RLIMIT_NOFILE", "soft": soft, "hard": hard}],
