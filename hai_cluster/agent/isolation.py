@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TOOLS = {"bwrap": "bwrap", "runc": "runc", "podman": "podman", "apptainer": "apptainer", "enroot": "enroot"}
+SUPPORTED = ("bwrap", "runc", "podman")  # apptainer, enroot: found, but refused (runtimes.NotSupported)
 # Static init binaries that can be bound into any image as its PID 1 (see runtimes/runc.py).
 INITS = ("/usr/bin/tini-static", "/usr/local/bin/tini-static", "/usr/bin/catatonit",
          "/usr/libexec/podman/catatonit")
@@ -43,6 +44,7 @@ class NodeIsolation:
     limit_cpus: bool = True
     container_init: str | None = None
     tools: Mapping[str, str] = field(default_factory=dict)  # runtime -> its installed binary
+    unusable: Mapping[str, str] = field(default_factory=dict)  # runtime installed but failing -> why
     cgroups: cgroups.Capabilities | None = None
     image_cache: str = ""
     runc_root: str = ""
@@ -53,6 +55,13 @@ class NodeIsolation:
         iso = cfg.isolation
         search = f"{os.environ.get('PATH', '')}:{_SEARCH}"
         tools = {rt: path for rt, tool in TOOLS.items() if (path := shutil.which(tool, path=search))}
+        unusable = {}
+        if "podman" in tools:  # installed is not enough: it may not run here (crun, cgroups, storage)
+            from .runtimes.podman import check
+            if (why := check(tools["podman"], tools.get("runc"))) is not None:
+                log.warning("podman is installed but does not work: %s", why)
+                unusable["podman"] = why
+                tools.pop("podman")
         init = None
         if iso.container_init == "auto":
             init = next((p for p in INITS if os.access(p, os.X_OK)), None)
@@ -64,7 +73,7 @@ class NodeIsolation:
         node = cls(node=cfg.name, default_runtime=iso.default_runtime,
                    default_container_runtime=iso.default_container_runtime, device_dir=iso.device_dir,
                    pids_limit=iso.pids_limit, limit_cpus=iso.limit_cpus, container_init=init,
-                   tools=tools, cgroups=caps if caps is not None and caps.usable else None,
+                   tools=tools, unusable=unusable, cgroups=caps if caps is not None and caps.usable else None,
                    image_cache=iso.image_cache or os.path.join(cfg.spool, "images"),
                    runc_root=os.path.join(cfg.spool, "runc"))
         node.log_summary()
@@ -94,7 +103,7 @@ class NodeIsolation:
                     pass
 
     def runtimes(self) -> list[str]:
-        return ["none", *self.tools]
+        return ["none", *(rt for rt in self.tools if rt in SUPPORTED)]
 
     def runtime_for(self, spec: RunSpec) -> str:
         if spec.runtime is not None:
@@ -110,6 +119,7 @@ class NodeIsolation:
     def to_wire(self) -> dict:
         d = asdict(self)
         d["tools"] = dict(self.tools)
+        d["unusable"] = dict(self.unusable)
         d["cgroups"] = self.cgroups.to_wire() if self.cgroups else None
         return d
 

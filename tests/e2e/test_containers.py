@@ -1,24 +1,34 @@
 """Containers end to end: hsubmit --container-image/--runtime as an ordinary user, through the
-controller and SSH to the agents, a busybox image (built here) run by bubblewrap and by runc;
-the output file, hacct's state, and --mem enforced as OUT_OF_MEMORY."""
+controller and SSH to the agents, a busybox image (built here) run by bubblewrap, runc and podman
+(where installed); the output file, the GPU device nodes the job sees (fake ones made here),
+hacct's state, --mem enforced as OUT_OF_MEMORY, and hcancel leaving no process or container."""
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
-from tests.integration.test_agent_containers import busybox_rootfs
+from tests.integration.test_agent_containers import busybox_rootfs, fake_gpu_nodes, podman_containers, podman_installed
 
-from .harness import TEST_USER, start_ssh_cluster, user_dir
+from .harness import TEST_USER, start_ssh_cluster, user_dir, wait_for
 
 pytestmark = pytest.mark.timeout(300)
+need_podman = pytest.mark.skipif(not podman_installed(), reason="podman is not installed (scripts/test installs it)")
 
 
 @pytest.fixture(scope="module")
 def cluster(ssh_nodes):
-    c = start_ssh_cluster(ssh_nodes, gpus_per_node=2)
+    devices = Path(tempfile.mkdtemp(prefix="hai-fakedev-", dir="/tmp")) / "dev"
+    os.chmod(devices.parent, 0o755)  # bwrap binds them as the user
+    fake_gpu_nodes(devices, 2)  # the agents' device_dir: /dev/nvidia0, nvidia1, nvidiactl, nvidia-uvm
+    c = start_ssh_cluster(ssh_nodes, gpus_per_node=2, agent_toml=f'[isolation]\ndevice_dir = "{devices}"\n')
     yield c
     c.close()
+    shutil.rmtree(devices.parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +75,66 @@ def test_exceeding_mem_ends_the_job_as_out_of_memory(cluster, image):
     assert "OUT_OF_MEMORY" in acct_fields(cluster, job_id)
     shown = cluster.cli("hcontrol", "show", "job", str(job_id)).stdout
     assert "Reason=job exceeded its memory limit of 48 MiB" in shown, shown
+
+
+@need_podman
+def test_a_podman_job_sees_its_gpu_only_and_runs_as_the_user(cluster, image):
+    d = user_dir(cluster.workdir, TEST_USER)
+    (d / "podman.sh").write_text(
+        "#!/bin/sh\n"
+        "#HAI --gpus-per-node=1\n"
+        "#SBATCH -o podman-%j.out\n"
+        'echo "user=$(id -u) ls=$(readlink /bin/ls) gpus=$SLURM_JOB_GPUS nvd=$NVIDIA_VISIBLE_DEVICES"\n'
+        "echo DEV $(ls /dev | grep nvidia)\n")
+    job_id = cluster.submit(f"--container-image={d / image}", "--runtime=podman", "podman.sh", cwd=d)
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED", "CANCELLED")
+    out = (d / f"podman-{job_id}.out").read_text()
+    assert job["state"] == "COMPLETED", (job, out)
+    lines = out.splitlines()
+    fields = dict(f.split("=", 1) for f in lines[0].split())
+    assert fields["user"] == str(os.stat(d).st_uid) and fields["ls"] == "/bin/busybox", out
+    gpu = fields["gpus"]
+    assert fields["nvd"] == gpu and gpu in ("0", "1"), out
+    # its own GPU's node and the control nodes, not the other GPU's
+    assert lines[1] == f"DEV nvidia-uvm nvidia{gpu} nvidiactl", out
+    assert "COMPLETED" in acct_fields(cluster, job_id)
+
+
+@need_podman
+def test_a_podman_job_exceeding_mem_ends_as_out_of_memory(cluster, image):
+    d = user_dir(cluster.workdir, TEST_USER)
+    job_id = cluster.submit(f"--container-image={d / image}", "--runtime=podman", "--mem=48M",
+                            "-o", "oom-%j.out", "--wrap", "head -c 300m /dev/zero | tail > /dev/null; sleep 300",
+                            cwd=d)
+    job = cluster.wait_state(job_id, "OUT_OF_MEMORY", "COMPLETED", "FAILED", "CANCELLED", timeout=90)
+    assert job["state"] == "OUT_OF_MEMORY", (job, (d / f"oom-{job_id}.out").read_text())
+    shown = cluster.cli("hcontrol", "show", "job", str(job_id)).stdout
+    assert "Reason=job exceeded its memory limit of 48 MiB" in shown, shown
+
+
+@need_podman
+def test_hcancel_of_a_podman_job_leaves_no_process_and_no_container(cluster, image):
+    d = user_dir(cluster.workdir, TEST_USER)
+    marker = "31777"
+    job_id = cluster.submit(f"--container-image={d / image}", "--runtime=podman", "--grace=1", "-o", "cancel-%j.out",
+                            "--wrap", f"sleep {marker} & setsid sleep {marker}1 & trap '' TERM; "
+                            "echo ready > ready-$HAI_JOB_ID; while :; do sleep 0.1; done", cwd=d)
+    wait_for(lambda: (d / f"ready-{job_id}").exists(), 60, what="the job to start")
+    cluster.cli("hcancel", str(job_id))
+    job = cluster.wait_state(job_id, "CANCELLED", "COMPLETED", "FAILED", timeout=90)
+    assert job["state"] == "CANCELLED", job
+    wait_for(lambda: not _procs_with(f"sleep {marker}"), 30, what="the job's processes to go")
+    wait_for(lambda: not [n for n in podman_containers("hai-") if re.search(rf"-{job_id}-[0-9]+$", n)], 30,
+             what="the container to be removed")
+
+
+def _procs_with(text: str) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if text in p.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    out.append(int(p.name))
+            except OSError:
+                pass
+    return out

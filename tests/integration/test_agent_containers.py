@@ -1,5 +1,5 @@
-"""Jobs in containers through a real hai-agent, with the real runtimes (bubblewrap, runc), a
-busybox rootfs built here from /bin/busybox and fake GPU device nodes (char 195:N, made with
+"""Jobs in containers through a real hai-agent, with the real runtimes (bubblewrap, runc, podman
+where it is installed), a busybox rootfs built here from /bin/busybox and fake GPU device nodes (char 195:N, made with
 mknod): each job sees only its own GPUs' nodes, runs as the user, writes its output where asked,
 gets the preempt notice and its grace, is held to its memory limit, and leaves nothing behind."""
 from __future__ import annotations
@@ -51,6 +51,30 @@ def fake_gpu_nodes(path: Path, count: int) -> Path:
     return path
 
 
+def podman_installed() -> bool:
+    """podman installed (scripts/test installs it): the podman cases are skipped only without it."""
+    return shutil.which("podman") is not None
+
+
+PODMAN_IMAGE = f"localhost/hai-test-busybox:{os.getpid()}"
+
+
+def podman_load(tarball: Path) -> str | None:
+    """The busybox rootfs as a local podman image (as a site would load one; never pulled)."""
+    if not podman_installed():
+        return None
+    subprocess.run(["podman", "--runtime", "runc", "import", str(tarball), PODMAN_IMAGE], check=True,
+                   stdin=subprocess.DEVNULL, capture_output=True)
+    return PODMAN_IMAGE
+
+
+def podman_containers(name: str) -> list[str]:
+    """Containers of any state whose name contains `name` (`podman ps -a`)."""
+    out = subprocess.run(["podman", "--runtime", "runc", "ps", "-a", "--format", "{{.Names}}"],
+                         check=True, capture_output=True, text=True).stdout
+    return [n for n in out.split() if name in n]
+
+
 def isolation_agent(box: Sandbox, name: str, toml: str) -> AgentProcess:
     """An AgentProcess whose config also has an [isolation] table."""
     agent = AgentProcess(box, name=name)
@@ -72,9 +96,12 @@ def env():
     with tarfile.open(tarball, "w:gz") as tf:
         tf.add(rootfs, arcname=".")
     os.chmod(box.base / "images", 0o755)
+    reference = podman_load(tarball)
     agent = isolation_agent(box, NODE, f'device_dir = "{devices}"\n').start()
     yield agent, rootfs, tarball
     agent.stop()
+    if reference:
+        subprocess.run(["podman", "rmi", "--force", reference], capture_output=True)
     box.cleanup()
 
 
@@ -99,17 +126,32 @@ def procs_with(marker: str) -> list[int]:
     return out
 
 
-# (runtime, image): bwrap on the host's root, bwrap and runc on the busybox image, runc on its tarball
-CASES = [("bwrap", None), ("bwrap", "dir"), ("runc", "dir"), ("runc", "tar")]
-IDS = ["bwrap-host", "bwrap-image", "runc-image", "runc-tarball"]
+# (runtime, image): bwrap on the host's root, bwrap and runc on the busybox image, runc on its
+# tarball; podman on the image, the tarball and a local image ("ref", imported by the fixture)
+_PODMAN = pytest.mark.skipif(not podman_installed(), reason="podman is not installed (scripts/test installs it)")
+
+
+def _case(runtime: str, kind: str | None, name: str):
+    return pytest.param(runtime, kind, id=name, marks=[_PODMAN] if runtime == "podman" else [])
+
+
+ALL = {n: _case(r, k, n) for r, k, n in [
+    ("bwrap", None, "bwrap-host"), ("bwrap", "dir", "bwrap-image"), ("runc", "dir", "runc-image"),
+    ("runc", "tar", "runc-tarball"), ("podman", "dir", "podman-image"), ("podman", "tar", "podman-tarball"),
+    ("podman", "ref", "podman-local")]}
+CASES = list(ALL.values())
+SIGNAL_CASES = [ALL[n] for n in ("bwrap-host", "bwrap-image", "runc-image", "podman-image", "podman-local")]
+OOM_CASES = [ALL[n] for n in ("bwrap-image", "runc-image", "podman-image", "podman-local")]
 
 
 def image_for(env, kind):
     _, rootfs, tarball = env
+    if kind == "ref":
+        return PODMAN_IMAGE
     return None if kind is None else str(rootfs if kind == "dir" else tarball)
 
 
-@pytest.mark.parametrize("runtime,kind", CASES, ids=IDS)
+@pytest.mark.parametrize("runtime,kind", CASES)
 def test_job_sees_only_its_gpus_runs_as_the_user_and_writes_its_output(env, runtime, kind):
     agent = env[0]
     box = agent.box
@@ -148,7 +190,7 @@ def test_job_sees_only_its_gpus_runs_as_the_user_and_writes_its_output(env, runt
     made = box.work / f"made-by-{spec['job_id']}"
     assert made.read_text() == "written\n"
     assert (os.stat(made).st_uid, os.stat(spec["stdout"]).st_uid) == (user.pw_uid, user.pw_uid)
-    # own PID namespace: PID 1 is bwrap's reaper, or the init bound into the runc container
+    # own PID namespace: PID 1 is bwrap's reaper, or the init bound into the runc/podman container
     assert f"pid1={'bwrap' if runtime == 'bwrap' else 'init'}\n" in out, out
     devs = next(ln for ln in out.splitlines() if ln.startswith("ALLDEV ")).split()[1:]
     assert not [d for d in devs if d.startswith(("sd", "vd", "nvme", "loop")) or d in ("nvidia0", "nvidia3")]
@@ -163,11 +205,11 @@ def _cgroup_dirs(record: dict) -> list[str]:
     return list(RunCgroup.from_record(record).dirs.values())
 
 
-@pytest.mark.parametrize("runtime,kind", CASES[:3], ids=IDS[:3])
+@pytest.mark.parametrize("runtime,kind", SIGNAL_CASES)
 def test_cancel_leaves_no_process_behind(env, runtime, kind):
     agent = env[0]
     box = agent.box
-    marker = str(31000 + len(runtime) * 10 + (kind == "dir"))
+    marker = str(31000 + len(runtime) * 10 + {"dir": 1, "ref": 2}.get(kind, 0))
     # in the group, a double-forked one that left the session, and one trapping TERM
     script = ("#!/bin/sh\n"
               f"sleep {marker} &\n"
@@ -188,8 +230,12 @@ def test_cancel_leaves_no_process_behind(env, runtime, kind):
     ended = run(body())
     assert ended["reason"] == "cancel" and ended["killed"] is True, ended
     assert procs_with(f"sleep {marker}") == []
-    left = [p for p in spool._pids() if _uid(p) == box.user.pw_uid and _in_run(p, spec)]
-    assert left == []
+    left = [p for p in spool._pids() if _uid(p) == box.user.pw_uid and _in_run(p, box, spec)]
+    assert left == [], [_describe(p) for p in left]
+    if runtime == "podman":  # and no container, running or stopped
+        from hai_cluster.agent.isolation import agent_cgroup
+        name = f"hai-{agent_cgroup(NODE, str(box.spool))}-{spec['job_id']}-{spec['attempt']}"
+        assert podman_containers(name) == []
 
 
 def _uid(pid: int) -> int | None:
@@ -199,14 +245,29 @@ def _uid(pid: int) -> int | None:
         return None
 
 
-def _in_run(pid: int, spec: dict) -> bool:
+def _describe(pid: int) -> str:
     try:
-        return f"/{spec['job_id']}.{spec['attempt']}" in Path(f"/proc/{pid}/cgroup").read_text()
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return f"{pid} {cmd!r} in {Path(f'/proc/{pid}/cgroup').read_text().splitlines()[:2]}"
+    except OSError:
+        return f"{pid} (gone)"
+
+
+def _run_cgroup(box: Sandbox, spec: dict) -> str:
+    """This agent's cgroup of the run: agents of other tests on the machine have runs with the
+    same job ids, by the same test user."""
+    from hai_cluster.agent.isolation import agent_cgroup
+    return f"/{agent_cgroup(NODE, str(box.spool))}/{spool.run_dir_name(spec['job_id'], spec['attempt'])}"
+
+
+def _in_run(pid: int, box: Sandbox, spec: dict) -> bool:
+    try:
+        return _run_cgroup(box, spec) in Path(f"/proc/{pid}/cgroup").read_text()
     except OSError:
         return False
 
 
-@pytest.mark.parametrize("runtime,kind", CASES[:3], ids=IDS[:3])
+@pytest.mark.parametrize("runtime,kind", SIGNAL_CASES)
 def test_preempt_notice_reaches_the_job_which_checkpoints_within_its_grace(env, runtime, kind):
     agent = env[0]
     box = agent.box
@@ -237,7 +298,7 @@ def test_preempt_notice_reaches_the_job_which_checkpoints_within_its_grace(env, 
     assert os.stat(ckpt / "state").st_uid == box.user.pw_uid
 
 
-@pytest.mark.parametrize("runtime,kind", CASES[1:3], ids=IDS[1:3])
+@pytest.mark.parametrize("runtime,kind", OOM_CASES)
 def test_memory_limit_ends_the_job_as_oom(env, runtime, kind):
     agent = env[0]
     box = agent.box
@@ -316,8 +377,9 @@ def test_launch_failures_name_the_reason(env):
             return replies, errors
 
     replies, errors = run(body())
-    if shutil.which("podman"):  # then it is installed, and refused as not supported yet
-        failing[3] = (failing[3][0], "the podman runtime is not supported by this agent yet")
+    if podman_installed():  # installed: a reference that is not a local image is refused, never pulled
+        failing[3] = (failing[3][0], f"container image docker.io/library/busybox is not a local podman "
+                                     f"image on node {NODE}")
     for (spec, message), reply in zip(failing, replies):
         st = reply["status"]
         assert st["state"] == "ended" and st["reason"] == "launch_failed", st

@@ -3,14 +3,15 @@
 A runtime turns a run into a `Launch`: the argv that the shepherd's job child execs (plus any
 bundle/config files it writes into the run dir first), how that child must prepare itself, and
 what to clean up afterwards. The shepherd's job child stays the shepherd's child, in its own
-session and process group, whatever the runtime: `bwrap` and `runc run` (foreground) are ordinary
-processes that end when the job's main process ends, so the time limit, terminate notices, grace
-period and kill work the same for every runtime.
+session and process group, whatever the runtime: `bwrap`, `runc run`, `podman run` (foreground)
+are ordinary processes that end when the job's main process ends, so the time limit, terminate
+notices, grace period and kill work the same for every runtime.
 
     none       the job script itself, as the user (no container)
     bwrap      bubblewrap as the user: the host's root or an image, read-only; the job's dirs bound
     runc       an OCI bundle; runc runs as root, the container's processes as the user
-    podman, apptainer, enroot: refused unless installed, and not supported by this agent yet
+    podman     rootful podman (with runc) as the user: a local image, or a rootfs dir/tarball
+    apptainer, enroot: refused (not packaged in Debian; not supported by this agent yet)
 """
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ class Runtime:
 
 
 class NotSupported(Runtime):
-    """podman, apptainer, enroot: named by the job, refused with the reason."""
+    """apptainer, enroot: named by the job, refused with the reason (the missing tool)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -89,7 +90,7 @@ class NotSupported(Runtime):
         if self.name not in ctx.node.tools:
             raise RuntimeRefused(f"{self.name} is not installed on node {ctx.node.node}")
         raise RuntimeRefused(f"the {self.name} runtime is not supported by this agent yet "
-                             f"(node {ctx.node.node}); use --runtime=bwrap or --runtime=runc")
+                             f"(node {ctx.node.node}); use --runtime=bwrap, runc or podman")
 
 
 def get(name: str) -> Runtime:
@@ -103,4 +104,7 @@ def get(name: str) -> Runtime:
     if name == "runc":
         from .runc import Runc
         return Runc()
+    if name == "podman":
+        from .podman import Podman
+        return Podman()
     return NotSupported(name)
