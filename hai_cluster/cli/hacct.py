@@ -87,6 +87,10 @@ def parse_fields(text: str) -> list[tuple[str, str, int | None]]:
     return out
 
 
+def _fit(text: str, width: int, right: bool) -> str:
+    return text[:width].rjust(width) if right else text[:width].ljust(width)
+
+
 def rows_for(reply: dict) -> list[dict]:
     """Flat rows: one per run, plus one for each job waiting for its (next) run or ended unrun."""
     now = reply["now"]
@@ -165,6 +169,7 @@ def main(job_ids, users, me, starttime, endtime, fmt, long_, noheader, parsable,
         for row in cells:
             print("|".join(str(c) for c in row))
         return
-    cells = [[str(c)[:w] if w else c for c, (_k, _h, w) in zip(row, fields)] for row in cells]
-    print_table([h for _k, h, _w in fields], cells, header=not noheader,
+    # sacct's Field%W is the column's width: cut or padded to W, the header too
+    cells = [[_fit(str(c), w, k in RIGHT) if w else c for c, (k, _h, w) in zip(row, fields)] for row in cells]
+    print_table([_fit(h, w, k in RIGHT) if w else h for k, h, w in fields], cells, header=not noheader,
                 right=[i for i, (k, _h, _w) in enumerate(fields) if k in RIGHT])

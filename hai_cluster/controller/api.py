@@ -5,6 +5,7 @@ the client sends can change it. Bad input is answered with a specific error and 
 """
 from __future__ import annotations
 
+import asyncio
 import signal as signals
 import time
 from dataclasses import replace
@@ -25,6 +26,7 @@ from ..store.repository import LISTING_COLUMNS, required_runtime
 from ..transport.rpc import RequestError, RpcTable
 from . import membership
 from .access import Caller, deny, may_act_on
+from .outputcheck import outputs_problem
 from .partitions import PartitionRefused, admit, groups_of
 from .service import Controller
 from .telemetry_view import job_telemetry, nodes_telemetry
@@ -146,6 +148,10 @@ def build_api(ctl: Controller) -> RpcTable:
                                     admin=caller.admin)
         except PartitionRefused as exc:
             raise RequestError(str(exc)) from None
+        problem = await asyncio.to_thread(outputs_problem, spec.stdout, spec.stderr, spec.workdir, caller.user,
+                                          caller.uid, caller.gid)  # a hung mount must not stall the loop
+        if problem:
+            raise RequestError(problem)
         known = tuple(n for n in await ctl.db(repo().load_nodes) if n.cpus > 0)  # inventory seen
         if known:
             view = JobView(id=0, user=caller.user, state=JobState.PENDING, submit_time=0, nodes=spec.nodes,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -116,17 +117,23 @@ def test_output_is_created_as_the_user_with_its_umask(cluster):
     assert cluster.cli("/bin/cat", str(d / "private.out")).stdout == "secret-output\n"
     other = cluster.cli("/bin/cat", str(d / "private.out"), user=OTHER_USER, check=False)
     assert other.returncode != 0 and "Permission denied" in other.stderr
-    # an output path the user cannot write: the job fails, saying why; nothing is created
+    # an output path the user cannot write is refused at submission; nothing is created
     os.chmod(d, 0o755)
     theirs = user_dir(cluster.workdir, OTHER_USER)
     os.chmod(theirs, 0o755)
-    job = cluster.submit("-o", str(theirs / "planted.out"), "--wrap", "echo hi")
+    res = cluster.cli("hsubmit", "-o", str(theirs / "planted.out"), "--wrap", "echo hi", check=False)
+    assert res.returncode != 0 and f"cannot write in {theirs}: Permission denied" in res.stderr
+    # one that becomes unwritable after submission: the run fails, saying why
+    later = d / "later"
+    later.mkdir()
+    shutil.chown(later, TEST_USER, TEST_USER)
+    job = cluster.submit("--hold", "-o", str(later / "x-%j.out"), "--wrap", "echo hi")
+    shutil.chown(later, OTHER_USER, OTHER_USER)
+    cluster.cli("hcontrol", "release", str(job))
     done = cluster.wait_state(job, "COMPLETED", "FAILED")
     assert done["state"] == "FAILED"
-    assert f"opening stdout {theirs}/planted.out failed: Permission denied" in done["runs"][0]["reason"]
-    assert not (theirs / "planted.out").exists()
-    job = cluster.submit("-o", "/root/x-%j.out", "--wrap", "echo hi")
-    assert "Permission denied" in cluster.wait_state(job, "FAILED")["runs"][0]["reason"]
+    assert f"opening stdout {later}/x-{job}.out failed: Permission denied" in done["runs"][0]["reason"]
+    assert not (theirs / "planted.out").exists() and list(later.iterdir()) == []
 
 
 def test_environment_is_filtered(cluster):

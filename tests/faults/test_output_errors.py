@@ -4,6 +4,7 @@ user cannot write."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tempfile
 
@@ -48,8 +49,13 @@ def test_full_file_system_and_unwritable_directory_fail_the_job_clearly(cluster,
     assert "FAILED" in acct and "No space left on device" in acct, acct
 
     private = os.path.join(cluster.workdir, "private")
-    os.mkdir(private, 0o700)  # root's: the user cannot create files there
-    denied = cluster.submit("-o", f"{private}/out.txt", "--wrap", "true")
+    os.mkdir(private, 0o700)  # root's: the user cannot create files there, and hsubmit says so
+    refused = cluster.cli("hsubmit", "-o", f"{private}/out.txt", "--wrap", "true", check=False)
+    assert refused.returncode != 0 and f"cannot write in {private}: Permission denied" in refused.stderr
+    shutil.chown(private, TEST_USER)  # the user's when submitted, root's again when it runs
+    denied = cluster.submit("--hold", "-o", f"{private}/out.txt", "--wrap", "true")
+    shutil.chown(private, "root")
+    cluster.cli("hcontrol", "release", str(denied))
     job = cluster.wait_state(denied, "COMPLETED", "FAILED")
     assert job["state"] == "FAILED" and job["reason"] == f"opening stdout {private}/out.txt failed: " \
                                                          f"Permission denied", job

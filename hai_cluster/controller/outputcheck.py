@@ -1,0 +1,80 @@
+"""Refuse at submission an -o/-e path its user plainly cannot write (sbatch would only fail the
+run later): the controller shares the submit host's file system view (hsubmit reaches it over a
+Unix socket), so the mode bits it reads there are the ones the job's user will meet.
+
+Only a definite "no" refuses: a directory this host does not have (it may exist on the nodes), a
+part of the path made by a pattern (%N, %j ...), a path that cannot be read as root (root-squashed
+NFS): all are left to the run, which reports "opening stdout PATH failed: ..." if it must.
+ACLs are not read; a directory that grants access only by ACL is refused."""
+from __future__ import annotations
+
+import os
+import posixpath
+import stat
+
+from ..core.model import DEFAULT_OUTPUT
+
+_W, _X = 2, 1  # the "other" permission bits; shifted for the owner and the group
+
+
+def _may(st: os.stat_result, uid: int, gids: set[int], bits: int) -> bool:
+    if uid == st.st_uid:
+        mode = st.st_mode >> 6
+    elif st.st_gid in gids:
+        mode = st.st_mode >> 3
+    else:
+        mode = st.st_mode
+    return mode & bits == bits
+
+
+def output_problem(option: str, pattern: str | None, workdir: str, uid: int, gids: set[int]) -> str | None:
+    """Why the user (uid, with group ids gids) cannot write where `pattern` points, or None."""
+    given = pattern
+    pattern = DEFAULT_OUTPUT if pattern is None else pattern
+    if uid == 0 or pattern.lower() == "none":
+        return None
+    literal = "\\" in pattern  # a backslash turns the %-letters off (core.patterns)
+    path = posixpath.normpath(posixpath.join(workdir, pattern.replace("\\", "")))
+    directory, name = posixpath.split(path)
+    chain, complete = ["/"], True
+    for part in (p for p in directory.split("/") if p):
+        if not literal and "%" in part:
+            complete = False
+            break
+        chain.append(posixpath.join(chain[-1], part))
+    shown = f"{option} {given}" if given is not None else f"the default output {DEFAULT_OUTPUT}"
+    target = None
+    if complete and (literal or "%" not in name):
+        try:
+            target = os.stat(path)  # an existing file needs no write access to its directory
+        except OSError:
+            pass
+    for i, d in enumerate(chain):
+        try:
+            st = os.stat(d)
+        except OSError:
+            return None
+        if not stat.S_ISDIR(st.st_mode):
+            return None
+        need = _W | _X if complete and target is None and i == len(chain) - 1 else _X
+        if not _may(st, uid, gids, need):
+            return f"{shown}: cannot write in {directory}: Permission denied"
+    if target is not None and not stat.S_ISDIR(target.st_mode) and not _may(target, uid, gids, _W):
+        return f"{shown}: cannot write {path}: Permission denied"
+    return None
+
+
+def outputs_problem(stdout: str | None, stderr: str | None, workdir: str, user: str, uid: int,
+                    gid: int) -> str | None:
+    """output_problem for a job's -o and -e (without -e, stderr goes to the -o file)."""
+    try:
+        gids = set(os.getgrouplist(user, gid))
+    except OSError:
+        gids = {gid}
+    for option, pattern in (("-o", stdout), ("-e", stderr)):
+        if option == "-e" and pattern is None:
+            continue
+        problem = output_problem(option, pattern, workdir, uid, gids)
+        if problem:
+            return problem
+    return None

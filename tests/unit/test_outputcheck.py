@@ -1,0 +1,64 @@
+"""The submission-time check of -o/-e paths against the mode bits the job's user will meet."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from hai_cluster.controller.outputcheck import output_problem
+
+UID, GID = 4242, 4343  # nobody on this machine owns these: only the "other" bits apply
+
+
+@pytest.fixture
+def tmp_path():
+    """A directory every user can reach (pytest's own sit below a root-only one)."""
+    d = Path(tempfile.mkdtemp(prefix="hai-outcheck-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d)
+
+
+def test_a_directory_the_user_cannot_write_is_refused(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o755)
+    os.chmod(tmp_path, 0o755)
+    assert output_problem("-o", str(locked / "x.out"), "/", UID, {GID}) == \
+        f"-o {locked}/x.out: cannot write in {locked}: Permission denied"
+    assert output_problem("-o", "x.out", str(locked), UID, {GID}) is not None  # relative: in the workdir
+    assert output_problem("-o", None, str(locked), UID, {GID}) == \
+        f"the default output hai-%j.out: cannot write in {locked}: Permission denied"
+    os.chmod(locked, 0o777)
+    assert output_problem("-o", str(locked / "x-%j.out"), "/", UID, {GID}) is None
+
+
+def test_group_bits_count_for_the_user_s_groups(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chown(shared, 0, GID)
+    os.chmod(shared, 0o775)
+    os.chmod(tmp_path, 0o755)
+    assert output_problem("-e", str(shared / "e"), "/", UID, {GID}) is None
+    assert output_problem("-e", str(shared / "e"), "/", UID, {GID + 1}) is not None
+
+
+def test_an_unsearchable_parent_is_refused_and_an_existing_file_needs_only_its_own_bits(tmp_path):
+    os.chmod(tmp_path, 0o700)
+    assert "cannot write in" in output_problem("-o", str(tmp_path / "sub" / "x"), "/", UID, {GID})
+    os.chmod(tmp_path, 0o755)
+    target = tmp_path / "existing"
+    target.write_text("")
+    os.chmod(target, 0o666)  # the directory is root's 0755: the file itself is writable
+    assert output_problem("-o", str(target), "/", UID, {GID}) is None
+    os.chmod(target, 0o644)
+    assert output_problem("-o", str(target), "/", UID, {GID}) == \
+        f"-o {target}: cannot write {target}: Permission denied"
+
+
+def test_what_cannot_be_known_here_is_left_to_the_run(tmp_path):
+    os.chmod(tmp_path, 0o1777)
+    for pattern in ("none", "NONE", "/dev/null", "/no/such/dir/x", f"{tmp_path}/%u/x", f"{tmp_path}/node-%N"):
+        assert output_problem("-o", pattern, "/", UID, {GID}) is None, pattern
+    assert output_problem("-o", "/root/x", "/", 0, {0}) is None  # root writes anywhere
