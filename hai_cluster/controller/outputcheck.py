@@ -5,7 +5,7 @@ Unix socket), so the mode bits it reads there are the ones the job's user will m
 Only a definite "no" refuses: a directory this host does not have (it may exist on the nodes), a
 part of the path made by a pattern (%N, %j ...), a path that cannot be read as root (root-squashed
 NFS): all are left to the run, which reports "opening stdout PATH failed: ..." if it must.
-ACLs are not read; a directory that grants access only by ACL is refused."""
+A file or directory with a POSIX ACL is left to the run too: its mode bits do not tell."""
 from __future__ import annotations
 
 import os
@@ -15,6 +15,13 @@ import stat
 from ..core.model import DEFAULT_OUTPUT
 
 _W, _X = 2, 1  # the "other" permission bits; shifted for the owner and the group
+
+
+def _has_acl(path: str) -> bool:
+    try:
+        return "system.posix_acl_access" in os.listxattr(path)
+    except OSError:
+        return False
 
 
 def _may(st: os.stat_result, uid: int, gids: set[int], bits: int) -> bool:
@@ -57,9 +64,10 @@ def output_problem(option: str, pattern: str | None, workdir: str, uid: int, gid
         if not stat.S_ISDIR(st.st_mode):
             return None
         need = _W | _X if complete and target is None and i == len(chain) - 1 else _X
-        if not _may(st, uid, gids, need):
+        if not _may(st, uid, gids, need) and not _has_acl(d):
             return f"{shown}: cannot write in {directory}: Permission denied"
-    if target is not None and not stat.S_ISDIR(target.st_mode) and not _may(target, uid, gids, _W):
+    if target is not None and not stat.S_ISDIR(target.st_mode) and not _may(target, uid, gids, _W) \
+            and not _has_acl(path):
         return f"{shown}: cannot write {path}: Permission denied"
     return None
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 
@@ -62,3 +63,23 @@ def test_what_cannot_be_known_here_is_left_to_the_run(tmp_path):
     for pattern in ("none", "NONE", "/dev/null", "/no/such/dir/x", f"{tmp_path}/%u/x", f"{tmp_path}/node-%N"):
         assert output_problem("-o", pattern, "/", UID, {GID}) is None, pattern
     assert output_problem("-o", "/root/x", "/", 0, {0}) is None  # root writes anywhere
+
+
+def _grant_by_acl(path: Path, uid: int) -> None:
+    """A POSIX access ACL giving `uid` rwx (user::rwx user:uid:rwx group::--- mask::rwx other::---)."""
+    entries = [(0x01, 7, 0xFFFFFFFF), (0x02, 7, uid), (0x04, 0, 0xFFFFFFFF), (0x10, 7, 0xFFFFFFFF),
+               (0x20, 0, 0xFFFFFFFF)]
+    os.setxattr(path, "system.posix_acl_access",
+                struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries))
+
+
+def test_a_directory_granted_by_an_acl_is_left_to_the_run(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    os.chmod(tmp_path, 0o755)
+    assert output_problem("-o", str(shared / "x.out"), "/", UID, {GID}) is not None  # mode bits alone say no
+    try:
+        _grant_by_acl(shared, UID)
+    except OSError as exc:
+        pytest.skip(f"this file system takes no POSIX ACLs: {exc}")
+    assert output_problem("-o", str(shared / "x.out"), "/", UID, {GID}) is None
