@@ -31,6 +31,8 @@ class SimulatedGpus:
     levels: tuple[tuple[int, int, int], ...] = ()
     default_level: int = 50  # for pairs not in levels, when levels are given
     mig: tuple[int, ...] = ()  # cards in MIG mode
+    # A file the fake NVML's event set reads XIDs from ("GPU XID" per line, appended); "" = no event sets.
+    xid_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,11 @@ class IsolationConfig:
     limit_cpus: bool = True  # cap a run's CPU time at its -c CPUs (cpu.max / cfs_quota)
     container_init: str = "auto"  # static init for runc containers; auto = tini-static or catatonit
     image_cache: str = ""  # rootfs tarballs are unpacked here; "" = <spool>/images
+
+
+# 48 double-bit ECC, 63/64 row remapping recorded/failed, 74 NVLink, 79 fallen off the bus,
+# 92 high single-bit ECC rate, 94/95 contained/uncontained ECC, 119/120 GSP timeout/error
+DEFAULT_CRITICAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,8 @@ class AgentConfig:
     health_check_interval: float = 60.0
     health_check_timeout: float = 30.0
     spool_full_percent: float = 95.0
+    # XIDs (NVML events) that drain the node until an admin resumes it: NVIDIA's "reset the GPU" ones.
+    critical_xids: tuple[int, ...] = DEFAULT_CRITICAL_XIDS
 
 
 @dataclass(frozen=True)
@@ -297,6 +306,7 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
             levels=_triples(g, "simulated_levels"),
             default_level=g.get("simulated_default_level", int, 50),
             mig=_indices(g, "simulated_mig"),
+            xid_file=resolve(path, x) if (x := g.get("simulated_xid_file", str, "")) else "",
         ),
         isolation=isolation,
         telemetry=telemetry,
@@ -305,6 +315,7 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
         health_check_interval=a.get("health_check_interval", float, 60.0),
         health_check_timeout=a.get("health_check_timeout", float, 30.0),
         spool_full_percent=a.get("spool_full_percent", float, 95.0),
+        critical_xids=_xids(a, "critical_xids"),
     )
     a.done()
     g.done()
@@ -375,6 +386,15 @@ def _indices(sec: _Section, key: str) -> tuple[int, ...]:
     value = sec.get(key, list, [])
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
         raise ConfigError(f"{sec.path}: {sec.where}.{key} must be a list of GPU indices")
+    return tuple(value)
+
+
+def _xids(sec: _Section, key: str) -> tuple[int, ...]:
+    value = sec.get(key, list, None)
+    if value is None:
+        return DEFAULT_CRITICAL_XIDS
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+        raise ConfigError(f"{sec.path}: {sec.where}.{key} must be a list of XID numbers, got {value!r}")
     return tuple(value)
 
 
