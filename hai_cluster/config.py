@@ -98,6 +98,11 @@ class AgentConfig:
     spool_full_percent: float = 95.0
     # XIDs (NVML events) that drain the node until an admin resumes it: NVIDIA's "reset the GPU" ones.
     critical_xids: tuple[int, ...] = DEFAULT_CRITICAL_XIDS
+    # transport/rpc.py on the agent socket: a frame must arrive within frame_timeout; a connection
+    # idle (no request, nothing in flight) for idle_timeout is dropped: keep it well above the
+    # controller's ping_interval. 0 = off.
+    frame_timeout: float = 30.0
+    idle_timeout: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -160,6 +165,10 @@ class AccessConfig:
     admins: tuple[str, ...] = ("root",)  # everything: accounts, limits, any job, any node state
     operators: tuple[str, ...] = ()  # hold/release/requeue/preempt any job; drain/resume nodes
     max_connections_per_uid: int = 64  # open controller connections one uid may hold (0: no cap)
+    # transport/rpc.py: a client's frame must arrive (and a reply be read) within frame_timeout;
+    # a client that sends nothing with nothing in flight for idle_timeout is dropped. 0 = off.
+    client_frame_timeout: float = 30.0
+    client_idle_timeout: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -316,12 +325,17 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
         health_check_timeout=a.get("health_check_timeout", float, 30.0),
         spool_full_percent=a.get("spool_full_percent", float, 95.0),
         critical_xids=_xids(a, "critical_xids"),
+        frame_timeout=a.get("frame_timeout", float, 30.0),
+        idle_timeout=a.get("idle_timeout", float, 120.0),
     )
     a.done()
     g.done()
     if cfg.health_check_program and not os.path.isabs(cfg.health_check_program):
         raise ConfigError(f"{path}: agent.health_check_program must be an absolute path, "
                           f"got {cfg.health_check_program!r}")
+    for key in ("frame_timeout", "idle_timeout"):
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"{path}: agent.{key} must be >= 0 (0: off), got {getattr(cfg, key):g}")
     _positive(path, "agent.health_check_interval", cfg.health_check_interval)
     _positive(path, "agent.health_check_timeout", cfg.health_check_timeout)
     if not 0 < cfg.spool_full_percent <= 100:
@@ -610,10 +624,15 @@ def _tenancy(path: str, doc: _Section):
     """[access], [limits], [[accounts]] and [fairshare]."""
     a = _Section(path, "access", doc.get("access", dict, {}))
     access = AccessConfig(admins=a.strings("admins", ("root",)), operators=a.strings("operators", ()),
-                          max_connections_per_uid=a.get("max_connections_per_uid", int, 64))
+                          max_connections_per_uid=a.get("max_connections_per_uid", int, 64),
+                          client_frame_timeout=a.get("client_frame_timeout", float, 30.0),
+                          client_idle_timeout=a.get("client_idle_timeout", float, 300.0))
     a.done()
     if access.max_connections_per_uid < 0:
         raise ConfigError(f"{path}: access.max_connections_per_uid must be >= 0 (0: no cap)")
+    for key in ("client_frame_timeout", "client_idle_timeout"):
+        if getattr(access, key) < 0:
+            raise ConfigError(f"{path}: access.{key} must be >= 0 (0: off), got {getattr(access, key):g}")
     for key in ("admins", "operators"):
         for entry in getattr(access, key):
             if not entry.lstrip("@"):

@@ -95,7 +95,8 @@ class Agent:
             log.warning("refusing connection from %s", name)
             writer.close()
             return
-        conn = RpcConnection(reader, writer, table=self.table, context=name, name=name)
+        conn = RpcConnection(reader, writer, table=self.table, context=name, name=name,
+                             frame_timeout=self.cfg.frame_timeout, idle_timeout=self.cfg.idle_timeout)
         self.connections.add(conn)
         log.info("connection from %s", name)
         try:
