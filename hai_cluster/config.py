@@ -230,6 +230,8 @@ class ControllerConfig:
     user_limits: LimitsConfig = field(default_factory=LimitsConfig)  # [limits]: for every user
     accounts: tuple[AccountConfig, ...] = ()
     fairshare: FairShareConfig = field(default_factory=FairShareConfig)
+    # [limits.classes]: most GPUs one user's running jobs of a priority class may hold ((class, GPUs))
+    class_limits: tuple[tuple[str, int], ...] = ()
     # Days the event history (hcontrol show events) is kept; older events are pruned.
     events_max_age_days: float = 30.0
 
@@ -482,7 +484,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     raw_nodes = doc.get("nodes", list, [])
     telemetry = _controller_telemetry(path, doc.get("telemetry", dict, {}), doc.get("metrics", dict, {}))
     raw_partitions = doc.get("partitions", list, None)
-    access, user_limits, accounts, fairshare = _tenancy(path, doc)
+    access, user_limits, accounts, fairshare, class_limits = _tenancy(path, doc)
     doc.done()
     tables: tuple[PartitionConfig, ...] = ()
     table_default = None
@@ -560,6 +562,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         user_limits=user_limits,
         accounts=accounts,
         fairshare=fairshare,
+        class_limits=class_limits,
     )
     c.done()
     s.done()
@@ -638,6 +641,7 @@ def _tenancy(path: str, doc: _Section):
             if not entry.lstrip("@"):
                 raise ConfigError(f"{path}: access.{key} has an empty entry")
     lim = _Section(path, "limits", doc.get("limits", dict, {}))
+    class_limits = _class_limits(path, lim.get("classes", dict, {}))
     user_limits = _limits(lim)
     lim.done()
     accounts = []
@@ -660,7 +664,25 @@ def _tenancy(path: str, doc: _Section):
                                 enabled=f.get("enabled", bool, True))
     f.done()
     _positive(path, "fairshare.half_life", fairshare.half_life)
-    return access, user_limits, tuple(accounts), fairshare
+    return access, user_limits, tuple(accounts), fairshare, class_limits
+
+
+def _class_limits(path: str, raw: dict) -> tuple[tuple[str, int], ...]:
+    """[limits.classes]: `urgent = { max_gpus = 8 }`, per user."""
+    out = []
+    for name, table in raw.items():
+        if name not in PRIORITY_CLASSES:
+            raise ConfigError(f"{path}: limits.classes.{name}: no such priority class "
+                              f"(classes: {', '.join(PRIORITY_CLASSES)})")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: limits.classes.{name} must be a table such as {{ max_gpus = 8 }}, got {table!r}")
+        sec = _Section(path, f"limits.classes.{name}", table)
+        gpus = sec.get("max_gpus", int, 0)
+        sec.done()
+        if gpus < 0:
+            raise ConfigError(f"{path}: limits.classes.{name}.max_gpus must be >= 0 (0: no limit)")
+        out.append((name, gpus))
+    return tuple(out)
 
 
 def _numbers(sec: _Section, key: str, default: tuple[float, ...]) -> tuple[float, ...]:
