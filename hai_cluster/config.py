@@ -31,6 +31,8 @@ class SimulatedGpus:
     levels: tuple[tuple[int, int, int], ...] = ()
     default_level: int = 50  # for pairs not in levels, when levels are given
     mig: tuple[int, ...] = ()  # cards in MIG mode
+    # A file the fake NVML's event set reads XIDs from ("GPU XID" per line, appended); "" = no event sets.
+    xid_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,11 @@ class IsolationConfig:
     limit_cpus: bool = True  # cap a run's CPU time at its -c CPUs (cpu.max / cfs_quota)
     container_init: str = "auto"  # static init for runc containers; auto = tini-static or catatonit
     image_cache: str = ""  # rootfs tarballs are unpacked here; "" = <spool>/images
+
+
+# 48 double-bit ECC, 63/64 row remapping recorded/failed, 74 NVLink, 79 fallen off the bus,
+# 92 high single-bit ECC rate, 94/95 contained/uncontained ECC, 119/120 GSP timeout/error
+DEFAULT_CRITICAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,13 @@ class AgentConfig:
     health_check_interval: float = 60.0
     health_check_timeout: float = 30.0
     spool_full_percent: float = 95.0
+    # XIDs (NVML events) that drain the node until an admin resumes it: NVIDIA's "reset the GPU" ones.
+    critical_xids: tuple[int, ...] = DEFAULT_CRITICAL_XIDS
+    # transport/rpc.py on the agent socket: a frame must arrive within frame_timeout; a connection
+    # idle (no request, nothing in flight) for idle_timeout is dropped: keep it well above the
+    # controller's ping_interval. 0 = off.
+    frame_timeout: float = 30.0
+    idle_timeout: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -151,6 +165,10 @@ class AccessConfig:
     admins: tuple[str, ...] = ("root",)  # everything: accounts, limits, any job, any node state
     operators: tuple[str, ...] = ()  # hold/release/requeue/preempt any job; drain/resume nodes
     max_connections_per_uid: int = 64  # open controller connections one uid may hold (0: no cap)
+    # transport/rpc.py: a client's frame must arrive (and a reply be read) within frame_timeout;
+    # a client that sends nothing with nothing in flight for idle_timeout is dropped. 0 = off.
+    client_frame_timeout: float = 30.0
+    client_idle_timeout: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -212,6 +230,8 @@ class ControllerConfig:
     user_limits: LimitsConfig = field(default_factory=LimitsConfig)  # [limits]: for every user
     accounts: tuple[AccountConfig, ...] = ()
     fairshare: FairShareConfig = field(default_factory=FairShareConfig)
+    # [limits.classes]: most GPUs one user's running jobs of a priority class may hold ((class, GPUs))
+    class_limits: tuple[tuple[str, int], ...] = ()
     # Days the event history (hcontrol show events) is kept; older events are pruned.
     events_max_age_days: float = 30.0
 
@@ -297,6 +317,7 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
             levels=_triples(g, "simulated_levels"),
             default_level=g.get("simulated_default_level", int, 50),
             mig=_indices(g, "simulated_mig"),
+            xid_file=resolve(path, x) if (x := g.get("simulated_xid_file", str, "")) else "",
         ),
         isolation=isolation,
         telemetry=telemetry,
@@ -305,12 +326,18 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
         health_check_interval=a.get("health_check_interval", float, 60.0),
         health_check_timeout=a.get("health_check_timeout", float, 30.0),
         spool_full_percent=a.get("spool_full_percent", float, 95.0),
+        critical_xids=_xids(a, "critical_xids"),
+        frame_timeout=a.get("frame_timeout", float, 30.0),
+        idle_timeout=a.get("idle_timeout", float, 120.0),
     )
     a.done()
     g.done()
     if cfg.health_check_program and not os.path.isabs(cfg.health_check_program):
         raise ConfigError(f"{path}: agent.health_check_program must be an absolute path, "
                           f"got {cfg.health_check_program!r}")
+    for key in ("frame_timeout", "idle_timeout"):
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"{path}: agent.{key} must be >= 0 (0: off), got {getattr(cfg, key):g}")
     _positive(path, "agent.health_check_interval", cfg.health_check_interval)
     _positive(path, "agent.health_check_timeout", cfg.health_check_timeout)
     if not 0 < cfg.spool_full_percent <= 100:
@@ -375,6 +402,15 @@ def _indices(sec: _Section, key: str) -> tuple[int, ...]:
     value = sec.get(key, list, [])
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
         raise ConfigError(f"{sec.path}: {sec.where}.{key} must be a list of GPU indices")
+    return tuple(value)
+
+
+def _xids(sec: _Section, key: str) -> tuple[int, ...]:
+    value = sec.get(key, list, None)
+    if value is None:
+        return DEFAULT_CRITICAL_XIDS
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+        raise ConfigError(f"{sec.path}: {sec.where}.{key} must be a list of XID numbers, got {value!r}")
     return tuple(value)
 
 
@@ -448,7 +484,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     raw_nodes = doc.get("nodes", list, [])
     telemetry = _controller_telemetry(path, doc.get("telemetry", dict, {}), doc.get("metrics", dict, {}))
     raw_partitions = doc.get("partitions", list, None)
-    access, user_limits, accounts, fairshare = _tenancy(path, doc)
+    access, user_limits, accounts, fairshare, class_limits = _tenancy(path, doc)
     doc.done()
     tables: tuple[PartitionConfig, ...] = ()
     table_default = None
@@ -526,6 +562,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         user_limits=user_limits,
         accounts=accounts,
         fairshare=fairshare,
+        class_limits=class_limits,
     )
     c.done()
     s.done()
@@ -590,15 +627,21 @@ def _tenancy(path: str, doc: _Section):
     """[access], [limits], [[accounts]] and [fairshare]."""
     a = _Section(path, "access", doc.get("access", dict, {}))
     access = AccessConfig(admins=a.strings("admins", ("root",)), operators=a.strings("operators", ()),
-                          max_connections_per_uid=a.get("max_connections_per_uid", int, 64))
+                          max_connections_per_uid=a.get("max_connections_per_uid", int, 64),
+                          client_frame_timeout=a.get("client_frame_timeout", float, 30.0),
+                          client_idle_timeout=a.get("client_idle_timeout", float, 300.0))
     a.done()
     if access.max_connections_per_uid < 0:
         raise ConfigError(f"{path}: access.max_connections_per_uid must be >= 0 (0: no cap)")
+    for key in ("client_frame_timeout", "client_idle_timeout"):
+        if getattr(access, key) < 0:
+            raise ConfigError(f"{path}: access.{key} must be >= 0 (0: off), got {getattr(access, key):g}")
     for key in ("admins", "operators"):
         for entry in getattr(access, key):
             if not entry.lstrip("@"):
                 raise ConfigError(f"{path}: access.{key} has an empty entry")
     lim = _Section(path, "limits", doc.get("limits", dict, {}))
+    class_limits = _class_limits(path, lim.get("classes", dict, {}))
     user_limits = _limits(lim)
     lim.done()
     accounts = []
@@ -621,7 +664,25 @@ def _tenancy(path: str, doc: _Section):
                                 enabled=f.get("enabled", bool, True))
     f.done()
     _positive(path, "fairshare.half_life", fairshare.half_life)
-    return access, user_limits, tuple(accounts), fairshare
+    return access, user_limits, tuple(accounts), fairshare, class_limits
+
+
+def _class_limits(path: str, raw: dict) -> tuple[tuple[str, int], ...]:
+    """[limits.classes]: `urgent = { max_gpus = 8 }`, per user."""
+    out = []
+    for name, table in raw.items():
+        if name not in PRIORITY_CLASSES:
+            raise ConfigError(f"{path}: limits.classes.{name}: no such priority class "
+                              f"(classes: {', '.join(PRIORITY_CLASSES)})")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: limits.classes.{name} must be a table such as {{ max_gpus = 8 }}, got {table!r}")
+        sec = _Section(path, f"limits.classes.{name}", table)
+        gpus = sec.get("max_gpus", int, 0)
+        sec.done()
+        if gpus < 0:
+            raise ConfigError(f"{path}: limits.classes.{name}.max_gpus must be >= 0 (0: no limit)")
+        out.append((name, gpus))
+    return tuple(out)
 
 
 def _numbers(sec: _Section, key: str, default: tuple[float, ...]) -> tuple[float, ...]:

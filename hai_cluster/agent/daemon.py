@@ -45,7 +45,8 @@ class Agent:
         self.connections: set[RpcConnection] = set()
         self._occupancy: dict[int, list[int]] = {}
         t = cfg.telemetry
-        self.sampler = Sampler(self._telemetry_nvml(), cfg.name, t.interval, t.history) if t.enabled else None
+        self.sampler = Sampler(self._telemetry_nvml(), cfg.name, t.interval, t.history,
+                               on_event=self.health.note_event) if t.enabled else None
 
     def _telemetry_nvml(self):
         """The NVML module the inventory came from; simulated GPUs read this node's live runs."""
@@ -53,7 +54,8 @@ class Agent:
             from .simgpu import SimulatedTelemetryNvml
             s, t = self.cfg.simulated, self.cfg.telemetry
             return SimulatedTelemetryNvml(self.cfg.name, s.count, s.model, s.memory_mb, occupancy=self.gpu_occupancy,
-                                          busy_util=t.simulated_util, process_memory_mb=t.simulated_process_memory_mb)
+                                          busy_util=t.simulated_util, process_memory_mb=t.simulated_process_memory_mb,
+                                          xid_file=s.xid_file)
         import pynvml
         return pynvml
 
@@ -93,7 +95,8 @@ class Agent:
             log.warning("refusing connection from %s", name)
             writer.close()
             return
-        conn = RpcConnection(reader, writer, table=self.table, context=name, name=name)
+        conn = RpcConnection(reader, writer, table=self.table, context=name, name=name,
+                             frame_timeout=self.cfg.frame_timeout, idle_timeout=self.cfg.idle_timeout)
         self.connections.add(conn)
         log.info("connection from %s", name)
         try:
@@ -103,13 +106,16 @@ class Agent:
             await conn.close()
             log.info("connection from %s closed: %s", name, conn.close_reason)
 
-    async def push(self, name: str, body: dict) -> None:
-        async def one(conn: RpcConnection) -> None:
+    async def push(self, name: str, body: dict) -> bool:
+        """To every controller connected; whether at least one got it."""
+        async def one(conn: RpcConnection) -> bool:
             try:
                 await asyncio.wait_for(conn.push(name, body), PUSH_TIMEOUT)
+                return True
             except (ConnectionLost, asyncio.TimeoutError) as exc:
                 log.warning("could not push %s to %s: %s", name, conn.name, exc)
-        await asyncio.gather(*(one(c) for c in list(self.connections)))
+                return False
+        return any(await asyncio.gather(*(one(c) for c in list(self.connections))))
 
     async def watch_spool(self) -> None:
         while True:

@@ -1,5 +1,10 @@
 """Node health: the site's health-check program (like Slurm's HealthCheckProgram) and built-in checks.
 
+A critical XID (`critical_xids`, NVIDIA's "reset the GPU" ones) that the telemetry sampler's NVML
+event thread sees is reported at once, ahead of everything else, as a sticky problem: the
+controller drains the node until an admin resumes it (passing checks do not bring it back, since
+only a GPU reset clears such a fault). The agent reports each XID until a controller got it.
+
 Every `health_check_interval` seconds the agent runs, in order, stopping at the first failure:
 - the GPUs: their count must still be what it was when the agent started (a GPU that fell off the
   bus, an XID that took a card away, shows as fewer devices);
@@ -18,6 +23,7 @@ import logging
 import os
 import shutil
 import signal
+import threading
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
@@ -33,9 +39,29 @@ OUTPUT_LIMIT = 64 * 1024
 class Health:
     ok: bool
     reason: str = ""
+    sticky: bool = False  # only an admin's resume returns the node to service
 
     def to_wire(self) -> dict:
-        return {"ok": self.ok, "reason": self.reason}
+        wire = {"ok": self.ok, "reason": self.reason}
+        if self.sticky:
+            wire["sticky"] = True
+        return wire
+
+
+# What NVIDIA's XID catalog says the critical ones mean (short)
+XID_MEANINGS = {
+    48: "double-bit ECC error", 63: "ECC page retirement or row remapping recorded",
+    64: "ECC page retirement or row remapping failed", 74: "NVLink error",
+    79: "GPU has fallen off the bus", 92: "high single-bit ECC error rate",
+    94: "contained ECC error", 95: "uncontained ECC error", 119: "GSP RPC timeout", 120: "GSP error",
+}
+
+
+def xid_problem(gpu: int | None, xid: int, critical: tuple[int, ...]) -> str | None:
+    if xid not in critical:
+        return None
+    meaning = XID_MEANINGS.get(xid, "critical error")
+    return f"GPU {'?' if gpu is None else gpu} XID {xid} ({meaning}): needs a GPU reset"
 
 
 def gpu_count_problem(at_start: int, now: int) -> str | None:
@@ -84,12 +110,40 @@ class HealthChecker:
         self.cfg = cfg
         self.gpus_at_start = gpus_at_start
         self.current: Health | None = None  # None until the first check ran
+        self._xids: list[str] = []  # critical XIDs not yet delivered to a controller, oldest first
+        self._lock = threading.Lock()  # _xids is filled from the NVML event thread
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+
+    def note_event(self, gpu: int | None, kind: str, value: int) -> None:
+        """A GPU event from the telemetry sampler's thread; a critical XID triggers a check now."""
+        problem = xid_problem(gpu, value, self.cfg.critical_xids) if kind == "xid" else None
+        if problem is None:
+            return
+        with self._lock:
+            self._xids.append(problem)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    def _pending_xid(self) -> str | None:
+        with self._lock:
+            return self._xids[0] if self._xids else None
+
+    def _delivered(self, reason: str) -> None:
+        with self._lock:
+            if self._xids and self._xids[0] == reason:
+                self._xids.pop(0)
+            if self._xids:
+                self._wake.set()
 
     def _gpu_count(self) -> int:
         return len(inventory(self.cfg)[1])
 
     async def check(self) -> Health:
         cfg = self.cfg
+        xid = self._pending_xid()
+        if xid is not None:
+            return Health(False, xid, sticky=True)
         try:
             now = await asyncio.get_running_loop().run_in_executor(None, self._gpu_count)
             problem = gpu_count_problem(self.gpus_at_start, now)
@@ -105,8 +159,11 @@ class HealthChecker:
             problem = await run_program(cfg.health_check_program, cfg.health_check_timeout)
         return Health(True) if problem is None else Health(False, problem)
 
-    async def run(self, push: Callable[[str, dict], Awaitable[None]]) -> None:
+    async def run(self, push: Callable[[str, dict], Awaitable[bool]]) -> None:
+        """`push` returns whether a controller got the report."""
+        self._loop = asyncio.get_running_loop()
         while True:
+            self._wake.clear()
             try:
                 health = await self.check()
                 if health != self.current:
@@ -117,9 +174,13 @@ class HealthChecker:
                 self.current = health
                 # Every result, not only changes: a node an admin resumed while the check still
                 # fails is drained again at the next check, as Slurm does.
-                await push("health", health.to_wire())
+                if await push("health", health.to_wire()) and health.sticky:
+                    self._delivered(health.reason)  # the controller keeps the node drained from now on
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("health check failed to run")
-            await asyncio.sleep(self.cfg.health_check_interval)
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.cfg.health_check_interval)
+            except asyncio.TimeoutError:
+                pass

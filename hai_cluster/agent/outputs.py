@@ -1,9 +1,11 @@
-"""Whether a job could write its output: checked by the shepherd when the job ends.
+"""Whether a job can write its output: checked by the shepherd while the job runs and when it ends.
 
-The job writes its stdout/stderr files itself, so a write that failed with ENOSPC is seen only by
-the job (which may well exit 0 regardless). When the file system of an output file has no space
-left for the user at the job's end, the run fails with reason output_error and says so, instead of
-looking COMPLETED with its output cut short. (Opening the files is checked at launch: a permission
+The job writes its stdout/stderr files itself (they are its fds 1 and 2), so a write that failed
+with ENOSPC is seen only by the job (which may well exit 0 regardless). What the shepherd can see
+cheaply is the file system: one statvfs every few seconds. When the file system of an output file
+has no space left for the user (while the job runs, on consecutive looks; or at the job's end), the
+run fails with reason output_error and says so, instead of looking COMPLETED with its output cut
+short. (Opening the files is checked at launch: a permission
 error there fails the launch with the path and the error.)"""
 from __future__ import annotations
 

@@ -51,6 +51,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("hai.shepherd")
 
 CONTROL_RECHECK = 1.0
+# How often the output files' file system is looked at while the job runs (one statvfs each), and
+# how many looks in a row must find it full before the job is failed: a moment of full disk that
+# someone else frees at once is not worth a training run.
+OUTPUT_CHECK = 5.0
+OUTPUT_FULL_LOOKS = 2
 CLEANUP_TIMEOUT = 10.0
 LINGER_POLL = 0.1  # how often the process group is checked once the main process ended in a grace
 PR_SET_CHILD_SUBREAPER = 36
@@ -92,6 +97,9 @@ class Shepherd:
         self.warn_at: float | None = None
         self.limit_at: float | None = None
         self.next_control_check = 0.0
+        self.next_output_check = 0.0
+        self.output_full_looks = 0
+        self.output_message: str | None = None
         self.control: Path | None = None  # the control dir, made before the job starts
         self.sel = selectors.DefaultSelector()
 
@@ -270,10 +278,24 @@ class Shepherd:
                 if reason is not None:
                     self.begin_terminate(reason)
             self.check_oom()
+            self.check_output(now)
             self.timers(now)
         # the main process is gone; the exec pipe is at EOF or holds the launch error
         while exec_r in self.sel.get_map():
             self.on_exec_pipe(exec_r, buf)
+
+    def check_output(self, now: float) -> None:
+        """A full output file system fails the job while it runs (output_error), through the usual
+        terminate (signal, grace, kill), instead of letting it train on without its log."""
+        if now < self.next_output_check or self.reason is not None or self.wait_status is not None:
+            return
+        self.next_output_check = now + OUTPUT_CHECK
+        problem = output_problem((self.spec.stdout, self.spec.stderr))
+        self.output_full_looks = self.output_full_looks + 1 if problem else 0
+        if self.output_full_looks >= OUTPUT_FULL_LOOKS:
+            log.error("%s", problem)
+            self.output_message = problem
+            self.begin_terminate("output_error")
 
     def cleanup(self) -> None:
         """Kill what is left of the job: its process group, its cgroup, and orphans that left the
@@ -307,6 +329,8 @@ class Shepherd:
             st.exit_code, st.signal = self.box.decode(self.wait_status)
             if self.box.oom_seen and st.reason is None:  # a terminate already under way wins
                 st.reason, st.message = "oom", self.box.oom_message()
+            if st.reason == "output_error":  # failed by check_output while it ran
+                st.message = self.output_message
             if st.reason is None:
                 lost_output = output_problem((self.spec.stdout, self.spec.stderr))
                 if lost_output is not None:

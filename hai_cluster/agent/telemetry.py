@@ -94,8 +94,10 @@ def _nvml_value(nvml: Any, fn: Callable[[], Any]) -> Any:
 
 
 class Sampler:
-    def __init__(self, nvml: Any, node: str, interval: float, history: int) -> None:
+    def __init__(self, nvml: Any, node: str, interval: float, history: int,
+                 on_event: Callable[[int | None, str, int], None] | None = None) -> None:
         self.nvml, self.node, self.interval = nvml, node, interval
+        self.on_event = on_event  # called on the event thread with (gpu, kind, value): health checks
         self.ring: collections.deque[tuple[int, dict]] = collections.deque(maxlen=history)
         self.seq = 0
         self.sent = 0  # the last seq delivered to a controller
@@ -163,6 +165,11 @@ class Sampler:
                 gpu = _nvml_value(nvml, lambda: nvml.nvmlDeviceGetIndex(data.device))
                 log.warning("GPU %s: %s event, data %s", gpu, kind, data.eventData)
                 self.events.append({"t": time.time(), "gpu": gpu, "kind": kind, "value": int(data.eventData)})
+                if self.on_event is not None:
+                    try:
+                        self.on_event(gpu, kind, int(data.eventData))
+                    except Exception:  # the watch must outlive a bad consumer
+                        log.exception("GPU event consumer failed")
         finally:
             nvml.nvmlEventSetFree(event_set)
 

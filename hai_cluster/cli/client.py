@@ -62,3 +62,4 @@ class ControllerClient:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+            self._decoder = FrameDecoder()  # what the old connection left half-read is not for the next

@@ -244,6 +244,8 @@ def show_accounts():
             users = ",".join(a["users"]) or ("(users no account lists)" if a["name"] == "default" else "(none)")
             print(f"Account={a['name']} Shares={a['shares']} MaxGPUs={a['max_gpus']} MaxPending={a['max_pending']} "
                   f"MaxJobs={a['max_jobs']} Users={users}")
+        elif a["kind"] == "class":  # [limits.classes]: per user, running jobs of that priority
+            print(f"Priority={a['name']} MaxGPUsPerUser={a['max_gpus']}")
         else:
             print(f"User={a['name']} MaxGPUs={a['max_gpus']} MaxPending={a['max_pending']} MaxJobs={a['max_jobs']}")
 

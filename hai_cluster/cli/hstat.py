@@ -51,7 +51,11 @@ def live(interval: float) -> None:
 
     def view():
         try:
-            reply = client.call("telemetry", {})
+            try:
+                reply = client.call("telemetry", {})
+            except ClientError:  # e.g. dropped as idle (a long -i): a read, so ask again at once
+                client.close()
+                reply = client.call("telemetry", {})
         except ClientError as exc:
             client.close()
             return Text(f"hstat: {exc} (retrying)", style="red")

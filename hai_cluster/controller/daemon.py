@@ -88,7 +88,9 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
             return
         try:
             caller = caller_from_creds(pid, uid, gid, cfg.access)
-            conn = RpcConnection(reader, writer, table=api, context=caller, name=f"client uid={uid} pid={pid}")
+            conn = RpcConnection(reader, writer, table=api, context=caller, name=f"client uid={uid} pid={pid}",
+                                 frame_timeout=cfg.access.client_frame_timeout,
+                                 idle_timeout=cfg.access.client_idle_timeout)
             connections.add(conn)
             try:
                 await conn.run()

@@ -10,13 +10,15 @@ log = logging.getLogger(__name__)
 
 
 async def on_health(ctl, node: str, body: Any) -> None:
-    if not (isinstance(body, dict) and isinstance(body.get("ok"), bool) and isinstance(body.get("reason", ""), str)):
+    if not (isinstance(body, dict) and isinstance(body.get("ok"), bool) and isinstance(body.get("reason", ""), str)
+            and isinstance(body.get("sticky", False), bool)):
         log.warning("node %s sent a malformed health report %r", node, body)
         return
     from .service import StoreUnavailable
 
     try:
-        changed = await ctl.db(apply_health, ctl.repo.engine, node, body["ok"], body.get("reason", ""))
+        changed = await ctl.db(apply_health, ctl.repo.engine, node, body["ok"], body.get("reason", ""),
+                               body.get("sticky", False))
     except StoreUnavailable:
         return  # the agent reports again at its next check
     if changed == "drained":

@@ -117,6 +117,7 @@ class Tenancy:
         rows.append({"kind": "user", "name": "*", **vars(self.cfg.user_limits)})
         rows += [{"kind": "user", "name": name, **vars(self._limits("user", name, over))}
                  for kind, name in sorted(over) if kind == "user"]
+        rows += [{"kind": "class", "name": name, "max_gpus": gpus} for name, gpus in self.cfg.class_limits]
         return rows
 
     # ---- the snapshot ------------------------------------------------------------------
@@ -125,7 +126,8 @@ class Tenancy:
         over = store.overrides(engine)
         users = {name: self._limits("user", name, over).max_gpus for kind, name in over if kind == "user"}
         quotas = Quotas(user_gpus=users, default_user_gpus=self.cfg.user_limits.max_gpus,
-                        account_gpus={a: self._limits("account", a, over).max_gpus for a in self.account_names})
+                        account_gpus={a: self._limits("account", a, over).max_gpus for a in self.account_names},
+                        class_user_gpus=dict(self.cfg.class_limits))
         if self.cfg.fairshare.enabled and now - self._computed_at >= FAIRSHARE_REFRESH:
             self._rows = self.share_rows(engine, now, over)
             self._factors = fairshare.factors(self._rows)

@@ -1,4 +1,5 @@
-"""Running-GPU limits per user and per account (Slurm's GrpTRES=gres/gpu / MaxTRESPerUser).
+"""Running-GPU limits per user, per account (Slurm's GrpTRES=gres/gpu / MaxTRESPerUser), and per
+user within a priority class (Slurm's QOS MaxTRESPerUser: `[limits.classes] urgent = {max_gpus = 8}`).
 
 Pure: the controller puts the limits into the snapshot; `gate` and `admit` keep every policy
 inside them. A job that would take its user or account past a limit waits with `QuotaLimit`.
@@ -21,9 +22,11 @@ class Quotas:
     user_gpus: Mapping[str, int] = field(default_factory=dict)
     default_user_gpus: int = 0  # for users not in user_gpus
     account_gpus: Mapping[str, int] = field(default_factory=dict)
+    class_user_gpus: Mapping[str, int] = field(default_factory=dict)  # priority class -> per user
 
     def __bool__(self) -> bool:
-        return bool(self.default_user_gpus or any(self.user_gpus.values()) or any(self.account_gpus.values()))
+        return bool(self.default_user_gpus or any(self.user_gpus.values()) or any(self.account_gpus.values())
+                    or any(self.class_user_gpus.values()))
 
     def user_limit(self, user: str) -> int:
         return self.user_gpus.get(user, self.default_user_gpus)
@@ -36,6 +39,7 @@ class Usage:
         self.quotas = quotas
         self.users: dict[str, int] = {}
         self.accounts: dict[str, int] = {}
+        self.classes: dict[tuple[str, str], int] = {}  # (user, priority class)
         for j in jobs:
             if j.state.holds_resources:
                 self.add(j)
@@ -43,6 +47,8 @@ class Usage:
     def add(self, job: JobView) -> None:
         self.users[job.user] = self.users.get(job.user, 0) + job.gpus
         self.accounts[job.account] = self.accounts.get(job.account, 0) + job.gpus
+        key = (job.user, job.priority)
+        self.classes[key] = self.classes.get(key, 0) + job.gpus
 
     def fits(self, job: JobView) -> bool:
         if job.gpus == 0:
@@ -51,7 +57,10 @@ class Usage:
         if user_max and self.users.get(job.user, 0) + job.gpus > user_max:
             return False
         acct_max = self.quotas.account_gpus.get(job.account, 0)
-        return not (acct_max and self.accounts.get(job.account, 0) + job.gpus > acct_max)
+        if acct_max and self.accounts.get(job.account, 0) + job.gpus > acct_max:
+            return False
+        class_max = self.quotas.class_user_gpus.get(job.priority, 0)
+        return not (class_max and self.classes.get((job.user, job.priority), 0) + job.gpus > class_max)
 
 
 def gate(snapshot: Snapshot) -> tuple[Snapshot, dict[int, str]]:

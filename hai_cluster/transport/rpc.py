@@ -3,12 +3,19 @@
 Both daemons and the controller's node links use this. Serving side: an RpcTable lists the
 methods a peer may call; anything not listed is refused (deny by default). A peer that sends
 garbage gets its connection closed; the serving process carries on.
+
+A serving side may also close half-open and forgotten connections: `frame_timeout` bounds how long
+a frame may take from its first byte to its last (a peer that sends half a frame and stalls), and
+how long one frame may wait to be written (a peer that stops reading); `idle_timeout` closes a
+connection that sent nothing and has nothing in flight for that long. A peer that keeps calling
+(the controller's pings to agents, hstat's polls) is never idle.
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
 import logging
+import time
 from typing import Any, Awaitable, Callable
 
 from ..protocol import messages
@@ -64,7 +71,8 @@ class RpcConnection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
                  table: RpcTable | None = None, context: Any = None,
                  on_event: Callable[[str, Any], Awaitable[None]] | None = None,
-                 name: str = "peer") -> None:
+                 name: str = "peer", frame_timeout: float | None = None,
+                 idle_timeout: float | None = None) -> None:
         self._reader = reader
         self._writer = writer
         self._table = table
@@ -77,6 +85,9 @@ class RpcConnection:
         self._write_lock = asyncio.Lock()
         self._closed = asyncio.Event()
         self.close_reason: str | None = None
+        self._frame_timeout = frame_timeout or None  # 0: off
+        self._idle_timeout = idle_timeout or None
+        self._last_activity = time.monotonic()  # a frame received or a request answered
 
     @property
     def closed(self) -> bool:
@@ -92,7 +103,12 @@ class RpcConnection:
         async with self._write_lock:
             try:
                 self._writer.write(frame)
-                await self._writer.drain()
+                await asyncio.wait_for(self._writer.drain(), self._frame_timeout)
+            except asyncio.TimeoutError:
+                reason = f"peer read nothing for {self._frame_timeout:g} s"
+                log.warning("closing connection to %s: %s", self.name, reason)
+                self._shutdown(reason)
+                raise ConnectionLost(f"connection to {self.name} lost: {reason}") from None
             except (ConnectionError, OSError, RuntimeError) as exc:
                 self._shutdown(f"write failed: {exc}")
                 raise ConnectionLost(f"connection to {self.name} lost: {exc}") from None
@@ -114,14 +130,32 @@ class RpcConnection:
         """Read and dispatch until the peer closes or breaks the protocol."""
         decoder = FrameDecoder()
         reason = "closed by peer"
+        frame_started: float | None = None  # when the first byte of a frame not yet complete came
         try:
             while True:
-                data = await self._reader.read(READ_CHUNK)
+                timeout = self._read_timeout(frame_started)
+                try:
+                    data = await asyncio.wait_for(self._reader.read(READ_CHUNK), timeout)
+                except asyncio.TimeoutError:
+                    stalled = self._stalled(frame_started)
+                    if stalled is None:
+                        continue  # busy answering, or a deadline moved: look again
+                    reason = stalled
+                    log.warning("closing connection to %s: %s", self.name, reason)
+                    break
                 if not data:
                     if decoder.pending_bytes:
                         reason = "truncated frame at end of stream"
                     break
-                for raw in decoder.feed(data):
+                frames = decoder.feed(data)
+                now = time.monotonic()
+                if frames:
+                    self._last_activity = now
+                if not decoder.pending_bytes:
+                    frame_started = None
+                elif frames or frame_started is None:
+                    frame_started = now  # a new frame began in this chunk
+                for raw in frames:
                     self._handle(messages.parse_message(raw))
         except ProtocolError as exc:
             reason = f"protocol error: {exc}"
@@ -133,6 +167,33 @@ class RpcConnection:
             raise
         finally:
             self._shutdown(reason)
+
+    def _busy(self) -> bool:
+        return bool(self._tasks or self._pending)
+
+    def _read_timeout(self, frame_started: float | None) -> float | None:
+        """How long the next read may wait before the deadlines are looked at; None: forever."""
+        now = time.monotonic()
+        waits = []
+        if frame_started is not None and self._frame_timeout:
+            waits.append(frame_started + self._frame_timeout - now)
+        elif self._idle_timeout:
+            waits.append(self._idle_timeout if self._busy() else self._last_activity + self._idle_timeout - now)
+        return max(0.0, min(waits)) if waits else None
+
+    def _stalled(self, frame_started: float | None) -> str | None:
+        """Why the connection is to be closed now, if it is."""
+        now = time.monotonic()
+        if frame_started is not None and self._frame_timeout:
+            if now - frame_started >= self._frame_timeout:
+                return f"incomplete frame for {self._frame_timeout:g} s"
+            return None
+        if self._idle_timeout:
+            if self._busy():
+                self._last_activity = now
+            elif now - self._last_activity >= self._idle_timeout:
+                return f"idle for {self._idle_timeout:g} s"
+        return None
 
     def _handle(self, msg: messages.Message) -> None:
         if isinstance(msg, messages.Response):
@@ -150,7 +211,11 @@ class RpcConnection:
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        self._last_activity = time.monotonic()
 
     async def _event(self, msg: messages.Event) -> None:
         try:

@@ -19,6 +19,9 @@ max_connections_per_uid = 3
 [limits]
 max_pending = 6
 
+[limits.classes]
+high = {{ max_gpus = 2 }}
+
 [fairshare]
 half_life = 3600
 
@@ -178,3 +181,22 @@ def test_per_user_limit_set_live(cluster):
     cluster.cli("hcontrol", "update", f"User={OTHER_USER}", "MaxGPUs=0", user="root")
     assert cluster.wait_state(job, "RUNNING")["state"] == "RUNNING"
     cluster.cli("hcancel", str(job), user=OTHER_USER)
+
+
+def test_priority_class_limit(cluster):
+    """[limits.classes] high = { max_gpus = 2 }: a user's running high-priority jobs hold at most
+    2 GPUs (the next waits with QuotaLimit); the same user's normal jobs are not held by it."""
+    first = sleep_job(cluster, "--priority=high", user=OTHER_USER)
+    second = sleep_job(cluster, "--priority=high", user=OTHER_USER)
+    cluster.wait_state(first, "RUNNING")
+    wait_for(lambda: cluster.job(second)["reason"] == "QuotaLimit", 20, what="QuotaLimit")
+    normal = sleep_job(cluster, user=OTHER_USER)
+    assert cluster.wait_state(normal, "RUNNING")["state"] == "RUNNING"
+    assert cluster.job(second)["state"] == "PENDING"
+    assert "Priority=high MaxGPUsPerUser=2" in cluster.cli("hcontrol", "show", "accounts").stdout
+    cluster.cli("hcancel", str(first), user=OTHER_USER)
+    cluster.cli("hcancel", str(normal), user=OTHER_USER)
+    assert cluster.wait_state(second, "RUNNING")["state"] == "RUNNING"
+    cluster.cli("hcancel", str(second), user=OTHER_USER)
+    for j in (first, second, normal):
+        cluster.wait_state(j, "CANCELLED")

@@ -87,3 +87,43 @@ def test_health_program_drains_and_resumes(cluster):
     assert "timed out after 1 s" in n["reason"], n
     os.unlink(f"{cluster.flags}/hang")
     wait_node(cluster, "up")
+
+
+def test_critical_xid_drains_until_an_admin_resumes():
+    """An XID line in the simulated GPUs' event file goes through the agent's NVML event thread:
+    the node is drained at once with the XID as the reason, stays drained while every other
+    check passes (and across an agent restart), and returns to service only by an admin's RESUME."""
+    base = "/tmp/hai-xid-" + os.urandom(4).hex()
+    os.makedirs(base)
+    xids = f"{base}/xids"
+    c = start_local_cluster(gpus=2, agent_toml="health_check_interval = 0.3\nallow_root_jobs = true",
+                            gpus_toml=f'simulated_xid_file = "{xids}"')
+    try:
+        time.sleep(1.0)  # the sampler's event set exists (it reads only lines written after it)
+        with open(xids, "a") as f:
+            f.write("1 13\n")  # not a critical XID: nothing happens
+        time.sleep(1.0)
+        assert node(c)["state"] == "up"
+        with open(xids, "a") as f:
+            f.write("1 79\n")
+        n = wait_node(c, "drain", "health: GPU 1 XID 79")
+        assert n["reason"].startswith("health: GPU 1 XID 79 (GPU has fallen off the bus)"), n
+        assert "XID 79" in c.cli("hinfo", "-N").stdout
+        job = c.submit("--gpus-per-node=1", "-o", "/dev/null", "--wrap", "true")
+        time.sleep(1.5)  # several passing checks, and ticks
+        assert node(c)["state"] == "drain" and c.job(job)["state"] == "PENDING"
+        agent = c.agents["local1"]
+        agent.stop()
+        agent.start()
+        time.sleep(2.0)  # the new agent reports healthy
+        assert node(c)["state"] == "drain" and node(c)["reason"] == n["reason"]
+        c.cli("hcontrol", "update", "NodeName=local1", "State=RESUME", user="root")
+        wait_node(c, "up")
+        c.wait_state(job, "COMPLETED")
+        time.sleep(1.0)
+        assert node(c)["state"] == "up"  # the XID was delivered once, not reported forever
+    finally:
+        c.close()
+        if os.path.exists(xids):
+            os.unlink(xids)
+        os.rmdir(base)

@@ -65,3 +65,15 @@ def test_full_file_system_and_unwritable_directory_fail_the_job_clearly(cluster,
     assert all(a.proc.poll() is None for a in cluster.agents.values())
     ok = cluster.submit("-o", "/dev/null", "--wrap", "echo fine")
     assert cluster.wait_state(ok, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+
+
+def test_full_file_system_fails_a_running_job(cluster, tiny_fs):
+    """A job that fills its output's file system and runs on (ignoring its write errors) is failed
+    while it runs, through the usual terminate: it does not train on for hours without its log."""
+    ensure_user(TEST_USER)
+    job_id = cluster.submit("-o", f"{tiny_fs}/out.txt", "--wrap", "head -c 1000000 /dev/zero; exec sleep 600")
+    job = cluster.wait_state(job_id, "FAILED", "COMPLETED", timeout=120)
+    assert job["state"] == "FAILED", job
+    assert job["reason"] == f"writing job output {tiny_fs}/out.txt failed: No space left on device " \
+                            f"(its file system is full)", job
+    assert all(a.proc.poll() is None for a in cluster.agents.values())

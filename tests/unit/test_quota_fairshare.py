@@ -147,3 +147,36 @@ def test_accounts_limits_and_access_config(tmp_path):
         path.write_text(text)
         with pytest.raises(ConfigError, match=re.escape(message)):
             load_controller_config(path)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_priority_class_limit_per_user(policy):
+    """[limits.classes] urgent = { max_gpus = 4 }: one user's running urgent jobs hold at most 4
+    GPUs; their normal jobs and another user's urgent jobs are not counted against it."""
+    quotas = Quotas(class_user_gpus={"urgent": 4})
+    assert quotas and not Quotas(class_user_gpus={"urgent": 0})
+    jobs = [job(1, gpus=2, priority="urgent", state=JobState.RUNNING, alloc=(("a", (0, 1)),), start=0.0),
+            job(2, gpus=2, priority="normal", state=JobState.RUNNING, alloc=(("a", (2, 3)),), start=0.0),
+            job(3, gpus=2, priority="urgent", t=1), job(4, gpus=1, priority="urgent", t=2),
+            job(5, user="v", gpus=4, priority="urgent", t=3), job(6, gpus=1, priority="normal", t=4)]
+    got = outcome(make_policy(policy).decide(snap(jobs, quotas, gpus=16)))
+    # u's urgent jobs: 2 running + 2 (job 3) = 4; job 4 would make 5
+    assert got[3] == "start" and got[4] == "QuotaLimit", got
+    assert got[5] == "start" and got[6] == "start", got
+    # a single urgent job over the class limit waits even on an empty cluster
+    assert outcome(make_policy(policy).decide(snap([job(7, gpus=5, priority="urgent")], quotas))) == {7: "QuotaLimit"}
+
+
+def test_priority_class_limits_config(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[limits]\nmax_gpus = 8\n[limits.classes]\nurgent = { max_gpus = 4 }\nhigh = { max_gpus = 6 }\n')
+    cfg = load_controller_config(path)
+    assert cfg.class_limits == (("urgent", 4), ("high", 6)) and cfg.user_limits.max_gpus == 8
+    for text, message in [('[limits.classes]\nvip = { max_gpus = 1 }\n', "limits.classes.vip: no such priority class"),
+                          ('[limits.classes]\nurgent = 3\n', "limits.classes.urgent must be a table"),
+                          ('[limits.classes]\nurgent = { max_gpus = -1 }\n', "max_gpus must be >= 0"),
+                          ('[limits.classes]\nurgent = { max_jobs = 1 }\n',
+                           "unknown key(s) in [limits.classes.urgent]: max_jobs")]:
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_controller_config(path)

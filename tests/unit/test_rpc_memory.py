@@ -93,3 +93,41 @@ def test_garbage_closes_only_that_connection():
         for t in tasks + tasks2:
             t.cancel()
     asyncio.run(main())
+
+
+def test_half_frame_then_silence_is_closed_and_whole_frames_are_not():
+    async def scenario():
+        (ra, wa), (rb, wb) = memory_pair()
+        server = RpcConnection(ra, wa, table=make_table(), name="server", frame_timeout=0.3)
+        task = asyncio.ensure_future(server.run())
+        client = RpcConnection(rb, wb, name="client")
+        client_task = asyncio.ensure_future(client.run())
+        for _ in range(3):  # healthy calls, slower than the frame timeout apart
+            assert (await client.call("echo", 1))["body"] == 1
+            await asyncio.sleep(0.4)
+        assert not server.closed
+        wb.write(HEADER.pack(100) + b"\x81")  # half a frame, then nothing
+        await asyncio.wait_for(task, 10)
+        assert server.close_reason == "incomplete frame for 0.3 s"
+        client_task.cancel()
+    asyncio.run(scenario())
+
+
+def test_idle_connection_is_closed_but_a_busy_one_is_not():
+    async def scenario():
+        (ra, wa), (rb, wb) = memory_pair()
+        server = RpcConnection(ra, wa, table=make_table(), name="server", idle_timeout=0.3)
+        task = asyncio.ensure_future(server.run())
+        client = RpcConnection(rb, wb, name="client")
+        client_task = asyncio.ensure_future(client.run())
+        for _ in range(4):  # polls keep it alive (hstat)
+            await client.call("echo", 1)
+            await asyncio.sleep(0.15)
+        # a request that takes longer than the idle time is not idleness
+        with pytest.raises(asyncio.TimeoutError):
+            await client.call("slow", None, timeout=0.6)
+        assert not server.closed
+        await asyncio.wait_for(task, 10)
+        assert server.close_reason == "idle for 0.3 s"
+        client_task.cancel()
+    asyncio.run(scenario())
