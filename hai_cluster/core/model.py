@@ -147,6 +147,7 @@ class JobView:
     dependency: str | None = None  # the store's verdict on --dependency: a pending reason, None = satisfied
     account: str = "default"  # whose limits and fair share apply (-A)
     gpu_share: GpuShare | None = None  # a sharing job: one card share per rank (gpus_per_node is 0)
+    gpu_charge: float = 0.0  # a sharing job's current run: GPU-equivalents charged (sharing.share_charge)
 
     @property
     def gpus(self) -> int:
@@ -157,10 +158,15 @@ class JobView:
         """The candidate partitions (-p a,b: whichever can start the job first); () for any."""
         return tuple(self.partition.split(",")) if self.partition else ()
 
+    @property
+    def gpu_rate(self) -> float:
+        """GPUs charged per second of a run: the whole GPUs, or a sharing run's share of its cards."""
+        return self.gpus if self.gpu_share is None else self.gpu_charge
+
     def attained(self, now: float) -> float:
         """GPU-seconds received so far, the current run included (Tiresias' 2D-LAS service)."""
         if self.run_start is not None and self.state.holds_resources:
-            return self.attained_gpu_seconds + self.gpus * max(0.0, now - self.run_start)
+            return self.attained_gpu_seconds + self.gpu_rate * max(0.0, now - self.run_start)
         return self.attained_gpu_seconds
 
     @property

@@ -74,6 +74,14 @@ class GpuShare:
         return text if self.qos == "guaranteed" else f"{text}:{self.qos}"
 
 
+def share_charge(share: GpuShare, card_memory_mb: int) -> float:
+    """GPU-equivalents one rank of `share` is charged per second on a card of `card_memory_mb` MiB
+    (attained service for the MLFQ, fair-share usage, hacct's GPU-hours): the larger of its memory
+    fraction (the fraction asked, or its MiB over the card's) and its compute fraction."""
+    mem = share.fraction if share.mem_mb is None else share.mem_mb / max(1, card_memory_mb)
+    return min(1.0, max(mem, share.compute_percent / 100))
+
+
 def _mem_text(mb: int) -> str:
     return f"{mb // 1024}G" if mb % 1024 == 0 else f"{mb}M"
 

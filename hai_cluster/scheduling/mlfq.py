@@ -352,11 +352,11 @@ class _Decision:
     def note_quantum_ends(self) -> None:
         """When a running job's quantum ends or it sinks a level, the plan may change."""
         for j in self.running:
-            if j.run_start is None or j.gpus == 0:
+            if j.run_start is None or j.gpu_rate == 0:
                 continue
             level = self.level(j)
             end = j.run_start + self.cfg.quanta[level]
             if end > self.now:
                 self.wake.append(end)
             if level < len(self.cfg.thresholds):
-                self.wake.append(self.now + (self.cfg.thresholds[level] - j.attained(self.now)) / j.gpus)
+                self.wake.append(self.now + (self.cfg.thresholds[level] - j.attained(self.now)) / j.gpu_rate)

@@ -14,7 +14,7 @@ from ..core.dependency import Target, evaluate, parse_dependency
 from ..core.jobids import parse_array
 from ..core.model import GpuInfo, JobSpec, JobView, NodeView, Placement, Snapshot
 from ..core.outcome import combine, job_state_after
-from ..core.sharing import share_of
+from ..core.sharing import share_charge, share_of
 from ..core.states import ACTIVE_STATES, FINAL_STATES, JobState
 from .schema import gpus, jobs, nodes, run_ranks, runs
 
@@ -78,14 +78,15 @@ def _shared(ranks) -> tuple[tuple[int, int, int, int], ...]:
 
 
 def _with_shares(c, rows: list[dict]) -> list[dict]:
-    """Add gpu_share_mb, the card memory the current run of a sharing job got (rank 0's)."""
+    """Add gpu_share_mb, the card memory the current run of a sharing job got (rank 0's), and
+    gpu_charge, the GPU-equivalents that run is charged."""
     ids = [r["id"] for r in rows if r.get("gpu_fraction") is not None or r.get("gpu_mem_mb") is not None]
     if ids:
-        given = dict(c.execute(select(runs.c.job_id, run_ranks.c.gpu_mem_mb).join(runs, runs.c.id == run_ranks.c.run_id)
-                               .where(runs.c.job_id.in_(ids), run_ranks.c.rank == 0,
-                                      run_ranks.c.state != "ended")).all())
+        given = {j: (mb, charge) for j, mb, charge in c.execute(
+            select(runs.c.job_id, run_ranks.c.gpu_mem_mb, runs.c.gpu_charge).join(runs, runs.c.id == run_ranks.c.run_id)
+            .where(runs.c.job_id.in_(ids), run_ranks.c.rank == 0, run_ranks.c.state != "ended"))}
         for r in rows:
-            r["gpu_share_mb"] = given.get(r["id"])
+            r["gpu_share_mb"], r["gpu_charge"] = given.get(r["id"], (None, None))
     return rows
 
 
@@ -249,7 +250,7 @@ class Repository:
 
     @staticmethod
     def _live_ranks(c) -> list:
-        return c.execute(select(run_ranks, runs.c.job_id).join(runs, runs.c.id == run_ranks.c.run_id)
+        return c.execute(select(run_ranks, runs.c.job_id, runs.c.gpu_charge).join(runs, runs.c.id == run_ranks.c.run_id)
                          .where(run_ranks.c.state != "ended").order_by(run_ranks.c.rank)).all()
 
     @staticmethod
@@ -290,7 +291,8 @@ class Repository:
             preemptible=j.preemptible, pending_since=j.pending_since, last_run_end=j.last_run_end,
             time_limit=j.time_limit, runtime=j.runtime, begin_time=j.begin_time, array_job_id=j.array_job_id,
             array_task_limit=j.array_task_limit, dependency=dependency, account=j.account or "default",
-            gpu_share=share_of(j.gpu_fraction, j.gpu_mem_mb, j.gpu_compute, j.gpu_qos))
+            gpu_share=share_of(j.gpu_fraction, j.gpu_mem_mb, j.gpu_compute, j.gpu_qos),
+            gpu_charge=(ranks[0].gpu_charge or 0.0) if ranks else 0.0)
 
     def set_reasons(self, reasons: Mapping[int, str]) -> dict[int, str]:
         """Store the pending reasons that changed (most do not, tick after tick); returns those."""
@@ -338,8 +340,9 @@ class Repository:
                 return None
             run_id = c.execute(insert(runs).values(
                 job_id=job_id, attempt=attempt, state=JobState.RUNNING.value, start_time=now,
-                # Whole GPUs held: a card share counts none (sharing jobs are not charged GPU-time).
+                # Whole GPUs held: a card share counts none; it is charged its share (gpu_charge).
                 nodelist=",".join(placement.nodes), gpus=0 if placement.shares else sum(len(g) for g in placement.gpus),
+                gpu_charge=self._share_charge(c, job, placement) if placement.shares else None,
             )).inserted_primary_key[0]
             for rank, (name, gpu_ids) in enumerate(zip(placement.nodes, placement.gpus)):
                 c.execute(insert(run_ranks).values(
@@ -348,6 +351,16 @@ class Repository:
                     gpu_mem_mb=placement.shares[rank][0] if placement.shares else None,
                     gpu_compute=placement.shares[rank][1] if placement.shares else None))
             return {**_row(job), "partition": partition, "attempt": attempt, "run_id": run_id}
+
+    @staticmethod
+    def _share_charge(c, job, placement: Placement) -> float:
+        """The GPU-equivalents a sharing run is charged: each rank's share of its card."""
+        share = share_of(job.gpu_fraction, job.gpu_mem_mb, job.gpu_compute, job.gpu_qos)
+        total = 0.0
+        for name, gpu_ids in zip(placement.nodes, placement.gpus):
+            mem = c.execute(select(gpus.c.memory_mb).where(gpus.c.node == name, gpus.c.index == gpu_ids[0])).scalar()
+            total += share_charge(share, mem or 0)
+        return round(total, 6)
 
     @staticmethod
     def _share_still_fits(c, node: str, gpu_ids, share: Sequence[int], live) -> bool:
@@ -423,7 +436,7 @@ class Repository:
                 exit_signal=outcome.signal, reason=why))
             spec = JobSpec.from_wire(job.spec)
             new_state = job_state_after(outcome.state, spec.requeue)
-            gpu_seconds = max(0.0, end - run.start_time) * run.gpus
+            gpu_seconds = max(0.0, end - run.start_time) * (run.gpu_charge or run.gpus)
             values: dict[str, Any] = dict(
                 state=new_state.value, exit_code=outcome.exit_code, exit_signal=outcome.signal,
                 end_request=None, end_reason=None, last_run_end=end,

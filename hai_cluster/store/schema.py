@@ -83,6 +83,7 @@ runs = Table(
     Column("energy_j", Float),  # joules drawn by the run's GPUs
     Column("cpu_mean", Float),  # percent of one CPU, per rank, averaged
     Column("telemetry_samples", Integer),
+    Column("gpu_charge", Float),  # 0014: a sharing run's GPU-equivalents (core.sharing.share_charge)
     UniqueConstraint("job_id", "attempt", name="uq_runs_job_attempt"),
 )
 

@@ -209,3 +209,40 @@ def test_without_topology_the_lowest_free_indices():
     uniform = replace(n, gpus=tuple(replace(g, links=tuple((p, 18, 0) for p in range(8) if p != g.index))
                                     for g in n.gpus))
     assert [choose_cards(uniform, k) for k in (1, 2, 4)] == [(0,), (0, 2), (0, 2, 3, 5)]
+
+
+# ---- charging ------------------------------------------------------------------------------------
+
+def test_share_charge_is_the_larger_of_memory_and_compute():
+    from hai_cluster.core.sharing import share_charge
+    assert share_charge(GpuShare(fraction=0.25), CARD) == 0.25
+    assert share_charge(GpuShare(fraction=0.3), CARD) == 0.3  # compute ceil(30.0) = 30 %
+    assert share_charge(GpuShare(mem_mb=40960), CARD) == 0.5  # 40 of 80 GiB, no compute asked
+    assert share_charge(GpuShare(mem_mb=8192, compute=30), CARD) == 0.3  # 0.1 memory, 0.3 compute
+    assert share_charge(GpuShare(mem_mb=8192, compute=5, qos="best-effort"), CARD) == 0.1  # memory wins
+    assert share_charge(GpuShare(mem_mb=8192), 40960) == 0.2  # the same memory on a 40 GiB card
+
+
+def test_a_sharing_run_attains_service_by_its_share():
+    job = replace(sharing(1, 0.25, state=JobState.RUNNING, alloc=[("a", (0,))], start=100.0),
+                  attained_gpu_seconds=50.0, gpu_charge=0.25)
+    assert job.gpu_rate == 0.25 and job.attained(500.0) == 50.0 + 0.25 * 400
+    assert whole(2, 2).gpu_rate == 2  # whole GPUs unchanged
+
+
+def test_mlfq_demotes_a_long_sharing_job():
+    # A 0.5 share that has run 7300 s has 3650 GPU-seconds: past the first threshold (3600), level 1.
+    long = replace(sharing(1, 0.5, state=JobState.RUNNING, alloc=[("a", (0,))], start=0.0), gpu_charge=0.5)
+    n = replace(node(cards=1), used_gpus=frozenset({0}), shared=((0, 40960, 50, 1),))
+    from hai_cluster.scheduling.mlfq import _Decision
+    assert _Decision(MlfqConfig(), Snapshot(now=7100.0, jobs=(long,), nodes=(n,))).level(long) == 0  # 3550
+    assert _Decision(MlfqConfig(), Snapshot(now=7300.0, jobs=(long,), nodes=(n,))).level(long) == 1
+    # At 7100 the policy wakes when the share crosses 3600: (3600 - 3550) / 0.5 = 100 s later.
+    assert MlfqPolicy(MlfqConfig()).decide(Snapshot(now=7100.0, jobs=(long,), nodes=(n,))).wake_at == 7200.0
+    # Requeued after that run, it waits behind a new sharing job when the card has room for one.
+    requeued = sharing(3, 0.5, state=JobState.PENDING)
+    requeued = replace(requeued, attained_gpu_seconds=3650.0, submit_time=0.0)
+    other = replace(node(cards=1), used_gpus=frozenset({0}), shared=((0, 40960, 50, 1),))
+    plan = MlfqPolicy(MlfqConfig(starvation_factor=0)).decide(
+        Snapshot(now=8000.0, jobs=(requeued, sharing(4, 0.5)), nodes=(other,)))
+    assert [s.job_id for s in plan.starts] == [4] and plan.waits[0].job_id == 3

@@ -60,3 +60,10 @@ def test_views_from_the_controller_reply(capsys):
     assert [ACCT[k](row) for k in ("gpuutil", "maxgpuutil", "maxgpumem", "energy", "avecpu")] == \
         ["90.0%", "90%", "4.0G", "1.8K", "99.5%"]
     assert [ACCT[k]({}) for k in ("gpuutil", "maxgpumem", "energy")] == ["", "", ""]  # no samples: empty
+
+
+def test_hacct_charges_a_sharing_run_its_share():
+    run = {"gpus": 0, "gpu_charge": 0.25, "start_time": 100.0, "end_time": 7300.0, "now": 9000.0}
+    assert ACCT["allocgpus"](run) == "0.25" and ACCT["gpuhours"](run) == "0.50"  # 2 h x 0.25
+    whole = {"gpus": 2, "gpu_charge": None, "start_time": 100.0, "end_time": 3700.0, "now": 9000.0}
+    assert ACCT["allocgpus"](whole) == "2" and ACCT["gpuhours"](whole) == "2.00"

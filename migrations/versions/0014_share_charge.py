@@ -1,0 +1,24 @@
+"""Sharing runs are charged GPU-time by their share: the GPU-equivalents a run is charged per
+second (runs.gpu_charge; NULL for whole-GPU runs, which are charged runs.gpus).
+
+Revision ID: 0014
+Revises: 0011
+Create Date: 2026-11-30
+"""
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0014"
+down_revision = "0011"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("runs") as batch:
+        batch.add_column(sa.Column("gpu_charge", sa.Float))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("runs") as batch:
+        batch.drop_column("gpu_charge")
