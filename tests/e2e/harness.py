@@ -186,16 +186,16 @@ def start_ssh_cluster(ssh_nodes, *, gpus_per_node: int, scheduler_toml: str = ""
 
 
 def start_local_cluster(*, database: str | None = None, gpus: int = 2, tick: float = 0.3, node: str = "local1",
-                        agent_toml: str = "", controller_toml: str = "") -> Cluster:
+                        agent_toml: str = "", controller_toml: str = "", gpus_toml: str = "") -> Cluster:
     """A controller and one agent on this machine over the local transport (no sshd), for tests
     about the controller itself. `database` defaults to SQLite in the cluster's directory;
-    `controller_toml` is added to the [controller] table."""
+    `controller_toml` is added to the [controller] table, `gpus_toml` to the agent's [gpus]."""
     base = Path(tempfile.mkdtemp(prefix="hai-local-", dir="/tmp"))
     os.chmod(base, 0o755)
     url = database or f"sqlite:///{base}/hai.db"
     (base / "agent.toml").write_text(f'[agent]\nname = "{node}"\nsocket = "{base}/agent.sock"\n'
                                      f'spool = "{base}/spool"\n{agent_toml}\n'
-                                     f'[gpus]\nbackend = "simulated"\nsimulated_count = {gpus}\n')
+                                     f'[gpus]\nbackend = "simulated"\nsimulated_count = {gpus}\n{gpus_toml}\n')
     (base / "controller.toml").write_text(
         f'[controller]\nsocket = "{base}/ctl.sock"\ndatabase = "{url}"\ntick_seconds = {tick}\n{controller_toml}\n'
         f'[[nodes]]\nname = "{node}"\ntransport = "local"\nagent_socket = "{base}/agent.sock"\n')

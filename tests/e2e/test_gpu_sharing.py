@@ -98,3 +98,34 @@ def test_bad_sharing_requests_submit_nothing(cluster):
         proc = cluster.cli("hsubmit", *args, "--wrap", "true", check=False)
         assert proc.returncode != 0 and text in proc.stderr, proc.stderr
     assert cluster.call("jobs", {"all": True})["jobs"] == []
+
+
+def test_sharing_jobs_get_mig_instances_by_uuid():
+    c = start_local_cluster(gpus=1, agent_toml='[sharing]\ngpus = [0]\nmps_control = "/nonexistent/mps"\n',
+                            gpus_toml='simulated_mig_layout = { 0 = ["3g.40gb", "2g.20gb"] }')
+    try:
+        home = user_dir(c.workdir, TEST_USER)
+        flag = home / "go"
+        job = f"env > {home}/env.$HAI_JOB_ID; while [ ! -e {flag} ]; do sleep 0.1; done"
+        quarter = c.submit("--gpus-per-node=0.25", "--wrap", job)  # 20 GiB, 25 %: the 2g.20gb
+        big = c.submit("--gpu-mem=30G", "--wrap", job)  # only the 3g.40gb holds 30 GiB
+        third = c.submit("--gpu-mem=1G", "--wrap", job)  # both instances taken: waits
+        envs = {}
+        for j in (quarter, big):
+            c.wait_state(j, "RUNNING")
+            path = home / f"env.{j}"
+            wait_for(path.exists, 30, what=f"job {j}'s environment")
+            envs[j] = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+        assert envs[quarter]["CUDA_VISIBLE_DEVICES"] == "MIG-sim-local1-0-1"
+        assert envs[quarter]["HAI_GPU_ISOLATION"] == "mig" and envs[quarter]["HAI_GPU_SHARE_MB"] == "20480"
+        assert envs[big]["CUDA_VISIBLE_DEVICES"] == "MIG-sim-local1-0-0"
+        assert envs[big]["HAI_GPU_MIG_PROFILE"] == "3g.40gb"
+        assert not any(k.startswith("CUDA_MPS") for e in envs.values() for k in e)  # no MPS under MIG
+        assert c.call("jobs", {"ids": [third]})["jobs"][0]["state"] == "PENDING"
+        assert "Isolation=mig" in c.cli("hcontrol", "show", "node").stdout
+        flag.touch()
+        for j in (quarter, big, third):
+            assert c.wait_state(j, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+        assert "CUDA_VISIBLE_DEVICES=MIG-sim-local1-0-1\n" in (home / f"env.{third}").read_text()
+    finally:
+        c.close()

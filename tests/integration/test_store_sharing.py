@@ -86,3 +86,25 @@ def test_sharing_runs_are_charged_their_share(repo):
     assert repo.job(half)["attained_gpu_seconds"] == pytest.approx(200.0)
     run = repo.runs(job_ids=[half])[0]
     assert run["gpus"] == 0 and run["gpu_charge"] == 0.5
+
+
+def test_mig_instances_in_the_store(repo):
+    layout = [["MIG-a", "3g.40gb", 40960, 42], ["MIG-b", "2g.20gb", 20480, 28]]
+    repo.update_inventory("a", {"cpus": 8, "mem_mb": 1000, "gpu_backend": "simulated", "gpus": [
+        {"index": 0, "uuid": "a0", "name": "sim", "memory_mb": 81920, "shareable": True, "isolation": "mig",
+         "mig": layout}]}, now=2)
+    one, two, three = (submit(repo, gpu_fraction=0.25) for _ in range(3))
+    assert repo.start_run(one, Placement(("a",), ((0,),), shares=((20480, 28),), mig=("MIG-b",)), now=3) is not None
+    # The instance is taken, or its amounts differ from the layout's, or no instance is named: refused.
+    assert repo.start_run(two, Placement(("a",), ((0,),), shares=((20480, 28),), mig=("MIG-b",)), now=3) is None
+    assert repo.start_run(two, Placement(("a",), ((0,),), shares=((20480, 28),), mig=("MIG-a",)), now=3) is None
+    assert repo.start_run(two, Placement(("a",), ((0,),), shares=((20480, 25),)), now=3) is None
+    started = repo.start_run(two, Placement(("a",), ((0,),), shares=((40960, 42),), mig=("MIG-a",)), now=3)
+    assert started["gpu_mig"] == ["MIG-a"]
+    snap = repo.load_snapshot(now=4)
+    (node,) = snap.nodes
+    assert node.gpus[0].mig == tuple(tuple(m) for m in layout) and node.mig_used == {"MIG-a", "MIG-b"}
+    views = {v.id: v for v in snap.jobs}
+    assert views[one].mig == ("MIG-b",) and views[three].mig == ()
+    assert views[two].gpu_charge == 0.5  # the whole 3g.40gb: half the memory beats 42 % compute
+    assert repo.job(one)["gpu_mig"] == ["MIG-b"]

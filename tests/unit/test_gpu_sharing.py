@@ -246,3 +246,51 @@ def test_mlfq_demotes_a_long_sharing_job():
     plan = MlfqPolicy(MlfqConfig(starvation_factor=0)).decide(
         Snapshot(now=8000.0, jobs=(requeued, sharing(4, 0.5)), nodes=(other,)))
     assert [s.job_id for s in plan.starts] == [4] and plan.waits[0].job_id == 3
+
+
+# ---- MIG -----------------------------------------------------------------------------------------
+
+LAYOUT = (("MIG-a", "3g.40gb", 40960, 42), ("MIG-b", "2g.20gb", 20480, 28), ("MIG-c", "2g.20gb", 20480, 28))
+
+
+def mig_node(cards=1):
+    return NodeView(name="m", gpus=tuple(GpuInfo(i, f"m{i}", "sim", CARD, shareable=True, isolation="mig",
+                                                 mig=LAYOUT if i == 0 else ()) for i in range(cards)),
+                    cpus=64, mem_mb=10**6, partitions=("gpu",))
+
+
+def test_a_share_takes_the_smallest_mig_instance_that_holds_it():
+    nodes = {"m": mig_node()}
+    # 0.25 of 80 GiB = 20 GiB and 25 % compute: a 2g.20gb instance (28 %), the first of the two.
+    quarter = place(sharing(1, 0.25), nodes)
+    assert quarter.mig == ("MIG-b",) and quarter.shares == ((20480, 28),) and quarter.gpus == ((0,),)
+    reserve(sharing(1, 0.25), quarter, nodes)
+    assert nodes["m"].mig_used == {"MIG-b"} and place(sharing(2, 0.25), nodes).mig == ("MIG-c",)
+    # 30 GiB only fits the 3g.40gb; 35 % compute too (2g has 28 %).
+    assert place(sharing(3, mem=30720), nodes).mig == ("MIG-a",)
+    assert place(sharing(4, mem=8192, compute=35), nodes).mig == ("MIG-a",)
+    # One job per instance: three jobs fill the layout, a fourth (however small) waits.
+    for i, job in enumerate((sharing(5, 0.25), sharing(6, mem=1024)), start=5):
+        p = place(job, nodes)
+        reserve(job, p, nodes)
+    assert nodes["m"].mig_used == {"MIG-a", "MIG-b", "MIG-c"}
+    assert place(sharing(7, mem=1024), nodes) is None
+    assert "no free MIG instance" in fits(sharing(7, mem=1024), nodes["m"]).reason
+    # Nothing on the layout holds 50 GiB: refused at submission (could never fit).
+    assert not could_ever_fit(sharing(8, mem=51200), (mig_node(),))
+
+
+def test_releasing_a_mig_share_frees_its_instance():
+    nodes = {"m": mig_node()}
+    job = sharing(1, mem=30720)
+    p = place(job, nodes)
+    reserve(job, p, nodes)
+    running = replace(job, state=JobState.RUNNING, allocation=(("m", (0,)),), mig=p.mig)
+    release(running, "m", (0,), nodes)
+    assert nodes["m"].mig_used == frozenset() and card_use(nodes["m"]) == {} and nodes["m"].used_gpus == set()
+
+
+def test_mig_cards_are_not_given_whole_while_instances_are_held():
+    nodes = {"m": mig_node(cards=2)}
+    reserve(sharing(1, 0.25), place(sharing(1, 0.25), nodes), nodes)
+    assert place(whole(2, 2), nodes) is None and place(whole(2, 1), nodes).gpus == ((1,),)
