@@ -159,7 +159,10 @@ class _Decision:
         rr = (j.last_run_end or -math.inf) if lowest else 0.0
         # Within a level and class: the higher fair-share factor (less past use for its shares) first.
         share = self.snap.fairshare.get((j.account, j.user), 1.0)
-        return (0 if rank == 0 else 1, level, rank, rr, -share, j.submit_time, j.id)
+        # Best-effort shares only use what is left: after the rest of their level and class (a
+        # guaranteed share that preempted one must not lose the card to it again).
+        best_effort = j.gpu_share is not None and j.gpu_share.qos == "best-effort"
+        return (0 if rank == 0 else 1, level, rank, best_effort, rr, -share, j.submit_time, j.id)
 
     # ---- the pass ----------------------------------------------------------------------
     def run(self) -> Plan:

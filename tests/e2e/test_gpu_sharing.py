@@ -91,6 +91,34 @@ def test_sharing_jobs_share_one_card_under_mps(cluster):
     assert "CUDA_VISIBLE_DEVICES=0\n" in env and "CUDA_MPS" not in env
 
 
+def test_guaranteed_share_preempts_a_best_effort_one_which_resumes(cluster):
+    # Card 0 (80 GiB) holds a best-effort job's 60 GiB; a guaranteed job asks for 40 GiB of it.
+    repo = Path(__file__).resolve().parents[2]
+    home = user_dir(cluster.workdir, TEST_USER)
+    flag = home / "online-done"
+    offline = cluster.submit("--gpu-mem=60G", "--gpu-qos=best-effort", "--grace=20", "-o", "offline-%j.out",
+                             str(repo / "examples" / "train_loop.sh"), "400", "0.05", "10",
+                             env={"HAI_EXAMPLES": str(repo / "examples")})
+    cluster.wait_state(offline, "RUNNING")
+    steps = home / ".hai" / "checkpoints" / str(offline) / "steps.log"
+    wait_for(steps.exists, 30, what="the best-effort job's first steps")
+    online = cluster.submit("--gpu-mem=40G", "--wrap", f"while [ ! -e {flag} ]; do sleep 0.1; done")
+    cluster.wait_state(online, "RUNNING", timeout=60)
+    job = cluster.job(offline)
+    assert job["state"] == "PENDING" and job["restart_count"] == 1
+    first = job["runs"][0]
+    assert first["state"] == "PREEMPTED" and "exited within its grace period" in first["reason"]
+    events = cluster.cli("hcontrol", "show", "events", str(offline), user="root").stdout
+    assert f"for_job={online}" in events and "best-effort share of local1 GPU 0 goes to guaranteed job" in events
+    flag.touch()
+    assert cluster.wait_state(online, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    assert cluster.wait_state(offline, "COMPLETED", "FAILED", timeout=120)["state"] == "COMPLETED"
+    # The second run continued from the checkpoint: every step once, over two runs.
+    text = steps.read_text().splitlines()
+    flat = [int(line.split("step=")[1]) for line in text]
+    assert flat == list(range(1, 401)) and {line.split()[0] for line in text} == {"run=0", "run=1"}
+
+
 def test_bad_sharing_requests_submit_nothing(cluster):
     for args, text in ((["--gpus-per-node=1.5"], "a fraction of a GPU must be below 1"),
                        (["--gpu-compute=30"], "only for a share of a GPU"),

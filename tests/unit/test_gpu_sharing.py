@@ -294,3 +294,12 @@ def test_mig_cards_are_not_given_whole_while_instances_are_held():
     nodes = {"m": mig_node(cards=2)}
     reserve(sharing(1, 0.25), place(sharing(1, 0.25), nodes), nodes)
     assert place(whole(2, 2), nodes) is None and place(whole(2, 1), nodes).gpus == ((1,),)
+
+
+def test_a_preempted_best_effort_share_does_not_take_the_card_back():
+    # Job 1 (best-effort, 60 GiB) was preempted for job 2 (guaranteed, 40 GiB) and is pending again,
+    # older than job 2: the freed card goes to job 2 and job 1 waits, instead of the two trading places.
+    be = replace(sharing(1, mem=61440, qos="best-effort"), restart_count=1)
+    snap = Snapshot(now=5.0, jobs=(be, sharing(2, mem=40960)), nodes=(node(cards=1),))
+    plan = MlfqPolicy(MlfqConfig()).decide(snap)
+    assert [s.job_id for s in plan.starts] == [2] and [(w.job_id, w.reason) for w in plan.waits] == [(1, "Resources")]
