@@ -73,6 +73,13 @@ def test_sharing_jobs_share_one_card_under_mps(cluster):
     rows = cluster.cli("hqueue", "-h", "-o", "%i %b").stdout.split("\n")
     shown = dict(r.split() for r in rows if r.strip())
     assert shown == {str(quarter): "gpu:0.25(20G)", str(best_effort): "gpu:8G,30%:best-effort"}
+    # Telemetry maps the card's processes to runs: each job's own GPU memory (the simulated card
+    # splits its 4 GiB of process memory between the two processes on it), against its share.
+    def used():
+        rows = cluster.cli("hqueue", "-h", "-o", "%i %G").stdout.split("\n")
+        return dict(r.split() for r in rows if r.strip())
+    wait_for(lambda: used() == {str(quarter): "2.0G/20.0G", str(best_effort): "2.0G/8.0G"}, 30,
+             what="per-job GPU memory against the share")
     assert "TresPerNode=gres/gpu:0.25(20G)" in cluster.cli("hcontrol", "show", "job", str(quarter)).stdout
     node = cluster.cli("hcontrol", "show", "node").stdout
     assert "Isolation=mps SharedGpus=1" in node and "GresUsed=gpu:1 " in node  # one card, two shares
