@@ -33,6 +33,8 @@ class SimulatedGpus:
     mig: tuple[int, ...] = ()  # cards in MIG mode
     # A file the fake NVML's event set reads XIDs from ("GPU XID" per line, appended); "" = no event sets.
     xid_file: str = ""
+    # The admin's MIG layout per card, (index, profiles such as "3g.40gb"); those cards are in MIG mode.
+    mig_layout: tuple[tuple[int, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -318,6 +320,7 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
             default_level=g.get("simulated_default_level", int, 50),
             mig=_indices(g, "simulated_mig"),
             xid_file=resolve(path, x) if (x := g.get("simulated_xid_file", str, "")) else "",
+            mig_layout=_mig_layout(g, "simulated_mig_layout"),
         ),
         isolation=isolation,
         telemetry=telemetry,
@@ -412,6 +415,23 @@ def _xids(sec: _Section, key: str) -> tuple[int, ...]:
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
         raise ConfigError(f"{sec.path}: {sec.where}.{key} must be a list of XID numbers, got {value!r}")
     return tuple(value)
+
+
+def _mig_layout(sec: _Section, key: str) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    """{ 0 = ["3g.40gb", "2g.20gb"] }: MIG instances per card, at most MIG_SLICES compute slices."""
+    from .core.sharing import MIG_SLICES, mig_profile
+    out = []
+    for card, profiles in sec.get(key, dict, {}).items():
+        where = f"{sec.path}: {sec.where}.{key}.{card}"
+        if not str(card).isdigit():
+            raise ConfigError(f"{where}: the key must be a GPU index")
+        if not isinstance(profiles, list) or not profiles or not all(
+                isinstance(p, str) and mig_profile(p) for p in profiles):
+            raise ConfigError(f"{where} must be a list of MIG profiles such as \"3g.40gb\"")
+        if sum(mig_profile(p)[0] for p in profiles) > MIG_SLICES:
+            raise ConfigError(f"{where}: the profiles take more than the card's {MIG_SLICES} compute slices")
+        out.append((int(card), tuple(profiles)))
+    return tuple(sorted(out))
 
 
 def _triples(sec: _Section, key: str) -> tuple[tuple[int, int, int], ...]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..config import AgentConfig
 from ..core.model import GpuInfo
+from ..core.sharing import mig_compute, mig_profile
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,34 @@ def discover(nvml: Any, sharing: Any = None) -> list[GpuInfo]:
         return gpus
     finally:
         nvml.nvmlShutdown()
+
+
+def mig_devices(nvml: Any, handle: Any) -> tuple[tuple[str, str, int, int], ...]:
+    """The MIG instances the admin created on a card in MIG mode: (UUID, profile, MiB, compute %).
+    Defensive: an instance whose profile NVML does not name in a way we know is left out (we
+    cannot tell its compute share), and a driver without the calls gives none."""
+    try:
+        count = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))
+    except Exception:
+        return ()
+    out = []
+    for i in range(count):
+        try:
+            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+        except Exception:  # NVML_ERROR_NOT_FOUND: no instance in this slot
+            continue
+        try:
+            uuid, name = _text(nvml.nvmlDeviceGetUUID(mig)), _text(nvml.nvmlDeviceGetName(mig))
+            memory_mb = int(nvml.nvmlDeviceGetMemoryInfo(mig).total) // MIB
+        except Exception as exc:
+            log.warning("MIG device %d: %s; left out", i, exc)
+            continue
+        profile = mig_profile(name)
+        if profile is None:
+            log.warning("MIG device %s: profile not recognized in %r; left out", uuid, name)
+            continue
+        out.append((uuid, f"{profile[0]}g.{profile[1]}gb", memory_mb, mig_compute(profile[0])))
+    return tuple(out)
 
 
 NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS (H100/H200: 18)
@@ -126,14 +155,21 @@ def _sharing_mode(nvml: Any, handle: Any, gpu: GpuInfo, sharing: Any) -> GpuInfo
         pass
     if isolation == "none" and mps_available(sharing):
         isolation = "mps"
-    # MIG cards are reported but not offered: placing shares on MIG instances is not implemented.
-    offered = gpu.index in sharing.gpus and (isolation == "mps" or (isolation == "none" and sharing.allow_unisolated))
-    return replace(gpu, isolation=isolation, shareable=offered)
+    layout = mig_devices(nvml, handle) if isolation == "mig" else ()
+    # A MIG card takes shares on its instances (one job each), so only when it has some.
+    offered = gpu.index in sharing.gpus and (isolation == "mps" or (isolation == "mig" and bool(layout))
+                                             or (isolation == "none" and sharing.allow_unisolated))
+    return replace(gpu, isolation=isolation, shareable=offered, mig=layout)
 
 
 class _Memory:
     def __init__(self, total: int) -> None:
         self.total, self.free, self.used = total, total, 0
+
+
+class _MigHandle:
+    def __init__(self, card: int, slot: int, profile: str) -> None:
+        self.card, self.slot, self.profile = card, slot, profile
 
 
 class SimulatedNvml:
@@ -146,12 +182,13 @@ class SimulatedNvml:
         pass
 
     def __init__(self, node: str, count: int, model: str, memory_mb: int, nvlinks=(), levels=(),
-                 default_level: int = 50, mig=()) -> None:
+                 default_level: int = 50, mig=(), mig_layout=()) -> None:
         self._node, self._count, self._model, self._memory_mb = node, count, model, memory_mb
         self._initialized = 0
         self._levels = {(min(a, b), max(a, b)): lvl for a, b, lvl in levels}
         self._default_level = default_level
-        self._mig = set(mig)
+        self._layout = {card: tuple(profiles) for card, profiles in mig_layout}
+        self._mig = set(mig) | set(self._layout)
         # Links laid out as on a board: link slots numbered per card, each pointing at a peer.
         self._links: dict[int, list[int]] = {}
         for a, b, n in nvlinks:
@@ -183,15 +220,32 @@ class SimulatedNvml:
 
     def nvmlDeviceGetUUID(self, handle: int) -> str:
         self._check()
+        if isinstance(handle, _MigHandle):
+            return f"MIG-sim-{self._node}-{handle.card}-{handle.slot}"
         return f"GPU-sim-{self._node}-{handle}"
 
     def nvmlDeviceGetName(self, handle: int) -> str:
         self._check()
-        return self._model
+        return f"{self._model} MIG {handle.profile}" if isinstance(handle, _MigHandle) else self._model
 
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> _Memory:
         self._check()
+        if isinstance(handle, _MigHandle):
+            return _Memory(mig_profile(handle.profile)[1] * 1024 * MIB)
         return _Memory(self._memory_mb * MIB)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: int) -> int:
+        self._check()
+        if handle not in self._mig:
+            raise self.NVMLError("Not Supported")
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: int, index: int) -> _MigHandle:
+        self._check()
+        layout = self._layout.get(handle, ())
+        if index >= len(layout):
+            raise self.NVMLError("Not Found")
+        return _MigHandle(handle, index, layout[index])
 
     def nvmlDeviceGetTopologyCommonAncestor(self, a: int, b: int) -> int:
         self._check()
@@ -230,7 +284,8 @@ class _Pci:
 
 def simulated_nvml(cfg: AgentConfig) -> SimulatedNvml:
     s = cfg.simulated
-    return SimulatedNvml(cfg.name, s.count, s.model, s.memory_mb, s.nvlinks, s.levels, s.default_level, s.mig)
+    return SimulatedNvml(cfg.name, s.count, s.model, s.memory_mb, s.nvlinks, s.levels, s.default_level, s.mig,
+                         s.mig_layout)
 
 
 def _real_nvml() -> Any:

@@ -8,9 +8,9 @@ isolation, as the inventory found it, decides the enforcement:
   compute cap (their share is a floor the scheduler keeps free); best-effort jobs run at MPS's
   lower client priority.
 - none: time-slicing only; the card is offered for sharing only when [sharing] allow_unisolated.
-- mig: detected and reported; the inventory does not offer MIG cards for sharing (MIG instance
-  placement is not implemented).
-Every sharing run sees its card by UUID in CUDA_VISIBLE_DEVICES, and HAI_GPU_SHARE_MB /
+- mig: the scheduler gave the run one instance of the card's MIG layout (spec.gpu_share["mig"]);
+  the job sees that instance alone (CUDA_VISIBLE_DEVICES=MIG-...), isolated in hardware, no MPS.
+Every other sharing run sees its card by UUID in CUDA_VISIBLE_DEVICES, and HAI_GPU_SHARE_MB /
 HAI_GPU_SHARE_COMPUTE / HAI_GPU_ISOLATION say what it was given.
 """
 from __future__ import annotations
@@ -43,14 +43,17 @@ class Shares:
         """The spec with the share's environment added (unchanged for whole-GPU runs)."""
         if spec.gpu_share is None:
             return spec
-        share = GpuShare(**spec.gpu_share)
+        instance = spec.gpu_share.get("mig") or ""
+        share = GpuShare(**{k: v for k, v in spec.gpu_share.items() if k != "mig"})
         if len(spec.gpus) != 1 or spec.gpus[0] not in self.cards:
             raise ShareError(f"a GPU share needs one GPU of this node, got {list(spec.gpus)}")
         card = self.cards[spec.gpus[0]]
         if not card.shareable:
             raise ShareError(f"GPU {card.index} is not offered for sharing on this node")
-        mem = share.mem_on(card)
         env = dict(spec.environment)
+        if card.isolation == "mig" or instance:
+            return replace(spec, environment={**env, **self._mig_env(card, instance, share)})
+        mem = share.mem_on(card)
         env.update(CUDA_VISIBLE_DEVICES=card.uuid, HAI_GPU_SHARE_MB=str(mem),
                    HAI_GPU_SHARE_COMPUTE=str(share.compute_percent), HAI_GPU_ISOLATION=card.isolation,
                    HAI_GPU_QOS=share.qos)
@@ -67,6 +70,16 @@ class Shares:
             if share.qos == "best-effort":
                 env["CUDA_MPS_CLIENT_PRIORITY"] = "1"  # below normal
         return replace(spec, environment=env)
+
+    @staticmethod
+    def _mig_env(card: GpuInfo, instance: str, share: GpuShare) -> dict[str, str]:
+        """A MIG instance of the card's layout, as the job sees it."""
+        layout = {m[0]: m for m in card.mig}
+        if card.isolation != "mig" or instance not in layout:
+            raise ShareError(f"GPU {card.index} has no MIG instance {instance or '(none given)'}")
+        _uuid, profile, mem, compute = layout[instance]
+        return {"CUDA_VISIBLE_DEVICES": instance, "HAI_GPU_SHARE_MB": str(mem), "HAI_GPU_SHARE_COMPUTE": str(compute),
+                "HAI_GPU_ISOLATION": "mig", "HAI_GPU_MIG_PROFILE": profile, "HAI_GPU_QOS": share.qos}
 
     def release_idle(self, live: Iterable[RunSpec]) -> None:
         """Stop the MPS daemons that no live sharing run uses any more."""

@@ -197,10 +197,12 @@ def _gpu_share(d: dict, gpus: list) -> dict[str, Any] | None:
     share = d.get("gpu_share")
     if share is None:
         return None
-    check_keys("spec.gpu_share", share, ("fraction", "mem_mb", "compute", "qos"))
+    check_keys("spec.gpu_share", share, ("fraction", "mem_mb", "compute", "qos"), ("mig",))
+    if not isinstance(share.get("mig", ""), str):
+        raise SpecError("spec.gpu_share.mig must be a MIG instance UUID")
     from ..core.sharing import GpuShare  # checks the values; light (pure core)
     try:
-        GpuShare(**share)
+        GpuShare(**{k: v for k, v in share.items() if k != "mig"})
     except (TypeError, ValueError) as exc:
         raise SpecError(f"spec.gpu_share: {exc}") from None
     if len(gpus) != 1:

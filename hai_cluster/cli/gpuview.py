@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from .jobfields import nodelist
-from .telemetry_fmt import energy, mib, num, pct
+from .telemetry_fmt import energy, mib, num, pct, used_of_share
 
 GPU_HEADERS = ["NODELIST", "GPU", "NAME", "JOBID", "UTIL", "MEM_USED", "MEM_TOTAL", "POWER", "TEMP", "SM_MHZ",
                "ECC(C/U)"]
@@ -51,8 +51,10 @@ def node_rows(reply: dict) -> list[list[str]]:
 def job_rows(reply: dict) -> list[list[str]]:
     rows = []
     for j in reply["jobs"]:
-        rows.append([str(j["id"]), j["user"], j["name"], j["code"], nodelist(j), str(j["nodes"] * j["gpus_per_node"]),
-                     pct(j.get("gpu_util")), mib(j.get("gpu_mem_used_mb")), pct(j.get("cpu_pct")),
+        gpus = f"{j['gpu_charge']:g}" if j.get("gpu_charge") else str(j["nodes"] * j["gpus_per_node"])  # a share: 0.25
+        rows.append([str(j["id"]), j["user"], j["name"], j["code"], nodelist(j), gpus,
+                     pct(j.get("gpu_util")), used_of_share(j.get("gpu_mem_used_mb"), j.get("gpu_share_mb")),
+                     pct(j.get("cpu_pct")),
                      energy(j.get("run_energy_j")) or "-", "idle" if j.get("idle") else "-"])
     return rows
 

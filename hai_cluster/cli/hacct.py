@@ -45,6 +45,11 @@ def _elapsed(row: dict) -> int:
     return int((row.get("end_time") or row["now"]) - row["start_time"])
 
 
+def _charged(row: dict) -> float:
+    """GPUs the run is charged: whole GPUs, or a sharing run's share (0.25)."""
+    return row.get("gpu_charge") or row["gpus"]
+
+
 FIELDS: dict[str, Callable[[dict], object]] = {
     "jobid": lambda r: job_label({**r, "id": r["job_id"]}),  # 12_4 for a task of array 12
     "jobname": lambda r: r["name"],
@@ -52,7 +57,7 @@ FIELDS: dict[str, Callable[[dict], object]] = {
     "account": lambda r: r.get("account") or "default",
     "user": lambda r: r["user"],
     "alloccpus": lambda r: r["cpus"],
-    "allocgpus": lambda r: r["gpus"],
+    "allocgpus": lambda r: f"{_charged(r):g}",
     "state": _state,
     "exitcode": lambda r: f"{r['exit_code'] if r['exit_code'] is not None else 0}:{r['exit_signal'] or 0}",
     "elapsed": lambda r: format_duration(_elapsed(r)),
@@ -61,7 +66,7 @@ FIELDS: dict[str, Callable[[dict], object]] = {
     "end": lambda r: _time(r.get("end_time")),
     "restarts": lambda r: r["attempt"],
     "nodelist": lambda r: compress([n for n in (r.get("nodelist") or "").split(",") if n]) or "None assigned",
-    "gpuhours": lambda r: f"{r['gpus'] * _elapsed(r) / 3600:.2f}",
+    "gpuhours": lambda r: f"{_charged(r) * _elapsed(r) / 3600:.2f}",
     "reason": lambda r: r.get("reason") or "",
     # GPU telemetry rollups of the run (empty when no sample came)
     "gpuutil": lambda r: _opt(r.get("gpu_util_mean"), "{:.1f}%"),

@@ -14,7 +14,7 @@ from .client import ClientError, ControllerClient
 from .common import call, fail, print_table
 from .gpuview import (GPU_HEADERS, GPU_RIGHT, JOB_HEADERS, JOB_RIGHT, NODE_HEADERS, NODE_RIGHT, clock, gpu_rows,
                       job_rows, node_rows)
-from .telemetry_fmt import energy, mib, num, pct, sparkline
+from .telemetry_fmt import energy, mib, num, pct, sparkline, used_of_share
 
 HISTORY_ROWS = 10
 
@@ -85,13 +85,15 @@ def print_job(reply: dict) -> None:
     if runs:
         print_table(["RUN", "STATE", "NODELIST", "GPUS", "GPU_UTIL", "MAX_UTIL", "MAX_GPU_MEM", "ENERGY", "CPU",
                      "SAMPLES"],
-                    [[str(r["attempt"]), r["state"], r["nodelist"], str(r["gpus"]), pct(r.get("gpu_util_mean"), 1),
+                    [[str(r["attempt"]), r["state"], r["nodelist"], f"{r.get('gpu_charge') or r['gpus']:g}",
+                      pct(r.get("gpu_util_mean"), 1),
                       pct(r.get("gpu_util_max")), mib(r.get("gpu_mem_max_mb")), energy(r.get("energy_j")) or "-",
                       pct(r.get("cpu_mean"), 1), str(r.get("telemetry_samples") or 0)] for r in runs],
                     right=[0, 3, 4, 5, 6, 7, 8, 9])
     if job.get("gpu_util") is not None:  # the live run's rollup so far (stored ones lag a little)
         print(f"live run: GPU util now {pct(job['gpu_util'])}, mean {pct(job.get('run_gpu_util_mean'), 1)}, "
-              f"max {pct(job.get('run_gpu_util_max'))}, peak GPU memory {mib(job.get('run_gpu_mem_max_mb'))}, "
+              f"max {pct(job.get('run_gpu_util_max'))}, peak GPU memory "
+              f"{used_of_share(job.get('run_gpu_mem_max_mb'), job.get('gpu_share_mb'))}, "
               f"energy {energy(job.get('run_energy_j')) or '0'} J")
     if not points:
         print("no recent samples")

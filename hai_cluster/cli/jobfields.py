@@ -7,7 +7,7 @@ from ..core.hostlist import compress
 from ..core.jobids import job_label
 from ..core.sharing import share_of
 from ..core.timefmt import format_duration, format_limit
-from .telemetry_fmt import mib, pct
+from .telemetry_fmt import pct, used_of_share
 
 
 def elapsed(job: dict, now: float) -> int:
@@ -59,7 +59,7 @@ FIELDS: dict[str, tuple[str, Callable[[dict, float], str]]] = {
     "L": ("LEVEL", lambda j, now: str(j.get("level", 0))),
     # ours (squeue's group letters; we have no groups): the run's latest GPU telemetry
     "g": ("GPU_UTIL", lambda j, now: pct(j.get("gpu_util"))),
-    "G": ("GPU_MEM", lambda j, now: mib(j.get("gpu_mem_used_mb"))),
+    "G": ("GPU_MEM", lambda j, now: used_of_share(j.get("gpu_mem_used_mb"), j.get("gpu_share_mb"))),
     "I": ("IDLE", lambda j, now: "idle" if j.get("idle") else "-"),
 }
 RIGHT = {"i", "M", "l", "D", "C", "q", "L", "g", "G"}
@@ -70,7 +70,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "D": ("nodes",), "R": ("state", "nodelist", "reason"), "N": ("nodelist",), "r": ("reason",),
     "b": ("gpus_per_node", "gpu_fraction", "gpu_mem_mb", "gpu_compute", "gpu_qos", "gpu_share_mb"),
     "C": ("cpus_per_task", "nodes"), "Q": ("priority",), "p": ("priority",), "q": ("restart_count",),
-    "L": ("level",), "g": ("gpu_util",), "G": ("gpu_mem_used_mb",), "I": ("idle",),
+    "L": ("level",), "g": ("gpu_util",), "G": ("gpu_mem_used_mb", "gpu_share_mb"), "I": ("idle",),
 }
 # What every listed row needs besides its columns: pending array tasks collapse to one row.
 ROW_KEYS = ("id", "state", "reason", "array_job_id", "array_task_id")

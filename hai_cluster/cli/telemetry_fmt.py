@@ -11,6 +11,11 @@ def pct(v, digits: int = 0) -> str:
     return "-" if v is None else f"{v:.{digits}f}%"
 
 
+def used_of_share(used_mb, share_mb) -> str:
+    """GPU memory in use, against a sharing job's share of its card: 4.1G/20.0G (else as mib)."""
+    return f"{mib(used_mb)}/{mib(share_mb)}" if share_mb else mib(used_mb)
+
+
 def mib(v) -> str:
     """MiB as sacct writes memory: 512M, 4.0G, 1.2T."""
     if v is None:

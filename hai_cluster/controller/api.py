@@ -89,7 +89,8 @@ def _public(job: dict, mlfq, now: float) -> dict:
     out["code"] = state.code
     attained = job["attained_gpu_seconds"]
     if state.holds_resources and job["start_time"]:
-        attained += job["nodes"] * job["gpus_per_node"] * max(0.0, now - job["start_time"])
+        rate = job["nodes"] * job["gpus_per_node"] or job.get("gpu_charge") or 0.0  # sharing: its share
+        attained += rate * max(0.0, now - job["start_time"])
     out["attained_now"] = attained
     out["level"] = mlfq.level_of(attained)
     return out
@@ -222,7 +223,7 @@ def build_api(ctl: Controller) -> RpcTable:
         if fields is not None:
             if unknown := sorted(set(fields) - LISTING_FIELDS):
                 raise RequestError(f"unknown job field(s): {', '.join(unknown)}")
-            need = (set(fields) - DERIVED_FIELDS) | set(_PUBLIC_NEEDS)
+            need = (set(fields) - DERIVED_FIELDS) | set(_PUBLIC_NEEDS) | set(_SHARE_NEEDS)  # a share's charge
             telemetry = bool(TELEMETRY_FIELDS & set(fields))
             if telemetry:
                 need.update(_TELEMETRY_NEEDS)

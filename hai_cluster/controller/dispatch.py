@@ -46,14 +46,18 @@ def rank_spec(job: Mapping, attempt: int, rank: int, nodelist: Sequence[str], gp
         # isolation: the agent picks the runtime's default when None, limits the rank to these
         # resources and shows a container only its own GPUs' device nodes
         "runtime": spec.runtime, "container_image": spec.container_image, "mem_mb": spec.mem_mb,
-        "cpus": spec.cpus_per_task, "gpus": list(gpus), **_share(spec),
+        "cpus": spec.cpus_per_task, "gpus": list(gpus), **_share(spec, job.get("gpu_mig") or (), rank),
         "umask": 0o022 if spec.umask is None else spec.umask,
     }
 
 
-def _share(spec: JobSpec) -> dict:
-    """A sharing rank's share of its card (the agent turns it into MPS limits)."""
+def _share(spec: JobSpec, mig: Sequence[str], rank: int) -> dict:
+    """A sharing rank's share of its card (the agent turns it into MPS limits), and the MIG
+    instance it holds on a MIG card."""
     if spec.gpu_fraction is None and spec.gpu_mem_mb is None:
         return {}
-    return {"gpu_share": {"fraction": spec.gpu_fraction, "mem_mb": spec.gpu_mem_mb, "compute": spec.gpu_compute,
-                          "qos": spec.gpu_qos or "guaranteed"}}
+    share = {"fraction": spec.gpu_fraction, "mem_mb": spec.gpu_mem_mb, "compute": spec.gpu_compute,
+             "qos": spec.gpu_qos or "guaranteed"}
+    if rank < len(mig) and mig[rank]:
+        share["mig"] = mig[rank]
+    return {"gpu_share": share}

@@ -85,6 +85,8 @@ class GpuInfo:
     shareable: bool = False  # the node offers it to sharing jobs (core.sharing)
     isolation: str = "none"  # how shares are enforced on it: mps | mig | none
     links: tuple[tuple[int, int, int], ...] = ()  # (peer index, NVLinks, common-ancestor level)
+    # The admin's MIG layout of a card in MIG mode: (instance UUID, profile, MiB, compute %) each.
+    mig: tuple[tuple[str, str, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ class NodeView:
     container_runtime: str | None = None  # its runtime for --container-image without --runtime
     # Cards holding shares of sharing jobs: (index, MiB, reserved compute %, jobs); they are in used_gpus too.
     shared: tuple[tuple[int, int, int, int], ...] = ()
+    mig_used: frozenset[str] = frozenset()  # MIG instances (UUIDs) held by sharing runs
 
     @property
     def schedulable(self) -> bool:
@@ -147,6 +150,8 @@ class JobView:
     dependency: str | None = None  # the store's verdict on --dependency: a pending reason, None = satisfied
     account: str = "default"  # whose limits and fair share apply (-A)
     gpu_share: GpuShare | None = None  # a sharing job: one card share per rank (gpus_per_node is 0)
+    gpu_charge: float = 0.0  # a sharing job's current run: GPU-equivalents charged (sharing.share_charge)
+    mig: tuple[str, ...] = ()  # a sharing job on MIG cards: per rank of allocation, its instance ("" none)
 
     @property
     def gpus(self) -> int:
@@ -157,10 +162,15 @@ class JobView:
         """The candidate partitions (-p a,b: whichever can start the job first); () for any."""
         return tuple(self.partition.split(",")) if self.partition else ()
 
+    @property
+    def gpu_rate(self) -> float:
+        """GPUs charged per second of a run: the whole GPUs, or a sharing run's share of its cards."""
+        return self.gpus if self.gpu_share is None else self.gpu_charge
+
     def attained(self, now: float) -> float:
         """GPU-seconds received so far, the current run included (Tiresias' 2D-LAS service)."""
         if self.run_start is not None and self.state.holds_resources:
-            return self.attained_gpu_seconds + self.gpus * max(0.0, now - self.run_start)
+            return self.attained_gpu_seconds + self.gpu_rate * max(0.0, now - self.run_start)
         return self.attained_gpu_seconds
 
     @property
@@ -197,3 +207,4 @@ class Placement:
     nodes: tuple[str, ...]
     gpus: tuple[tuple[int, ...], ...]
     shares: tuple[tuple[int, int], ...] = ()  # sharing jobs: per rank (GPU MiB, reserved compute %)
+    mig: tuple[str, ...] = ()  # sharing jobs on MIG cards: per rank the instance's UUID ("" for none)

@@ -10,10 +10,15 @@ compute and are the first preemption victims when a guaranteed job needs room on
 Packing follows HAMi's score, (requested + used) / total per dimension (memory and compute):
 binpack takes the highest score (fill cards, keep others empty for whole-GPU jobs), spread the
 lowest. The same score, over all of a node's cards, orders nodes.
+
+A card in MIG mode is shared by its instances (the admin's layout, part of the inventory): a
+share goes whole onto the smallest free instance that holds its memory and reserved compute, one
+job per instance, and is accounted on the card with the instance's memory and compute.
 """
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Iterable
 
@@ -74,6 +79,14 @@ class GpuShare:
         return text if self.qos == "guaranteed" else f"{text}:{self.qos}"
 
 
+def share_charge(share: GpuShare, card_memory_mb: int) -> float:
+    """GPU-equivalents one rank of `share` is charged per second on a card of `card_memory_mb` MiB
+    (attained service for the MLFQ, fair-share usage, hacct's GPU-hours): the larger of its memory
+    fraction (the fraction asked, or its MiB over the card's) and its compute fraction."""
+    mem = share.fraction if share.mem_mb is None else share.mem_mb / max(1, card_memory_mb)
+    return min(1.0, max(mem, share.compute_percent / 100))
+
+
 def _mem_text(mb: int) -> str:
     return f"{mb // 1024}G" if mb % 1024 == 0 else f"{mb}M"
 
@@ -127,11 +140,50 @@ def remove_share(node: NodeView, card: int, mem_mb: int, compute: int) -> NodeVi
     return _with_use(node, use)
 
 
+MIG_SLICES = 7  # compute slices of a MIG-capable card (A100, H100, H200)
+_MIG_PROFILE = re.compile(r"\b(\d)g\.(\d+)gb\b")
+
+
+def mig_profile(text: str) -> tuple[int, int] | None:
+    """(compute slices, GB) of a MIG profile, "3g.40gb" (also inside NVML's device name); None: none."""
+    m = _MIG_PROFILE.search(text)
+    return (int(m[1]), int(m[2])) if m and 0 < int(m[1]) <= MIG_SLICES else None
+
+
+def mig_compute(slices: int) -> int:
+    """Percent of the card's compute that `slices` of its MIG_SLICES are (rounded down)."""
+    return slices * 100 // MIG_SLICES
+
+
+def mig_instance(share: GpuShare, card: GpuInfo, taken: frozenset[str] | set[str] = frozenset()):
+    """The smallest instance of `card`'s MIG layout, not in `taken`, that holds `share`: its
+    memory and reserved compute (ties: the layout's order). None: none."""
+    need = share.mem_on(card)
+    free = [(m[2], m[3], k, m) for k, m in enumerate(card.mig)
+            if m[0] not in taken and m[2] >= need and m[3] >= share.reserved_compute]
+    return min(free)[3] if free else None
+
+
+def _mig_misfit(share: GpuShare, card: GpuInfo, node: NodeView, use: dict[int, CardUse] | None,
+                ignore_usage: bool) -> str | None:
+    if mig_instance(share, card) is None:
+        return f"GPU {card.index} has no MIG instance that holds {share.label()}"
+    if ignore_usage:
+        return None
+    if card.index in node.used_gpus and card.index not in (use if use is not None else card_use(node)):
+        return f"GPU {card.index} is in use"
+    if mig_instance(share, card, node.mig_used) is None:
+        return f"GPU {card.index} has no free MIG instance that holds {share.label()}"
+    return None
+
+
 def card_misfit(share: GpuShare, card: GpuInfo, node: NodeView, use: dict[int, CardUse] | None = None,
                 *, ignore_usage: bool = False) -> str | None:
     """Why `share` cannot go on `card` (None: it can)."""
     if not card.shareable:
         return f"GPU {card.index} is not shared"
+    if card.isolation == "mig":
+        return _mig_misfit(share, card, node, use, ignore_usage)
     need = share.mem_on(card)
     if need > card.memory_mb:
         return f"GPU {card.index} has {card.memory_mb} MiB, the share needs {need}"
@@ -206,10 +258,17 @@ def place_shared(job: JobView, pool: Iterable[NodeView], pack: str) -> Placement
     sign = -1 if pack == "binpack" else 1
     options.sort(key=lambda o: (sign * node_score(share, o[0]), o[0].name))
     chosen = sorted(options[:job.nodes], key=lambda o: o[0].name)
+    amounts, instances = [], []
+    for n, c in chosen:
+        card = _card(n, c)
+        inst = mig_instance(share, card, n.mig_used) if card.isolation == "mig" else None
+        amounts.append((inst[2], inst[3]) if inst else (share.mem_on(card), share.reserved_compute))
+        instances.append(inst[0] if inst else "")
     return Placement(
         nodes=tuple(n.name for n, _ in chosen),
         gpus=tuple((c,) for _, c in chosen),
-        shares=tuple((share.mem_on(_card(n, c)), share.reserved_compute) for n, c in chosen),
+        shares=tuple(amounts),
+        mig=tuple(instances) if any(instances) else (),
     )
 
 
@@ -218,15 +277,27 @@ def _card(node: NodeView, index: int) -> GpuInfo:
 
 
 def reserve_shares(placement: Placement, nodes: dict[str, NodeView]) -> None:
-    for name, gpus, (mem, comp) in zip(placement.nodes, placement.gpus, placement.shares):
-        nodes[name] = add_share(nodes[name], gpus[0], mem, comp)
+    for rank, (name, gpus, (mem, comp)) in enumerate(zip(placement.nodes, placement.gpus, placement.shares)):
+        n = add_share(nodes[name], gpus[0], mem, comp)
+        if placement.mig and placement.mig[rank]:
+            n = replace(n, mig_used=n.mig_used | {placement.mig[rank]})
+        nodes[name] = n
 
 
 def release_share(job: JobView, node_name: str, gpus: Iterable[int], nodes: dict[str, NodeView]) -> None:
     n = nodes[node_name]
+    gpus = tuple(gpus)
+    ranks = [r for r, held in enumerate(job.allocation) if held == (node_name, gpus)]
+    inst = job.mig[ranks[0]] if ranks and ranks[0] < len(job.mig) else ""
     for i in gpus:
-        if any(g.index == i for g in n.gpus):
-            n = remove_share(n, i, job.gpu_share.mem_on(_card(n, i)), job.gpu_share.reserved_compute)
+        if not any(g.index == i for g in n.gpus):
+            continue
+        card = _card(n, i)
+        layout = {m[0]: m for m in card.mig}
+        if inst in layout:  # a MIG instance: accounted with its own memory and compute
+            n = replace(remove_share(n, i, layout[inst][2], layout[inst][3]), mig_used=n.mig_used - {inst})
+        else:
+            n = remove_share(n, i, job.gpu_share.mem_on(card), job.gpu_share.reserved_compute)
     nodes[node_name] = n
 
 
@@ -240,6 +311,8 @@ def best_effort_room(job: JobView, node: NodeView, running: Iterable[JobView],
     use = card_use(node)
     best: tuple[int, list[JobView]] | None = None
     for card in node.gpus:
+        if card.mig:  # MIG instances isolate in hardware: no co-location to resolve
+            continue
         if card.index not in use or card_misfit(share, card, node, use, ignore_usage=True):
             continue
         here = [v for v in running if v.id not in taken and v.preemptible and v.gpu_share is not None

@@ -159,7 +159,10 @@ class _Decision:
         rr = (j.last_run_end or -math.inf) if lowest else 0.0
         # Within a level and class: the higher fair-share factor (less past use for its shares) first.
         share = self.snap.fairshare.get((j.account, j.user), 1.0)
-        return (0 if rank == 0 else 1, level, rank, rr, -share, j.submit_time, j.id)
+        # Best-effort shares only use what is left: after the rest of their level and class (a
+        # guaranteed share that preempted one must not lose the card to it again).
+        best_effort = j.gpu_share is not None and j.gpu_share.qos == "best-effort"
+        return (0 if rank == 0 else 1, level, rank, best_effort, rr, -share, j.submit_time, j.id)
 
     # ---- the pass ----------------------------------------------------------------------
     def run(self) -> Plan:
@@ -257,6 +260,10 @@ class _Decision:
     def may_preempt(self, victim: JobView, job: JobView, level: int) -> bool:
         if victim.id in self.victims or not victim.preemptible or victim.run_start is None:
             return False
+        if victim.gpu_share is not None:
+            # A card share frees no whole card while others share it; shares make room for shares
+            # through preempt_best_effort only.
+            return False
         job_rank, victim_rank = CLASS_RANK.get(job.priority, 2), CLASS_RANK.get(victim.priority, 2)
         if job_rank == 0 and victim_rank > 0:
             return True  # urgent: at once, whatever the level (the grace period still applies)
@@ -352,11 +359,11 @@ class _Decision:
     def note_quantum_ends(self) -> None:
         """When a running job's quantum ends or it sinks a level, the plan may change."""
         for j in self.running:
-            if j.run_start is None or j.gpus == 0:
+            if j.run_start is None or j.gpu_rate == 0:
                 continue
             level = self.level(j)
             end = j.run_start + self.cfg.quanta[level]
             if end > self.now:
                 self.wake.append(end)
             if level < len(self.cfg.thresholds):
-                self.wake.append(self.now + (self.cfg.thresholds[level] - j.attained(self.now)) / j.gpus)
+                self.wake.append(self.now + (self.cfg.thresholds[level] - j.attained(self.now)) / j.gpu_rate)

@@ -114,7 +114,7 @@ class _Job:
             nodelist=tuple(n for n, _ in self.alloc) if running else (),
             allocation=self.alloc if running else (),
             pending_since=self.pending_since, last_run_end=self.last_run_end, time_limit=self.time_limit,
-            gpu_share=self.share)
+            gpu_share=self.share, gpu_charge=self.gpus if self.share is not None else 0.0)
 
     def account(self, elapsed: float) -> None:
         """Book a run's first `elapsed` seconds: the restart redo first, then real progress."""

@@ -47,10 +47,12 @@ def job_counts(engine: Engine, user: str, account: str) -> dict[str, int]:
 
 
 def usage_runs(engine: Engine, since: float) -> list[tuple[str, str, int, float, float | None]]:
-    """(account, user, gpus, start, end) of runs still running or ended after `since`."""
-    q = (select(_account(), jobs.c.user, runs.c.gpus, runs.c.start_time, runs.c.end_time)
+    """(account, user, gpus, start, end) of runs still running or ended after `since`; a sharing
+    run's gpus are the GPU-equivalents it is charged."""
+    charged = func.coalesce(runs.c.gpu_charge, runs.c.gpus)
+    q = (select(_account(), jobs.c.user, charged, runs.c.start_time, runs.c.end_time)
          .join(jobs, jobs.c.id == runs.c.job_id)
-         .where(runs.c.gpus > 0, or_(runs.c.end_time.is_(None), runs.c.end_time >= since)))
+         .where(charged > 0, or_(runs.c.end_time.is_(None), runs.c.end_time >= since)))
     with engine.connect() as c:
         return [tuple(r) for r in c.execute(q)]
 

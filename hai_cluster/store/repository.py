@@ -14,7 +14,7 @@ from ..core.dependency import Target, evaluate, parse_dependency
 from ..core.jobids import parse_array
 from ..core.model import GpuInfo, JobSpec, JobView, NodeView, Placement, Snapshot
 from ..core.outcome import combine, job_state_after
-from ..core.sharing import share_of
+from ..core.sharing import share_charge, share_of
 from ..core.states import ACTIVE_STATES, FINAL_STATES, JobState
 from .schema import gpus, jobs, nodes, run_ranks, runs
 
@@ -78,14 +78,22 @@ def _shared(ranks) -> tuple[tuple[int, int, int, int], ...]:
 
 
 def _with_shares(c, rows: list[dict]) -> list[dict]:
-    """Add gpu_share_mb, the card memory the current run of a sharing job got (rank 0's)."""
+    """Add gpu_share_mb, the card memory the current run of a sharing job got (rank 0's), and
+    gpu_charge, the GPU-equivalents that run is charged."""
     ids = [r["id"] for r in rows if r.get("gpu_fraction") is not None or r.get("gpu_mem_mb") is not None]
     if ids:
-        given = dict(c.execute(select(runs.c.job_id, run_ranks.c.gpu_mem_mb).join(runs, runs.c.id == run_ranks.c.run_id)
-                               .where(runs.c.job_id.in_(ids), run_ranks.c.rank == 0,
-                                      run_ranks.c.state != "ended")).all())
+        given: dict[int, tuple] = {}
+        mig: dict[int, list[str]] = {}
+        for j, rank, mb, charge, inst in c.execute(
+                select(runs.c.job_id, run_ranks.c.rank, run_ranks.c.gpu_mem_mb, runs.c.gpu_charge, run_ranks.c.mig_uuid)
+                .join(runs, runs.c.id == run_ranks.c.run_id)
+                .where(runs.c.job_id.in_(ids), run_ranks.c.state != "ended").order_by(run_ranks.c.rank)):
+            if rank == 0:
+                given[j] = (mb, charge)
+            mig.setdefault(j, []).append(inst or "")
         for r in rows:
-            r["gpu_share_mb"] = given.get(r["id"])
+            r["gpu_share_mb"], r["gpu_charge"] = given.get(r["id"], (None, None))
+            r["gpu_mig"] = mig[r["id"]] if any(mig.get(r["id"], ())) else []
     return rows
 
 
@@ -93,8 +101,9 @@ def _gpu_sharing(g: Mapping[str, Any]) -> dict[str, Any]:
     """The sharing fields of an agent's GPU report; agents that predate sharing send none."""
     isolation = str(g.get("isolation") or "none")
     links = [[int(x) for x in link][:3] for link in g.get("links") or () if len(link) >= 3]
+    mig = [[str(m[0]), str(m[1]), int(m[2]), int(m[3])] for m in g.get("mig") or () if len(m) >= 4]
     return {"shareable": bool(g.get("shareable", False)),
-            "isolation": isolation if isolation in ("mps", "mig", "none") else "none", "links": links}
+            "isolation": isolation if isolation in ("mps", "mig", "none") else "none", "links": links, "mig": mig}
 
 
 class Repository:
@@ -249,7 +258,7 @@ class Repository:
 
     @staticmethod
     def _live_ranks(c) -> list:
-        return c.execute(select(run_ranks, runs.c.job_id).join(runs, runs.c.id == run_ranks.c.run_id)
+        return c.execute(select(run_ranks, runs.c.job_id, runs.c.gpu_charge).join(runs, runs.c.id == run_ranks.c.run_id)
                          .where(run_ranks.c.state != "ended").order_by(run_ranks.c.rank)).all()
 
     @staticmethod
@@ -263,7 +272,7 @@ class Repository:
         for g in gpu_rows:
             node_gpus.setdefault(g.node, []).append(GpuInfo(
                 g.index, g.uuid, g.name, g.memory_mb, shareable=g.shareable, isolation=g.isolation,
-                links=tuple(tuple(x) for x in g.links or ())))
+                links=tuple(tuple(x) for x in g.links or ()), mig=tuple(tuple(m) for m in g.mig or ())))
         return tuple(
             NodeView(
                 name=n.name, gpus=tuple(node_gpus.get(n.name, ())), cpus=n.cpus, mem_mb=n.mem_mb,
@@ -273,6 +282,7 @@ class Repository:
                 used_mem_mb=sum(r.mem_mb for r in used.get(n.name, ())),
                 runtimes=tuple(n.runtimes or ("none",)), container_runtime=n.container_runtime,
                 shared=_shared(used.get(n.name, ())),
+                mig_used=frozenset(r.mig_uuid for r in used.get(n.name, ()) if r.mig_uuid),
             )
             for n in node_rows
         )
@@ -290,7 +300,9 @@ class Repository:
             preemptible=j.preemptible, pending_since=j.pending_since, last_run_end=j.last_run_end,
             time_limit=j.time_limit, runtime=j.runtime, begin_time=j.begin_time, array_job_id=j.array_job_id,
             array_task_limit=j.array_task_limit, dependency=dependency, account=j.account or "default",
-            gpu_share=share_of(j.gpu_fraction, j.gpu_mem_mb, j.gpu_compute, j.gpu_qos))
+            gpu_share=share_of(j.gpu_fraction, j.gpu_mem_mb, j.gpu_compute, j.gpu_qos),
+            gpu_charge=(ranks[0].gpu_charge or 0.0) if ranks else 0.0,
+            mig=tuple(r.mig_uuid or "" for r in ranks) if any(r.mig_uuid for r in ranks) else ())
 
     def set_reasons(self, reasons: Mapping[int, str]) -> dict[int, str]:
         """Store the pending reasons that changed (most do not, tick after tick); returns those."""
@@ -313,7 +325,7 @@ class Repository:
                 return None
             node_rows = {n.name: n for n in c.execute(select(nodes).where(nodes.c.name.in_(placement.nodes)))}
             live = c.execute(select(run_ranks.c.node, run_ranks.c.gpus, run_ranks.c.gpu_mem_mb,
-                                    run_ranks.c.gpu_compute).where(
+                                    run_ranks.c.gpu_compute, run_ranks.c.mig_uuid).where(
                 run_ranks.c.node.in_(placement.nodes), run_ranks.c.state != "ended")).all()
             busy = {(r.node, g) for r in live for g in r.gpus}
             for rank, (name, gpu_ids) in enumerate(zip(placement.nodes, placement.gpus)):
@@ -321,7 +333,8 @@ class Repository:
                 if n is None or n.state != "up" or not n.responding:
                     return None
                 if placement.shares:
-                    if not self._share_still_fits(c, name, gpu_ids, placement.shares[rank], live):
+                    mig = placement.mig[rank] if placement.mig else ""
+                    if not self._share_still_fits(c, name, gpu_ids, placement.shares[rank], live, mig):
                         return None
                 elif any((name, g) in busy for g in gpu_ids):
                     return None
@@ -338,19 +351,36 @@ class Repository:
                 return None
             run_id = c.execute(insert(runs).values(
                 job_id=job_id, attempt=attempt, state=JobState.RUNNING.value, start_time=now,
-                # Whole GPUs held: a card share counts none (sharing jobs are not charged GPU-time).
+                # Whole GPUs held: a card share counts none; it is charged its share (gpu_charge).
                 nodelist=",".join(placement.nodes), gpus=0 if placement.shares else sum(len(g) for g in placement.gpus),
+                gpu_charge=self._share_charge(c, job, placement) if placement.shares else None,
             )).inserted_primary_key[0]
             for rank, (name, gpu_ids) in enumerate(zip(placement.nodes, placement.gpus)):
                 c.execute(insert(run_ranks).values(
                     run_id=run_id, rank=rank, node=name, gpus=list(gpu_ids), cpus=job.cpus_per_task,
                     mem_mb=job.mem_mb or 0, state="starting", killed=False,
                     gpu_mem_mb=placement.shares[rank][0] if placement.shares else None,
-                    gpu_compute=placement.shares[rank][1] if placement.shares else None))
-            return {**_row(job), "partition": partition, "attempt": attempt, "run_id": run_id}
+                    gpu_compute=placement.shares[rank][1] if placement.shares else None,
+                    mig_uuid=(placement.mig[rank] or None) if placement.mig else None))
+            return {**_row(job), "partition": partition, "attempt": attempt, "run_id": run_id,
+                    "gpu_mig": list(placement.mig)}
 
     @staticmethod
-    def _share_still_fits(c, node: str, gpu_ids, share: Sequence[int], live) -> bool:
+    def _share_charge(c, job, placement: Placement) -> float:
+        """The GPU-equivalents a sharing run is charged: each rank's share of its card."""
+        share = share_of(job.gpu_fraction, job.gpu_mem_mb, job.gpu_compute, job.gpu_qos)
+        total = 0.0
+        for rank, (name, gpu_ids) in enumerate(zip(placement.nodes, placement.gpus)):
+            mem = c.execute(select(gpus.c.memory_mb).where(gpus.c.node == name, gpus.c.index == gpu_ids[0])).scalar()
+            if placement.mig and placement.mig[rank]:  # a whole MIG instance: charged the instance
+                inst_mem, inst_compute = placement.shares[rank]
+                total += min(1.0, max(inst_mem / max(1, mem or 0), inst_compute / 100))
+            else:
+                total += share_charge(share, mem or 0)
+        return round(total, 6)
+
+    @staticmethod
+    def _share_still_fits(c, node: str, gpu_ids, share: Sequence[int], live, mig: str = "") -> bool:
         """A card share re-checked: the card takes shares, holds no whole-GPU run, and its memory
         and reserved compute stay within the card with this share added."""
         if len(gpu_ids) != 1:
@@ -358,6 +388,10 @@ class Repository:
         card = c.execute(select(gpus).where(gpus.c.node == node, gpus.c.index == gpu_ids[0])).first()
         if card is None or not card.shareable:
             return False
+        if card.isolation == "mig" or mig:  # one job per instance, of the card's layout
+            layout = {m[0]: m for m in card.mig or ()}
+            return (mig in layout and (layout[mig][2], layout[mig][3]) == tuple(share)
+                    and not any(r.mig_uuid == mig for r in live))
         on_card = [r for r in live if r.node == node and gpu_ids[0] in r.gpus]
         if any(r.gpu_mem_mb is None for r in on_card):
             return False  # held whole
@@ -423,7 +457,7 @@ class Repository:
                 exit_signal=outcome.signal, reason=why))
             spec = JobSpec.from_wire(job.spec)
             new_state = job_state_after(outcome.state, spec.requeue)
-            gpu_seconds = max(0.0, end - run.start_time) * run.gpus
+            gpu_seconds = max(0.0, end - run.start_time) * (run.gpu_charge or run.gpus)
             values: dict[str, Any] = dict(
                 state=new_state.value, exit_code=outcome.exit_code, exit_signal=outcome.signal,
                 end_request=None, end_reason=None, last_run_end=end,

@@ -83,6 +83,7 @@ runs = Table(
     Column("energy_j", Float),  # joules drawn by the run's GPUs
     Column("cpu_mean", Float),  # percent of one CPU, per rank, averaged
     Column("telemetry_samples", Integer),
+    Column("gpu_charge", Float),  # 0012: a sharing run's GPU-equivalents (core.sharing.share_charge)
     UniqueConstraint("job_id", "attempt", name="uq_runs_job_attempt"),
 )
 
@@ -104,6 +105,7 @@ run_ranks = Table(
     Column("end_time", Float),
     Column("gpu_mem_mb", Integer),  # 0009: a sharing rank's share of its card (MiB, reserved compute %)
     Column("gpu_compute", Integer),
+    Column("mig_uuid", String(100)),  # 0012: the MIG instance a sharing rank holds
     Index("ix_run_ranks_node_state", "node", "state"),
 )
 
@@ -140,6 +142,7 @@ gpus = Table(
     Column("shareable", Boolean, nullable=False, server_default=false()),
     Column("isolation", String(8), nullable=False, server_default="none"),  # mps | mig | none
     Column("links", JSON),  # [[peer, NVLinks, common-ancestor level], ...]
+    Column("mig", JSON),  # 0012: the MIG layout, [[instance UUID, profile, MiB, compute %], ...]
 )
 
 # 0008: limits and shares set live by admins (hcontrol update Account=/User=); they override the

@@ -73,6 +73,13 @@ def test_sharing_jobs_share_one_card_under_mps(cluster):
     rows = cluster.cli("hqueue", "-h", "-o", "%i %b").stdout.split("\n")
     shown = dict(r.split() for r in rows if r.strip())
     assert shown == {str(quarter): "gpu:0.25(20G)", str(best_effort): "gpu:8G,30%:best-effort"}
+    # Telemetry maps the card's processes to runs: each job's own GPU memory (the simulated card
+    # splits its 4 GiB of process memory between the two processes on it), against its share.
+    def used():
+        rows = cluster.cli("hqueue", "-h", "-o", "%i %G").stdout.split("\n")
+        return dict(r.split() for r in rows if r.strip())
+    wait_for(lambda: used() == {str(quarter): "2.0G/20.0G", str(best_effort): "2.0G/8.0G"}, 30,
+             what="per-job GPU memory against the share")
     assert "TresPerNode=gres/gpu:0.25(20G)" in cluster.cli("hcontrol", "show", "job", str(quarter)).stdout
     node = cluster.cli("hcontrol", "show", "node").stdout
     assert "Isolation=mps SharedGpus=1" in node and "GresUsed=gpu:1 " in node  # one card, two shares
@@ -91,6 +98,34 @@ def test_sharing_jobs_share_one_card_under_mps(cluster):
     assert "CUDA_VISIBLE_DEVICES=0\n" in env and "CUDA_MPS" not in env
 
 
+def test_guaranteed_share_preempts_a_best_effort_one_which_resumes(cluster):
+    # Card 0 (80 GiB) holds a best-effort job's 60 GiB; a guaranteed job asks for 40 GiB of it.
+    repo = Path(__file__).resolve().parents[2]
+    home = user_dir(cluster.workdir, TEST_USER)
+    flag = home / "online-done"
+    offline = cluster.submit("--gpu-mem=60G", "--gpu-qos=best-effort", "--grace=20", "-o", "offline-%j.out",
+                             str(repo / "examples" / "train_loop.sh"), "400", "0.05", "10",
+                             env={"HAI_EXAMPLES": str(repo / "examples")})
+    cluster.wait_state(offline, "RUNNING")
+    steps = home / ".hai" / "checkpoints" / str(offline) / "steps.log"
+    wait_for(steps.exists, 30, what="the best-effort job's first steps")
+    online = cluster.submit("--gpu-mem=40G", "--wrap", f"while [ ! -e {flag} ]; do sleep 0.1; done")
+    cluster.wait_state(online, "RUNNING", timeout=60)
+    job = cluster.job(offline)
+    assert job["state"] == "PENDING" and job["restart_count"] == 1
+    first = job["runs"][0]
+    assert first["state"] == "PREEMPTED" and "exited within its grace period" in first["reason"]
+    events = cluster.cli("hcontrol", "show", "events", str(offline), user="root").stdout
+    assert f"for_job={online}" in events and "best-effort share of local1 GPU 0 goes to guaranteed job" in events
+    flag.touch()
+    assert cluster.wait_state(online, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    assert cluster.wait_state(offline, "COMPLETED", "FAILED", timeout=120)["state"] == "COMPLETED"
+    # The second run continued from the checkpoint: every step once, over two runs.
+    text = steps.read_text().splitlines()
+    flat = [int(line.split("step=")[1]) for line in text]
+    assert flat == list(range(1, 401)) and {line.split()[0] for line in text} == {"run=0", "run=1"}
+
+
 def test_bad_sharing_requests_submit_nothing(cluster):
     for args, text in ((["--gpus-per-node=1.5"], "a fraction of a GPU must be below 1"),
                        (["--gpu-compute=30"], "only for a share of a GPU"),
@@ -98,3 +133,34 @@ def test_bad_sharing_requests_submit_nothing(cluster):
         proc = cluster.cli("hsubmit", *args, "--wrap", "true", check=False)
         assert proc.returncode != 0 and text in proc.stderr, proc.stderr
     assert cluster.call("jobs", {"all": True})["jobs"] == []
+
+
+def test_sharing_jobs_get_mig_instances_by_uuid():
+    c = start_local_cluster(gpus=1, agent_toml='[sharing]\ngpus = [0]\nmps_control = "/nonexistent/mps"\n',
+                            gpus_toml='simulated_mig_layout = { 0 = ["3g.40gb", "2g.20gb"] }')
+    try:
+        home = user_dir(c.workdir, TEST_USER)
+        flag = home / "go"
+        job = f"env > {home}/env.$HAI_JOB_ID; while [ ! -e {flag} ]; do sleep 0.1; done"
+        quarter = c.submit("--gpus-per-node=0.25", "--wrap", job)  # 20 GiB, 25 %: the 2g.20gb
+        big = c.submit("--gpu-mem=30G", "--wrap", job)  # only the 3g.40gb holds 30 GiB
+        third = c.submit("--gpu-mem=1G", "--wrap", job)  # both instances taken: waits
+        envs = {}
+        for j in (quarter, big):
+            c.wait_state(j, "RUNNING")
+            path = home / f"env.{j}"
+            wait_for(path.exists, 30, what=f"job {j}'s environment")
+            envs[j] = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+        assert envs[quarter]["CUDA_VISIBLE_DEVICES"] == "MIG-sim-local1-0-1"
+        assert envs[quarter]["HAI_GPU_ISOLATION"] == "mig" and envs[quarter]["HAI_GPU_SHARE_MB"] == "20480"
+        assert envs[big]["CUDA_VISIBLE_DEVICES"] == "MIG-sim-local1-0-0"
+        assert envs[big]["HAI_GPU_MIG_PROFILE"] == "3g.40gb"
+        assert not any(k.startswith("CUDA_MPS") for e in envs.values() for k in e)  # no MPS under MIG
+        assert c.call("jobs", {"ids": [third]})["jobs"][0]["state"] == "PENDING"
+        assert "Isolation=mig" in c.cli("hcontrol", "show", "node").stdout
+        flag.touch()
+        for j in (quarter, big, third):
+            assert c.wait_state(j, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+        assert "CUDA_VISIBLE_DEVICES=MIG-sim-local1-0-1\n" in (home / f"env.{third}").read_text()
+    finally:
+        c.close()

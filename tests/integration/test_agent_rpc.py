@@ -34,7 +34,7 @@ def test_hello_reports_node_and_simulated_gpus(agent):
     assert hello["cpus"] == os.cpu_count() and hello["mem_mb"] > 0
     assert hello["gpu_backend"] == "simulated"
     assert hello["gpus"] == [{"index": i, "uuid": f"GPU-sim-testnode-{i}", "name": "Simulated H100 80GB",
-                              "memory_mb": 81920, "shareable": False, "isolation": "none", "links": []}
+                              "memory_mb": 81920, "shareable": False, "isolation": "none", "links": [], "mig": []}
                              for i in range(4)]
     assert isinstance(hello["runs"], list)
     assert isinstance(ping["time"], float)

@@ -68,3 +68,19 @@ def test_a_stale_control_pipe_does_not_count(tmp_path):
     assert not mps.running(0, 1000)  # that process is gone
     (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")
     assert mps.running(0, 1000)
+
+
+def test_a_mig_share_sees_its_instance_alone(tmp_path):
+    cfg = AgentConfig(name="n", spool=str(tmp_path), sharing=SharingConfig(gpus=(0,)))
+    layout = (("MIG-x", "3g.40gb", 40960, 42), ("MIG-y", "2g.20gb", 20480, 28))
+    shares = Shares(cfg, [GpuInfo(0, "GPU-a", "sim", 81920, shareable=True, isolation="mig", mig=layout)])
+    spec = shares.prepare(RunSpec.from_wire({**BASE, "gpus": [0], "gpu_share": {**SHARE, "mig": "MIG-y"}}))
+    assert dict(spec.environment) == {"A": "1", "CUDA_VISIBLE_DEVICES": "MIG-y", "HAI_GPU_SHARE_MB": "20480",
+                                      "HAI_GPU_SHARE_COMPUTE": "28", "HAI_GPU_ISOLATION": "mig",
+                                      "HAI_GPU_MIG_PROFILE": "2g.20gb", "HAI_GPU_QOS": "burstable"}
+    assert not (tmp_path / "mps").exists()  # no MPS daemon for MIG
+    for bad in ({**SHARE, "mig": "MIG-z"}, SHARE):  # not of this card's layout; none given
+        with pytest.raises(ShareError, match="has no MIG instance"):
+            shares.prepare(RunSpec.from_wire({**BASE, "gpus": [0], "gpu_share": bad}))
+    with pytest.raises(SpecError, match="MIG instance UUID"):
+        RunSpec.from_wire({**BASE, "gpus": [0], "gpu_share": {**SHARE, "mig": 3}})

@@ -86,3 +86,52 @@ run_dir = "mps"
 def test_simulated_defaults_unchanged():
     backend, gpus = inventory(AgentConfig(name="n", gpu_backend="simulated", simulated=SimulatedGpus(2)))
     assert [(g.links, g.isolation, g.shareable) for g in gpus] == [((), "none", False)] * 2
+
+
+def test_mig_layout_from_agent_toml_is_in_the_inventory(tmp_path):
+    conf = tmp_path / "agent.toml"
+    conf.write_text("""
+[agent]
+name = "n1"
+[gpus]
+backend = "simulated"
+simulated_count = 2
+simulated_mig_layout = { 0 = ["3g.40gb", "2g.20gb", "2g.20gb"] }
+[sharing]
+gpus = [0, 1]
+mps_control = "/nonexistent/mps"
+""")
+    cfg = load_agent_config(conf)
+    assert cfg.simulated.mig_layout == ((0, ("3g.40gb", "2g.20gb", "2g.20gb")),)
+    _backend, gpus = inventory(cfg)
+    assert (gpus[0].isolation, gpus[0].shareable) == ("mig", True)
+    assert gpus[0].mig == (("MIG-sim-n1-0-0", "3g.40gb", 40960, 42), ("MIG-sim-n1-0-1", "2g.20gb", 20480, 28),
+                           ("MIG-sim-n1-0-2", "2g.20gb", 20480, 28))
+    assert (gpus[1].isolation, gpus[1].shareable, gpus[1].mig) == ("none", False, ())
+    for bad, msg in (('{ 0 = ["4g.40gb", "4g.40gb"] }', "more than the card's 7 compute slices"),
+                     ('{ 0 = ["big"] }', "list of MIG profiles"), ('{ a = ["1g.10gb"] }', "GPU index")):
+        conf.write_text(f"[agent]\nname = \"n1\"\n[gpus]\nsimulated_mig_layout = {bad}\n")
+        with pytest.raises(ConfigError, match=msg):
+            load_agent_config(conf)
+
+
+def test_mig_enumeration_is_defensive():
+    from hai_cluster.agent.gpus import mig_devices
+
+    class Odd(SimulatedNvml):  # slot 1 is empty, slot 2's name carries no profile we know
+        def nvmlDeviceGetMigDeviceHandleByIndex(self, handle, index):
+            if index == 1:
+                raise self.NVMLError("Not Found")
+            return super().nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+
+        def nvmlDeviceGetName(self, handle):
+            name = super().nvmlDeviceGetName(handle)
+            return "mystery" if getattr(handle, "slot", None) == 2 else name
+
+    nvml = Odd("n", 1, "Sim", 81920, mig_layout=((0, ("1g.10gb", "1g.10gb", "1g.10gb", "4g.40gb")),))
+    nvml.nvmlInit()
+    assert mig_devices(nvml, 0) == (("MIG-sim-n-0-0", "1g.10gb", 10240, 14), ("MIG-sim-n-0-3", "4g.40gb", 40960, 57))
+    assert mig_devices(SimulatedNvml("n", 1, "Sim", 1024), 0) == ()  # not in MIG mode: the call is refused
+    # MIG mode but no instances created: reported, not offered for sharing.
+    (card,) = discover(SimulatedNvml("n", 1, "Sim", 1024, mig=(0,)), SharingConfig(gpus=(0,)))
+    assert (card.isolation, card.shareable, card.mig) == ("mig", False, ())

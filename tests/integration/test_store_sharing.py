@@ -66,3 +66,45 @@ def test_an_agent_without_sharing_fields_is_understood(repo):
         {"index": 0, "uuid": "a0", "name": "sim", "memory_mb": 10, "isolation": "weird", "links": [[1]]}]}, now=2)
     (node,) = repo.load_snapshot(now=3).nodes
     assert [(g.shareable, g.isolation, g.links) for g in node.gpus] == [(False, "none", ())]
+
+
+def test_sharing_runs_are_charged_their_share(repo):
+    from hai_cluster.store.accounts import usage_runs
+    half = submit(repo, gpu_fraction=0.5)  # half the card: 0.5
+    small = submit(repo, gpu_mem_mb=8192, gpu_compute=30)  # 8/80 of the memory, 30 % compute: 0.3
+    assert repo.start_run(half, Placement(("a",), ((0,),), shares=((40960, 50),)), now=10) is not None
+    assert repo.start_run(small, Placement(("a",), ((0,),), shares=((8192, 30),)), now=10) is not None
+    views = {v.id: v for v in repo.load_snapshot(now=110).jobs}
+    assert views[half].gpu_charge == 0.5 and views[half].attained(110) == pytest.approx(50.0)
+    assert views[small].gpu_charge == 0.3 and views[small].attained(110) == pytest.approx(30.0)
+    listed = {j["id"]: j for j in repo.jobs(ids=[half, small])}
+    assert listed[small]["gpu_charge"] == 0.3
+    assert sorted((u, g) for _a, u, g, _s, _e in usage_runs(repo.engine, 0)) == [("u", 0.3), ("u", 0.5)]
+    # The run ends at 410: 400 s x 0.5 = 200 GPU-seconds attained; hacct's row carries the charge.
+    end = repo.rank_ended(half, 0, "a", {"exit_code": 0}, now=410)
+    assert end.job_state is not None
+    assert repo.job(half)["attained_gpu_seconds"] == pytest.approx(200.0)
+    run = repo.runs(job_ids=[half])[0]
+    assert run["gpus"] == 0 and run["gpu_charge"] == 0.5
+
+
+def test_mig_instances_in_the_store(repo):
+    layout = [["MIG-a", "3g.40gb", 40960, 42], ["MIG-b", "2g.20gb", 20480, 28]]
+    repo.update_inventory("a", {"cpus": 8, "mem_mb": 1000, "gpu_backend": "simulated", "gpus": [
+        {"index": 0, "uuid": "a0", "name": "sim", "memory_mb": 81920, "shareable": True, "isolation": "mig",
+         "mig": layout}]}, now=2)
+    one, two, three = (submit(repo, gpu_fraction=0.25) for _ in range(3))
+    assert repo.start_run(one, Placement(("a",), ((0,),), shares=((20480, 28),), mig=("MIG-b",)), now=3) is not None
+    # The instance is taken, or its amounts differ from the layout's, or no instance is named: refused.
+    assert repo.start_run(two, Placement(("a",), ((0,),), shares=((20480, 28),), mig=("MIG-b",)), now=3) is None
+    assert repo.start_run(two, Placement(("a",), ((0,),), shares=((20480, 28),), mig=("MIG-a",)), now=3) is None
+    assert repo.start_run(two, Placement(("a",), ((0,),), shares=((20480, 25),)), now=3) is None
+    started = repo.start_run(two, Placement(("a",), ((0,),), shares=((40960, 42),), mig=("MIG-a",)), now=3)
+    assert started["gpu_mig"] == ["MIG-a"]
+    snap = repo.load_snapshot(now=4)
+    (node,) = snap.nodes
+    assert node.gpus[0].mig == tuple(tuple(m) for m in layout) and node.mig_used == {"MIG-a", "MIG-b"}
+    views = {v.id: v for v in snap.jobs}
+    assert views[one].mig == ("MIG-b",) and views[three].mig == ()
+    assert views[two].gpu_charge == 0.5  # the whole 3g.40gb: half the memory beats 42 % compute
+    assert repo.job(one)["gpu_mig"] == ["MIG-b"]

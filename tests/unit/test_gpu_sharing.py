@@ -209,3 +209,107 @@ def test_without_topology_the_lowest_free_indices():
     uniform = replace(n, gpus=tuple(replace(g, links=tuple((p, 18, 0) for p in range(8) if p != g.index))
                                     for g in n.gpus))
     assert [choose_cards(uniform, k) for k in (1, 2, 4)] == [(0,), (0, 2), (0, 2, 3, 5)]
+
+
+# ---- charging ------------------------------------------------------------------------------------
+
+def test_share_charge_is_the_larger_of_memory_and_compute():
+    from hai_cluster.core.sharing import share_charge
+    assert share_charge(GpuShare(fraction=0.25), CARD) == 0.25
+    assert share_charge(GpuShare(fraction=0.3), CARD) == 0.3  # compute ceil(30.0) = 30 %
+    assert share_charge(GpuShare(mem_mb=40960), CARD) == 0.5  # 40 of 80 GiB, no compute asked
+    assert share_charge(GpuShare(mem_mb=8192, compute=30), CARD) == 0.3  # 0.1 memory, 0.3 compute
+    assert share_charge(GpuShare(mem_mb=8192, compute=5, qos="best-effort"), CARD) == 0.1  # memory wins
+    assert share_charge(GpuShare(mem_mb=8192), 40960) == 0.2  # the same memory on a 40 GiB card
+
+
+def test_a_sharing_run_attains_service_by_its_share():
+    job = replace(sharing(1, 0.25, state=JobState.RUNNING, alloc=[("a", (0,))], start=100.0),
+                  attained_gpu_seconds=50.0, gpu_charge=0.25)
+    assert job.gpu_rate == 0.25 and job.attained(500.0) == 50.0 + 0.25 * 400
+    assert whole(2, 2).gpu_rate == 2  # whole GPUs unchanged
+
+
+def test_mlfq_demotes_a_long_sharing_job():
+    # A 0.5 share that has run 7300 s has 3650 GPU-seconds: past the first threshold (3600), level 1.
+    long = replace(sharing(1, 0.5, state=JobState.RUNNING, alloc=[("a", (0,))], start=0.0), gpu_charge=0.5)
+    n = replace(node(cards=1), used_gpus=frozenset({0}), shared=((0, 40960, 50, 1),))
+    from hai_cluster.scheduling.mlfq import _Decision
+    assert _Decision(MlfqConfig(), Snapshot(now=7100.0, jobs=(long,), nodes=(n,))).level(long) == 0  # 3550
+    assert _Decision(MlfqConfig(), Snapshot(now=7300.0, jobs=(long,), nodes=(n,))).level(long) == 1
+    # At 7100 the policy wakes when the share crosses 3600: (3600 - 3550) / 0.5 = 100 s later.
+    assert MlfqPolicy(MlfqConfig()).decide(Snapshot(now=7100.0, jobs=(long,), nodes=(n,))).wake_at == 7200.0
+    # Requeued after that run, it waits behind a new sharing job when the card has room for one.
+    requeued = sharing(3, 0.5, state=JobState.PENDING)
+    requeued = replace(requeued, attained_gpu_seconds=3650.0, submit_time=0.0)
+    other = replace(node(cards=1), used_gpus=frozenset({0}), shared=((0, 40960, 50, 1),))
+    plan = MlfqPolicy(MlfqConfig(starvation_factor=0)).decide(
+        Snapshot(now=8000.0, jobs=(requeued, sharing(4, 0.5)), nodes=(other,)))
+    assert [s.job_id for s in plan.starts] == [4] and plan.waits[0].job_id == 3
+
+
+# ---- MIG -----------------------------------------------------------------------------------------
+
+LAYOUT = (("MIG-a", "3g.40gb", 40960, 42), ("MIG-b", "2g.20gb", 20480, 28), ("MIG-c", "2g.20gb", 20480, 28))
+
+
+def mig_node(cards=1):
+    return NodeView(name="m", gpus=tuple(GpuInfo(i, f"m{i}", "sim", CARD, shareable=True, isolation="mig",
+                                                 mig=LAYOUT if i == 0 else ()) for i in range(cards)),
+                    cpus=64, mem_mb=10**6, partitions=("gpu",))
+
+
+def test_a_share_takes_the_smallest_mig_instance_that_holds_it():
+    nodes = {"m": mig_node()}
+    # 0.25 of 80 GiB = 20 GiB and 25 % compute: a 2g.20gb instance (28 %), the first of the two.
+    quarter = place(sharing(1, 0.25), nodes)
+    assert quarter.mig == ("MIG-b",) and quarter.shares == ((20480, 28),) and quarter.gpus == ((0,),)
+    reserve(sharing(1, 0.25), quarter, nodes)
+    assert nodes["m"].mig_used == {"MIG-b"} and place(sharing(2, 0.25), nodes).mig == ("MIG-c",)
+    # 30 GiB only fits the 3g.40gb; 35 % compute too (2g has 28 %).
+    assert place(sharing(3, mem=30720), nodes).mig == ("MIG-a",)
+    assert place(sharing(4, mem=8192, compute=35), nodes).mig == ("MIG-a",)
+    # One job per instance: three jobs fill the layout, a fourth (however small) waits.
+    for i, job in enumerate((sharing(5, 0.25), sharing(6, mem=1024)), start=5):
+        p = place(job, nodes)
+        reserve(job, p, nodes)
+    assert nodes["m"].mig_used == {"MIG-a", "MIG-b", "MIG-c"}
+    assert place(sharing(7, mem=1024), nodes) is None
+    assert "no free MIG instance" in fits(sharing(7, mem=1024), nodes["m"]).reason
+    # Nothing on the layout holds 50 GiB: refused at submission (could never fit).
+    assert not could_ever_fit(sharing(8, mem=51200), (mig_node(),))
+
+
+def test_releasing_a_mig_share_frees_its_instance():
+    nodes = {"m": mig_node()}
+    job = sharing(1, mem=30720)
+    p = place(job, nodes)
+    reserve(job, p, nodes)
+    running = replace(job, state=JobState.RUNNING, allocation=(("m", (0,)),), mig=p.mig)
+    release(running, "m", (0,), nodes)
+    assert nodes["m"].mig_used == frozenset() and card_use(nodes["m"]) == {} and nodes["m"].used_gpus == set()
+
+
+def test_mig_cards_are_not_given_whole_while_instances_are_held():
+    nodes = {"m": mig_node(cards=2)}
+    reserve(sharing(1, 0.25), place(sharing(1, 0.25), nodes), nodes)
+    assert place(whole(2, 2), nodes) is None and place(whole(2, 1), nodes).gpus == ((1,),)
+
+
+def test_a_preempted_best_effort_share_does_not_take_the_card_back():
+    # Job 1 (best-effort, 60 GiB) was preempted for job 2 (guaranteed, 40 GiB) and is pending again,
+    # older than job 2: the freed card goes to job 2 and job 1 waits, instead of the two trading places.
+    be = replace(sharing(1, mem=61440, qos="best-effort"), restart_count=1)
+    snap = Snapshot(now=5.0, jobs=(be, sharing(2, mem=40960)), nodes=(node(cards=1),))
+    plan = MlfqPolicy(MlfqConfig()).decide(snap)
+    assert [s.job_id for s in plan.starts] == [2] and [(w.job_id, w.reason) for w in plan.waits] == [(1, "Resources")]
+
+
+def test_a_whole_gpu_job_does_not_preempt_a_card_share():
+    # A 0.5 share has sunk to level 2 (4 h of half a card) and is past its quantum; a new whole-GPU
+    # job at level 0 finds the only card shared. Preempting the share would free no whole card while
+    # others may share it, so the job waits and nothing is preempted.
+    long = replace(sharing(1, 0.5, state=JobState.RUNNING, alloc=[("a", (0,))], start=0.0), gpu_charge=0.5)
+    n = replace(node(cards=1), used_gpus=frozenset({0}), shared=((0, 40960, 50, 1),))
+    plan = MlfqPolicy(MlfqConfig()).decide(Snapshot(now=80000.0, jobs=(long, whole(2)), nodes=(n,)))
+    assert not plan.preempts and [(w.job_id, w.reason) for w in plan.waits] == [(2, "Resources")]

@@ -60,3 +60,20 @@ def test_views_from_the_controller_reply(capsys):
     assert [ACCT[k](row) for k in ("gpuutil", "maxgpuutil", "maxgpumem", "energy", "avecpu")] == \
         ["90.0%", "90%", "4.0G", "1.8K", "99.5%"]
     assert [ACCT[k]({}) for k in ("gpuutil", "maxgpumem", "energy")] == ["", "", ""]  # no samples: empty
+
+
+def test_hacct_charges_a_sharing_run_its_share():
+    run = {"gpus": 0, "gpu_charge": 0.25, "start_time": 100.0, "end_time": 7300.0, "now": 9000.0}
+    assert ACCT["allocgpus"](run) == "0.25" and ACCT["gpuhours"](run) == "0.50"  # 2 h x 0.25
+    whole = {"gpus": 2, "gpu_charge": None, "start_time": 100.0, "end_time": 3700.0, "now": 9000.0}
+    assert ACCT["allocgpus"](whole) == "2" and ACCT["gpuhours"](whole) == "2.00"
+
+
+def test_sharing_jobs_show_memory_in_use_against_their_share():
+    from hai_cluster.cli.telemetry_fmt import used_of_share
+    assert used_of_share(4198, 20480) == "4.1G/20.0G" and used_of_share(4198, None) == "4.1G"
+    job = {"gpu_mem_used_mb": 4096, "gpu_share_mb": 8192}
+    assert QUEUE["G"][1](job, 0.0) == "4.0G/8.0G"
+    row = {"id": 3, "user": "u", "name": "n", "code": "R", "nodelist": "a", "nodes": 1, "gpus_per_node": 0,
+           "gpu_charge": 0.25, "gpu_mem_used_mb": 4096, "gpu_share_mb": 20480}
+    assert job_rows({"jobs": [row]})[0][5:8] == ["0.25", "-", "4.0G/20.0G"]
