@@ -189,8 +189,9 @@ class Controller:
             self.events.record("waiting", job_id, reason=reason)
         for p in plan.preempts:
             await self.preempt(p.job_id, "preempt", p.reason, for_job=p.for_job, by="scheduler")
-        for start in plan.starts:
-            job = await self.db(self.repo.start_run, start.job_id, start.placement, time.time())
+        # All of the pass's starts recorded in one transaction, before any agent is told of them.
+        recorded = await self.db(self.repo.start_runs, [(s.job_id, s.placement) for s in plan.starts], time.time())
+        for start, job in zip(plan.starts, recorded):
             if job is None:
                 log.info("job %d: start no longer possible, re-planning next tick", start.job_id)
                 continue
