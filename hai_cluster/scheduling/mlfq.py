@@ -13,6 +13,7 @@ guard), and one that has waited long reserves nodes so small jobs cannot starve 
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
 
 from ..core.model import JobView, NodeView, Snapshot
@@ -67,10 +68,8 @@ class MlfqConfig:
         return len(self.quanta)
 
     def level_of(self, attained: float) -> int:
-        for i, t in enumerate(self.thresholds):
-            if attained < t:
-                return i
-        return len(self.thresholds)
+        # The first i with attained < thresholds[i] (the thresholds are increasing), in C.
+        return bisect_right(self.thresholds, attained)
 
 
 class MlfqPolicy:
@@ -95,6 +94,7 @@ class _Decision:
         self.future: dict[str, NodeView] = dict(self.nodes)  # free once PREEMPTING runs have left
         self.running = [j for j in snap.jobs if j.state == JobState.RUNNING]
         self._levels: dict[int, int] = {}
+        self._lowest = cfg.levels - 1
         self._promoted: set[int] = set()  # pending jobs the starvation guard moved to level 0
         # Runs that could ever be preempted, per node, cheapest first: lower levels (larger index),
         # then more service already received.
@@ -155,7 +155,7 @@ class _Decision:
 
     def order_key(self, j: JobView, level: int) -> tuple:
         rank = CLASS_RANK.get(j.priority, 2)
-        lowest = level == self.cfg.levels - 1
+        lowest = level == self._lowest
         # Lowest level: round-robin by the end of the previous run (never-run jobs first).
         rr = (j.last_run_end or -math.inf) if lowest else 0.0
         # Within a level and class: the higher fair-share factor (less past use for its shares) first.
