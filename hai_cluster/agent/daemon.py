@@ -130,7 +130,11 @@ class Agent:
                     await asyncio.to_thread(self.shares.release_idle, live)
             except Exception:  # a broken spool entry must not stop the watch for all the others
                 log.exception("spool poll failed")
-            await asyncio.sleep(self.cfg.poll_interval)
+            try:  # the next poll: after poll_interval, or as soon as a shepherd exits
+                await asyncio.wait_for(self.runs.exited.wait(), self.cfg.poll_interval)
+            except asyncio.TimeoutError:
+                pass
+            self.runs.exited.clear()
 
 
 STATUS_EVERY = 5.0  # seconds between STATUS= lines to systemd

@@ -51,6 +51,8 @@ class RunTable:
         self.launch_timeout = launch_timeout
         self.node = node
         self.runs: dict[Key, Run] = {}
+        # Set when a shepherd exits: the spool watch looks at once instead of at its next poll.
+        self.exited = asyncio.Event()
 
     def setup(self) -> None:
         """Create the spool; the job's user must be able to traverse it to reach its script."""
@@ -117,12 +119,31 @@ class RunTable:
     async def _launch(self, run: Run) -> None:
         try:
             run.status, run.shepherd_pid = await launcher.launch(run.dir, run.spec, self.launch_timeout)
+            if run.shepherd_pid is not None:
+                self._watch_exit(run.shepherd_pid)
         except Exception as exc:
             log.exception("job %s.%s: starting the shepherd failed", run.spec.job_id, run.spec.attempt)
             run.status = launcher.declare_dead(run.dir, run.spec, "launch_failed",
                                                f"cannot start the shepherd: {exc}")
         finally:
             run.launching = None
+
+    def _watch_exit(self, pid: int) -> None:
+        """Wake the spool watch when this shepherd exits (its pidfd becomes readable), so that an
+        end is reported within milliseconds, not at the next poll. Only a wake-up: the spool
+        stays the truth, and without pidfds (or for a reused pid) the poll finds the end as before."""
+        loop = asyncio.get_running_loop()
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):  # no pidfd here, or the shepherd is gone already
+            self.exited.set()
+            return
+
+        def exited() -> None:
+            loop.remove_reader(fd)
+            os.close(fd)
+            self.exited.set()
+        loop.add_reader(fd, exited)
 
     def terminate(self, key: Key, reason: str) -> bool:
         run = self.runs.get(key)

@@ -3,7 +3,6 @@ start fast (no asyncio, SQLAlchemy or asyncssh here)."""
 from __future__ import annotations
 
 import socket
-from typing import Any
 
 from ..paths import client_socket
 from ..protocol import messages
@@ -35,7 +34,7 @@ class ControllerClient:
             self._sock = sock
         return self._sock
 
-    def call(self, method: str, body: Any = None) -> Any:
+    def call(self, method: str, body: object = None) -> object:
         sock = self._connect()
         rid = self._next_id
         self._next_id += 1

@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, NoReturn, Sequence
+from collections.abc import Sequence
+
+TYPE_CHECKING = False  # typing itself costs every command's start a few ms: only for checkers
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 from .client import ClientError, ControllerClient
 

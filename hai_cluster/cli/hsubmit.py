@@ -31,7 +31,15 @@ def main(argv: list[str] | None = None) -> None:
     if argv and argv[0] in ("--help", "-h") or argv == ["--usage"]:
         print(USAGE, end="")
         return
-    options, script_path, script_args = split(argv)
+    client = ControllerClient()  # one connection for both requests
+    try:
+        return submit(argv, client)
+    finally:
+        client.close()
+
+
+def submit(argv: list[str], client: ControllerClient) -> None:
+    options, script_path, script_args = split(argv, client)
     script, script_name = None, None
     wraps = any(o == "--wrap" or o.startswith("--wrap=") for o in options)
     if script_path is not None:
@@ -51,8 +59,12 @@ def main(argv: list[str] | None = None) -> None:
     # that counts; it also says whether the job asked for --parsable or --wait.
     umask = os.umask(0o022)  # reading the umask means setting it: put it back at once
     os.umask(umask)
-    reply = call("hsubmit", "submit", {"script": script, "script_name": script_name, "option_args": options,
+    try:
+        reply = client.call("submit", {"script": script, "script_name": script_name, "option_args": options,
                                        "script_args": script_args, "cwd": cwd, "env": env, "umask": umask})
+    except ClientError as exc:
+        fail("hsubmit", str(exc))
+    client.close()  # not held open through --wait
     if "test_only" in reply:
         t = reply["test_only"]
         if t["start"] == "now":
@@ -67,15 +79,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(wait_for_end(job_id))
 
 
-def split(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
+def split(argv: list[str], client: ControllerClient) -> tuple[list[str], str | None, list[str]]:
     """Options, script path and script arguments, as the controller's parser reads them."""
-    client = ControllerClient()
     try:
         r = client.call("split_submission", {"argv": argv})
     except ClientError as exc:
         fail("hsubmit", str(exc))
-    finally:
-        client.close()
     return r["options"], r["script_path"], r["script_args"]
 
 

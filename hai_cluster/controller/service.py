@@ -189,8 +189,9 @@ class Controller:
             self.events.record("waiting", job_id, reason=reason)
         for p in plan.preempts:
             await self.preempt(p.job_id, "preempt", p.reason, for_job=p.for_job, by="scheduler")
-        for start in plan.starts:
-            job = await self.db(self.repo.start_run, start.job_id, start.placement, time.time())
+        # All of the pass's starts recorded in one transaction, before any agent is told of them.
+        recorded = await self.db(self.repo.start_runs, [(s.job_id, s.placement) for s in plan.starts], time.time())
+        for start, job in zip(plan.starts, recorded):
             if job is None:
                 log.info("job %d: start no longer possible, re-planning next tick", start.job_id)
                 continue
@@ -315,13 +316,13 @@ class Controller:
         for peer in result.stop_ranks:
             log.info("job %d: rank on %s failed; stopping rank on %s", job_id, node, peer.node)
             await self._tell_to_end(peer, "cancel")
+        self.wake()  # the store has the end: the next pass may use the room without waiting for the ack below
         link = self.links.get(node)
         if link is not None and link.connected:
             try:  # acknowledged only after the store has the end: nothing is lost if we die before
                 await link.call("forget_run", {"job_id": job_id, "attempt": attempt})
             except (RpcError, *AGENT_ERRORS) as exc:
                 log.info("job %d: forget_run on %s failed (%s); the agent will report it again", job_id, node, exc)
-        self.wake()
 
     async def _mark_silent_nodes_down(self) -> None:
         """A node silent for longer than node_down_after is down: its runs end as NODE_FAIL (and

@@ -16,6 +16,9 @@ class Fit:
         return self.ok
 
 
+_FITS = Fit(True)  # the common answer, built once (frozen, so it can be shared)
+
+
 def fits(job: JobView, node: NodeView, *, ignore_usage: bool = False) -> Fit:
     """Whether one rank of `job` fits on `node` now (or on an empty node with ignore_usage)."""
     if job.partition and node.partitions and not any(p in node.partitions for p in job.partitions):
@@ -34,7 +37,7 @@ def fits(job: JobView, node: NodeView, *, ignore_usage: bool = False) -> Fit:
     if job.gpu_share is not None and (why := share_misfit(job.gpu_share, node, ignore_usage=True)):
         return Fit(False, why)
     if ignore_usage:
-        return Fit(True)
+        return _FITS
     if not node.schedulable:
         why = "not responding" if not node.responding else node.state
         return Fit(False, f"{node.name} is {why}")
@@ -46,7 +49,7 @@ def fits(job: JobView, node: NodeView, *, ignore_usage: bool = False) -> Fit:
         return Fit(False, f"{node.name} has {node.mem_mb - node.used_mem_mb} MiB free memory")
     if job.gpu_share is not None and (why := share_misfit(job.gpu_share, node)):
         return Fit(False, why)
-    return Fit(True)
+    return _FITS
 
 
 def could_ever_fit(job: JobView, nodes: tuple[NodeView, ...]) -> Fit:

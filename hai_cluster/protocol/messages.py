@@ -8,9 +8,6 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Union
-
 from .codec import ProtocolError
 
 PROTOCOL_VERSION = 1
@@ -18,35 +15,65 @@ PROTOCOL_VERSION = 1
 COMPATIBLE_VERSIONS = frozenset({1})
 
 
-@dataclass(frozen=True)
-class Request:
-    id: int
-    method: str
-    body: Any
+class _Record:
+    """A small immutable record, as @dataclass(frozen=True) would make it. Not a dataclass: every
+    CLI command imports this module, and dataclasses pulls in inspect and typing (about a quarter
+    of hsubmit's start)."""
+    __slots__: tuple[str, ...] = ()
+
+    def __init__(self, *args, **kwargs) -> None:
+        names = self.__slots__
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__} takes {len(names)} arguments")
+        values = dict(zip(names, args))
+        for name, value in kwargs.items():
+            if name not in names or name in values:
+                raise TypeError(f"{type(self).__name__}: unexpected or repeated argument {name!r}")
+            values[name] = value
+        if len(values) != len(names):
+            raise TypeError(f"{type(self).__name__} needs {', '.join(names)}")
+        for name in names:
+            object.__setattr__(self, name, values[name])
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def _values(self) -> tuple:
+        return tuple(getattr(self, n) for n in self.__slots__)
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in self.__slots__)})"
 
 
-@dataclass(frozen=True)
-class Response:
-    id: int
-    ok: bool
-    body: Any
-    error: str | None
+class Request(_Record):
+    __slots__ = ("id", "method", "body")
 
 
-@dataclass(frozen=True)
-class Event:
-    name: str
-    body: Any
+class Response(_Record):
+    __slots__ = ("id", "ok", "body", "error")
 
 
-Message = Union[Request, Response, Event]
+class Event(_Record):
+    __slots__ = ("name", "body")
 
 
-def request(id: int, method: str, body: Any = None) -> dict:
+Message = Request | Response | Event
+
+
+def request(id: int, method: str, body: object = None) -> dict:
     return {"v": PROTOCOL_VERSION, "k": "req", "id": id, "m": method, "b": body}
 
 
-def response(id: int, body: Any = None) -> dict:
+def response(id: int, body: object = None) -> dict:
     return {"v": PROTOCOL_VERSION, "k": "res", "id": id, "ok": True, "b": body, "e": None}
 
 
@@ -54,11 +81,11 @@ def error_response(id: int, error: str) -> dict:
     return {"v": PROTOCOL_VERSION, "k": "res", "id": id, "ok": False, "b": None, "e": error}
 
 
-def event(name: str, body: Any = None) -> dict:
+def event(name: str, body: object = None) -> dict:
     return {"v": PROTOCOL_VERSION, "k": "evt", "m": name, "b": body}
 
 
-def _field(msg: dict, key: str, typ: type | tuple[type, ...]) -> Any:
+def _field(msg: dict, key: str, typ: type | tuple[type, ...]) -> object:
     if key not in msg:
         raise ProtocolError(f"message lacks field {key!r}")
     value = msg[key]

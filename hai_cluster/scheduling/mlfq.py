@@ -13,13 +13,14 @@ guard), and one that has waited long reserves nodes so small jobs cannot starve 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from bisect import bisect_right
+from dataclasses import dataclass
 
 from ..core.model import JobView, NodeView, Snapshot
 from ..core.resources import fits
 from ..core.sharing import best_effort_room
 from ..core.states import JobState
-from .placement import place, release, reserve
+from .placement import place, release, reserve, with_usage
 from .plan import Plan, Preempt, Start, Wait
 from .victims import FreeIndex, VictimIndex, scan_options
 
@@ -67,10 +68,8 @@ class MlfqConfig:
         return len(self.quanta)
 
     def level_of(self, attained: float) -> int:
-        for i, t in enumerate(self.thresholds):
-            if attained < t:
-                return i
-        return len(self.thresholds)
+        # The first i with attained < thresholds[i] (the thresholds are increasing), in C.
+        return bisect_right(self.thresholds, attained)
 
 
 class MlfqPolicy:
@@ -95,6 +94,7 @@ class _Decision:
         self.future: dict[str, NodeView] = dict(self.nodes)  # free once PREEMPTING runs have left
         self.running = [j for j in snap.jobs if j.state == JobState.RUNNING]
         self._levels: dict[int, int] = {}
+        self._lowest = cfg.levels - 1
         self._promoted: set[int] = set()  # pending jobs the starvation guard moved to level 0
         # Runs that could ever be preempted, per node, cheapest first: lower levels (larger index),
         # then more service already received.
@@ -132,10 +132,11 @@ class _Decision:
 
     # ---- levels and order --------------------------------------------------------------
     def level(self, j: JobView) -> int:
-        level = self._levels.get(j.id)
-        if level is None:
+        try:
+            return self._levels[j.id]
+        except KeyError:
             level = self._levels[j.id] = self.cfg.level_of(j.attained(self.now))
-        return level
+            return level
 
     def starving(self, j: JobView) -> bool:
         return j.id in self._promoted
@@ -154,7 +155,7 @@ class _Decision:
 
     def order_key(self, j: JobView, level: int) -> tuple:
         rank = CLASS_RANK.get(j.priority, 2)
-        lowest = level == self.cfg.levels - 1
+        lowest = level == self._lowest
         # Lowest level: round-robin by the end of the previous run (never-run jobs first).
         rr = (j.last_run_end or -math.inf) if lowest else 0.0
         # Within a level and class: the higher fair-share factor (less past use for its shares) first.
@@ -167,10 +168,14 @@ class _Decision:
     # ---- the pass ----------------------------------------------------------------------
     def run(self) -> Plan:
         pending = [j for j in self.snap.jobs if j.state == JobState.PENDING]
-        levels = {j.id: self.effective_level(j) for j in pending}
+        # Without the starvation guard a pending job's effective level is its level.
+        level_of = self.effective_level if self.cfg.starvation_factor > 0 else self.level
+        levels = {j.id: level_of(j) for j in pending}
         pending.sort(key=lambda j: self.order_key(j, levels[j.id]))
         waiting_ahead: dict[str | None, int] = {}  # partition -> best level of a job left waiting
-        failed: list[tuple[str | None, int, int, int, int]] = []  # shapes that found no room
+        # partition -> shapes (level, GPUs per node, nodes, class rank) that found no room; a new
+        # one replaces those it is no bigger than in every way (they can match no job it does not).
+        failed: dict[str | None, list[tuple[int, int, int, int]]] = {}
         for job in pending:
             level = levels[job.id]
             if (why := job.ineligible(self.now)) is not None:
@@ -178,9 +183,9 @@ class _Decision:
                 if job.begin_time is not None and job.begin_time > self.now:
                     self.wake.append(job.begin_time)
                 continue
-            if job.gpu_share is None and any(
-                    p == job.partition and level >= lv and job.gpus_per_node >= g and job.nodes >= n
-                    and CLASS_RANK.get(job.priority, 2) >= c for p, lv, g, n, c in failed):
+            if job.gpu_share is None and job.partition in failed and any(
+                    level >= lv and job.gpus_per_node >= g and job.nodes >= n
+                    and CLASS_RANK.get(job.priority, 2) >= c for lv, g, n, c in failed[job.partition]):
                 # A job at least as big and no more important already found no room: so does this.
                 self.actions.append(Wait(job.id, self._blocked_reason(job, waiting_ahead)))
                 continue
@@ -195,7 +200,9 @@ class _Decision:
             reason = self._blocked_reason(job, waiting_ahead)
             waiting_ahead.setdefault(job.partition, level)
             if job.gpu_share is None:  # a share's room is not a GPU count
-                failed.append((job.partition, level, job.gpus_per_node, job.nodes, CLASS_RANK.get(job.priority, 2)))
+                shape = (level, job.gpus_per_node, job.nodes, CLASS_RANK.get(job.priority, 2))
+                failed[job.partition] = [f for f in failed.get(job.partition, ()) if any(a < b for a, b in zip(f, shape))]
+                failed[job.partition].append(shape)
             if job.waited(self.now) >= self.cfg.reservation_after and self.starving(job):
                 if job.partition not in self.reserving:
                     # One reservation per partition (as in EASY backfill): it bounds the idle
@@ -223,6 +230,7 @@ class _Decision:
         first, rest = free.preferred(job.gpus_per_node, self.cfg.placement, self.reserved)
         if first and (placement := place(job, nodes, self.cfg.placement, only=first, pack=pack)) is not None:
             return placement
+        rest = free.names(rest, self.reserved)
         return place(job, nodes, self.cfg.placement, only=first + rest, pack=pack) if rest else None
 
     def try_start(self, job: JobView, level: int, waiting_ahead: dict) -> bool:
@@ -253,7 +261,7 @@ class _Decision:
         # What is free now on those nodes is kept for this job too.
         for name, gpus in zip(placement.nodes, placement.gpus):
             n = self.nodes[name]
-            self.nodes[name] = replace(n, used_gpus=n.used_gpus | (frozenset(gpus) - n.used_gpus))
+            self.nodes[name] = with_usage(n, n.used_gpus | frozenset(gpus), n.used_cpus, n.used_mem_mb)
         self.changed(placement.nodes)
 
     # ---- preemption --------------------------------------------------------------------

@@ -9,12 +9,17 @@ Sharing jobs (a share of one card per rank) are placed by core.sharing, packed p
 from __future__ import annotations
 
 from dataclasses import replace
+from heapq import nsmallest
+from itertools import filterfalse
+from operator import attrgetter
 from typing import Iterable
 
 from ..core.model import JobView, NodeView, Placement
 from ..core.resources import fits
 from ..core.sharing import place_shared, release_share, reserve_shares
 from ..core.topology import choose_cards
+
+_INDEX = attrgetter("index")
 
 
 def place(job: JobView, nodes: dict[str, NodeView], mode: str = "binpack",
@@ -35,8 +40,9 @@ def place(job: JobView, nodes: dict[str, NodeView], mode: str = "binpack",
     if len(candidates) < job.nodes:
         return None
     sign = 1 if mode == "binpack" else -1
-    candidates.sort(key=lambda n: (sign * len(n.free_gpus), sign * (n.cpus - n.used_cpus), n.name))
-    chosen = sorted(candidates[:job.nodes], key=lambda n: n.name)
+    # The first job.nodes in sorted order (the key is total: ties end on the name).
+    best = nsmallest(job.nodes, candidates, key=lambda n: (sign * len(n.free_gpus), sign * (n.cpus - n.used_cpus), n.name))
+    chosen = sorted(best, key=lambda n: n.name)
     return Placement(
         nodes=tuple(n.name for n in chosen),
         gpus=tuple(choose_cards(n, job.gpus_per_node) for n in chosen),
@@ -50,12 +56,8 @@ def reserve(job: JobView, placement: Placement, nodes: dict[str, NodeView]) -> N
         placement = replace(placement, gpus=tuple(() for _ in placement.gpus))  # cards counted above
     for name, gpus in zip(placement.nodes, placement.gpus):
         n = nodes[name]
-        nodes[name] = replace(
-            n,
-            used_gpus=n.used_gpus | frozenset(gpus),
-            used_cpus=n.used_cpus + job.cpus_per_task,
-            used_mem_mb=n.used_mem_mb + (job.mem_mb or 0),
-        )
+        nodes[name] = with_usage(n, n.used_gpus | frozenset(gpus), n.used_cpus + job.cpus_per_task,
+                                 n.used_mem_mb + (job.mem_mb or 0))
 
 
 def release(job: JobView, node_name: str, gpus: Iterable[int], nodes: dict[str, NodeView]) -> None:
@@ -64,9 +66,18 @@ def release(job: JobView, node_name: str, gpus: Iterable[int], nodes: dict[str, 
         release_share(job, node_name, gpus, nodes)
         gpus = ()
     n = nodes[node_name]
-    nodes[node_name] = replace(
-        n,
-        used_gpus=n.used_gpus - frozenset(gpus),
-        used_cpus=max(0, n.used_cpus - job.cpus_per_task),
-        used_mem_mb=max(0, n.used_mem_mb - (job.mem_mb or 0)),
-    )
+    nodes[node_name] = with_usage(n, n.used_gpus - frozenset(gpus), max(0, n.used_cpus - job.cpus_per_task),
+                                  max(0, n.used_mem_mb - (job.mem_mb or 0)))
+
+
+def with_usage(n: NodeView, used_gpus: frozenset[int], used_cpus: int, used_mem_mb: int) -> NodeView:
+    """`replace(n, used_gpus=..., used_cpus=..., used_mem_mb=...)` without its per-call field
+    introspection and __init__ (a fifth of a large MLFQ pass went there): a copy of the frozen
+    view's fields with the three usages set and its cached free_gpus computed as NodeView does
+    (in C: the pass reads it right away)."""
+    fields = dict(n.__dict__)
+    fields["used_gpus"], fields["used_cpus"], fields["used_mem_mb"] = used_gpus, used_cpus, used_mem_mb
+    fields["free_gpus"] = tuple(filterfalse(used_gpus.__contains__, map(_INDEX, n.gpus)))
+    new = object.__new__(NodeView)
+    new.__dict__.update(fields)
+    return new

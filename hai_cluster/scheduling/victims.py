@@ -42,20 +42,21 @@ class FreeIndex:
         self._count[name] = k
         self._by_count.setdefault(k, set()).add(name)
 
-    def at_least(self, gpus: int) -> list[str]:
-        return [n for k, names in self._by_count.items() if k >= gpus for n in names]
-
-    def preferred(self, gpus: int, mode: str, excluded: set[str]) -> tuple[list[str], list[str]]:
-        """The nodes with at least `gpus` free, split into the bucket place() prefers (fewest free
-        for binpack, most for spread) and the rest: place() on the first alone gives the same
-        answer as on all whenever it finds room there, since every other node sorts after it."""
+    def preferred(self, gpus: int, mode: str, excluded: set[str]) -> tuple[list[str], list[int]]:
+        """The nodes with at least `gpus` free that place() prefers (the bucket with the fewest free
+        for binpack, most for spread), and the other free counts in that order (their nodes by
+        `names`, only when the first bucket had no room): place() on the first bucket alone gives
+        the same answer as on all whenever it finds room there, since every other node sorts after it."""
         counts = sorted((k for k, names in self._by_count.items() if k >= gpus and names),
                         reverse=mode != "binpack")
-        buckets = [[n for n in self._by_count[k] if n not in excluded] for k in counts]
-        buckets = [b for b in buckets if b]
-        if not buckets:
-            return [], []
-        return buckets[0], [n for b in buckets[1:] for n in b]
+        for i, k in enumerate(counts):
+            first = [n for n in self._by_count[k] if n not in excluded]
+            if first:
+                return first, counts[i + 1:]
+        return [], []
+
+    def names(self, counts: list[int], excluded: set[str]) -> list[str]:
+        return [n for k in counts for n in self._by_count[k] if n not in excluded]
 
 
 def node_option(d: _Decision, job: JobView, level: int, name: str, urgent: bool):
@@ -78,7 +79,9 @@ def node_option(d: _Decision, job: JobView, level: int, name: str, urgent: bool)
             break  # candidates come lowest level first: the rest are not below this job
         if d.may_preempt(v, job, level):
             chosen.append(v)
-            freed += sum(len(gs) for n, gs in v.allocation if n == name)
+            for n, gs in v.allocation:  # a loop, not sum() over a generator: this runs very often
+                if n == name:
+                    freed += len(gs)
     if freed >= need:
         return (len(chosen), sum(v.gpus for v in chosen), name, chosen), need
     return None

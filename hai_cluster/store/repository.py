@@ -5,6 +5,7 @@ the version the policy saw, the GPUs are still free), so a stale plan can never 
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -317,9 +318,18 @@ class Repository:
                           .values(reason=bindparam("new")), changed)
             return {r["jid"]: r["new"] for r in changed}
 
-    def start_run(self, job_id: int, placement: Placement, now: float) -> dict | None:
-        """Record a run of a pending job on `placement`. None if the decision no longer holds."""
+    def start_runs(self, starts: Sequence[tuple[int, Placement]], now: float) -> list[dict | None]:
+        """start_run for each of a pass's starts, in one transaction (one commit: a pass that starts
+        many jobs waits for one sync, not one each). Each is checked after those before it."""
+        if not starts:
+            return []
         with self.engine.begin() as c:
+            return [self.start_run(job_id, placement, now, c) for job_id, placement in starts]
+
+    def start_run(self, job_id: int, placement: Placement, now: float, conn=None) -> dict | None:
+        """Record a run of a pending job on `placement`. None if the decision no longer holds.
+        `conn`: a transaction under way (start_runs) instead of one of its own."""
+        with (self.engine.begin() if conn is None else nullcontext(conn)) as c:
             job = c.execute(select(jobs).where(jobs.c.id == job_id)).first()
             if job is None or job.state != JobState.PENDING.value or job.hold:
                 return None

@@ -110,12 +110,13 @@ class Sandbox:
 class AgentProcess:
     """hai-agent as a subprocess, on a sandbox, with simulated GPUs."""
 
-    def __init__(self, box: Sandbox, name: str = "testnode", launch_timeout: float = 20.0) -> None:
+    def __init__(self, box: Sandbox, name: str = "testnode", launch_timeout: float = 20.0,
+                 poll_interval: float = 0.1) -> None:
         self.box = box
         self.config = box.base / f"agent-{name}.toml"
         self.config.write_text(
             f'[agent]\nname = "{name}"\nsocket = "{box.socket}"\nspool = "{box.spool}"\n'
-            f'poll_interval = 0.1\nlaunch_timeout = {launch_timeout}\nlog_level = "DEBUG"\n'
+            f'poll_interval = {poll_interval}\nlaunch_timeout = {launch_timeout}\nlog_level = "DEBUG"\n'
             f'[gpus]\nbackend = "simulated"\nsimulated_count = 4\n'
             f'simulated_model = "Simulated H100 80GB"\nsimulated_memory_mb = 81920\n')
         self.log = box.base / f"agent-{name}.log"

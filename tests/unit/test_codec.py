@@ -73,3 +73,14 @@ def test_messages_parse_and_validate():
 def test_malformed_messages(bad, text):
     with pytest.raises(ProtocolError, match=text):
         messages.parse_message(bad)
+
+
+def test_message_records_are_immutable_values():
+    r = messages.Response(id=4, ok=True, body={"a": 1}, error=None)
+    assert r == messages.Response(4, True, {"a": 1}, None) != messages.Response(4, True, {"a": 2}, None)
+    assert r != messages.Request(4, "x", None) and repr(r) == "Response(id=4, ok=True, body={'a': 1}, error=None)"
+    with pytest.raises(AttributeError):
+        r.ok = False
+    with pytest.raises(TypeError):
+        messages.Event("only-a-name")
+    assert hash(messages.Event("e", 1)) == hash(messages.Event("e", 1))

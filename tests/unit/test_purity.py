@@ -29,3 +29,10 @@ def test_core_and_scheduling_import_no_io(module):
 def test_cli_does_not_import_server_libraries(module):
     loaded = loaded_after(f"import {module}")
     assert not [m for m in ("sqlalchemy", "asyncssh", "asyncio", "pynvml", "alembic") if m in loaded]
+
+
+def test_hsubmit_imports_stay_light():
+    """Every submission starts a Python process: hsubmit's import chain keeps off the modules that
+    cost the most of its start (typing, dataclasses and the inspect they pull in)."""
+    loaded = loaded_after("import hai_cluster.cli.hsubmit")
+    assert not [m for m in ("typing", "dataclasses", "inspect", "click") if m in loaded]
