@@ -47,7 +47,9 @@ def test_sharing_jobs_share_one_card_under_mps(cluster):
     # This machine has 2 CPUs, so two jobs (one CPU each) run at once: both share card 0.
     home = user_dir(cluster.workdir, TEST_USER)
     flag = home / "go"
-    job = f"env > {home}/env.$HAI_JOB_ID; while [ ! -e {flag} ]; do sleep 0.1; done"
+    # Written aside and renamed: the test never reads a half-written file.
+    job = (f"env > {home}/env.$HAI_JOB_ID.part && mv {home}/env.$HAI_JOB_ID.part {home}/env.$HAI_JOB_ID; "
+           f"while [ ! -e {flag} ]; do sleep 0.1; done")
     quarter = cluster.submit("--gpus-per-node=0.25", "--wrap", job)
     best_effort = cluster.submit("--gpu-mem=8G", "--gpu-compute=30", "--gpu-qos=best-effort", "--wrap", job)
     envs = {}
@@ -141,7 +143,9 @@ def test_sharing_jobs_get_mig_instances_by_uuid():
     try:
         home = user_dir(c.workdir, TEST_USER)
         flag = home / "go"
-        job = f"env > {home}/env.$HAI_JOB_ID; while [ ! -e {flag} ]; do sleep 0.1; done"
+        # Written aside and renamed: the test never reads a half-written file.
+    job = (f"env > {home}/env.$HAI_JOB_ID.part && mv {home}/env.$HAI_JOB_ID.part {home}/env.$HAI_JOB_ID; "
+           f"while [ ! -e {flag} ]; do sleep 0.1; done")
         quarter = c.submit("--gpus-per-node=0.25", "--wrap", job)  # 20 GiB, 25 %: the 2g.20gb
         big = c.submit("--gpu-mem=30G", "--wrap", job)  # only the 3g.40gb holds 30 GiB
         third = c.submit("--gpu-mem=1G", "--wrap", job)  # both instances taken: waits
