@@ -144,8 +144,8 @@ def test_sharing_jobs_get_mig_instances_by_uuid():
         home = user_dir(c.workdir, TEST_USER)
         flag = home / "go"
         # Written aside and renamed: the test never reads a half-written file.
-    job = (f"env > {home}/env.$HAI_JOB_ID.part && mv {home}/env.$HAI_JOB_ID.part {home}/env.$HAI_JOB_ID; "
-           f"while [ ! -e {flag} ]; do sleep 0.1; done")
+        job = (f"env > {home}/env.$HAI_JOB_ID.part && mv {home}/env.$HAI_JOB_ID.part {home}/env.$HAI_JOB_ID; "
+               f"while [ ! -e {flag} ]; do sleep 0.1; done")
         quarter = c.submit("--gpus-per-node=0.25", "--wrap", job)  # 20 GiB, 25 %: the 2g.20gb
         big = c.submit("--gpu-mem=30G", "--wrap", job)  # only the 3g.40gb holds 30 GiB
         third = c.submit("--gpu-mem=1G", "--wrap", job)  # both instances taken: waits
