@@ -12,3 +12,12 @@ def agent():
     yield proc
     proc.stop()
     box.cleanup()
+
+
+@pytest.fixture
+def box():
+    """A fresh sandbox (spool, socket, test user's directories) for one test's own agent."""
+    need_root()
+    b = Sandbox()
+    yield b
+    b.cleanup()

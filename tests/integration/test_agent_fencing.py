@@ -8,19 +8,11 @@ import pytest
 
 from hai_cluster.transport.rpc import RpcError
 
-from .agent_helpers import AgentProcess, Sandbox, client, group_alive, need_root, run
+from .agent_helpers import AgentProcess, client, group_alive, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 LONG = "#!/bin/sh\nsleep 60\n"
-
-
-@pytest.fixture
-def box():
-    need_root()
-    b = Sandbox()
-    yield b
-    b.cleanup()
 
 
 async def _call(agent: AgentProcess, method: str, body: dict):

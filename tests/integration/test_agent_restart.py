@@ -9,19 +9,11 @@ import pytest
 
 from hai_cluster.agent import spool
 
-from .agent_helpers import AgentProcess, Sandbox, client, group_alive, need_root, run, wait_for
+from .agent_helpers import AgentProcess, Sandbox, client, group_alive, run, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 WAIT_FOR_GO = "#!/bin/sh\nwhile [ ! -e go-$HAI_JOB_ID ]; do sleep 0.1; done\nexit $EXIT\n"
-
-
-@pytest.fixture
-def box():
-    need_root()
-    b = Sandbox()
-    yield b
-    b.cleanup()
 
 
 def _spec(box: Sandbox, exit_code: int) -> dict:
