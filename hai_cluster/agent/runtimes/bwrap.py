@@ -19,7 +19,7 @@ import json
 import os
 
 from . import Context, Launch, MountPlan, Runtime, RuntimeRefused
-from .common import container_env, gpu_devices, image_rootfs, job_binds, mount_plan_dirs
+from .common import container_env, gpu_devices, image_rootfs, job_binds, mount_plan_dirs, tool_error
 
 STATUS = "bwrap-status.json"
 
@@ -70,17 +70,6 @@ class Bwrap(Runtime):
                     return None
             except ValueError:
                 continue
-        return f"bwrap could not set up the container: {_bwrap_error(ctx)}"
+        return f"bwrap could not set up the container: {tool_error(ctx, 'bwrap:')}"
 
 
-def _bwrap_error(ctx: Context) -> str:
-    """bwrap's own message, from the end of the job's error file (its stderr)."""
-    path = ctx.spec.stderr or ctx.spec.stdout
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        lines = []
-    found = [ln for ln in lines if ln.startswith("bwrap:")]
-    return found[-1] if found else f"see {path}"

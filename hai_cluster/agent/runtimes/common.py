@@ -148,3 +148,19 @@ def mount_plan_dirs(ctx: Context, binds: list[Bind],
             continue
         (files if b.is_file else dirs).append(b.dst)
     return tuple(dirs), tuple(files)
+
+
+def tool_error(ctx: Context, prefix: str, *, strip: bool = False) -> str:
+    """The last line a container tool wrote starting with `prefix` (its own error message), from
+    the end of the job's error file (the tool's stderr); `strip` drops the prefix."""
+    path = ctx.spec.stderr or ctx.spec.stdout
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    found = [ln for ln in lines if ln.startswith(prefix)]
+    if not found:
+        return f"see {path}"
+    return found[-1][len(prefix):] if strip else found[-1]

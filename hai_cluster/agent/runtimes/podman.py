@@ -31,7 +31,7 @@ import resource
 import subprocess
 
 from . import Context, Launch, Runtime, RuntimeRefused
-from .common import gpu_devices, image_rootfs, job_binds
+from .common import gpu_devices, image_rootfs, job_binds, tool_error
 from .runc import INIT, TOOL_PATH, _init_args, init_env
 
 ENV_FILE = "podman.env"
@@ -155,7 +155,7 @@ class Podman(Runtime):
     def after_exit(self, ctx: Context, launch: Launch, wait_status: int | None) -> str | None:
         if (ctx.run_dir / PID_FILE).exists():
             return None  # the container started: whatever happened next is the job's
-        return f"podman could not start the container: {_podman_error(ctx)}"
+        return f"podman could not start the container: {tool_error(ctx, 'Error: ', strip=True)}"
 
 
 def _limit(value: int) -> str:
@@ -166,14 +166,3 @@ def _finite(value: int) -> int:
     return 2**62 if value == resource.RLIM_INFINITY else value
 
 
-def _podman_error(ctx: Context) -> str:
-    """podman's own message ("Error: ..."), from the end of the job's error file (its stderr)."""
-    path = ctx.spec.stderr or ctx.spec.stdout
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        lines = []
-    found = [ln for ln in lines if ln.startswith("Error: ")]
-    return found[-1][len("Error: "):] if found else f"see {path}"
