@@ -42,8 +42,9 @@ class Caller:
         return self.role in (OPERATOR, ADMIN)
 
 
-def group_names(user: str, gid: int) -> set[str]:
-    """The Unix groups of `user` (its primary group `gid` included); empty when unknown."""
+def group_names(user: str, gid: int, *, unnamed_as_ids: bool = False) -> set[str]:
+    """The Unix groups of `user` (its primary group `gid` included); empty when unknown. A group id
+    without a name is left out, or given as its number with `unnamed_as_ids`."""
     try:
         gids = os.getgrouplist(user, gid)
     except (OSError, KeyError):
@@ -53,7 +54,8 @@ def group_names(user: str, gid: int) -> set[str]:
         try:
             names.add(grp.getgrgid(g).gr_name)
         except KeyError:
-            pass
+            if unnamed_as_ids:
+                names.add(str(g))
     return names
 
 

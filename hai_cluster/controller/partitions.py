@@ -6,13 +6,12 @@ A job without -t gets the smallest max_time among its partitions, as Slurm gives
 """
 from __future__ import annotations
 
-import grp
-import os
 from dataclasses import replace
 
 from ..config import ControllerConfig
 from ..core.model import JobSpec
 from ..core.timefmt import format_limit
+from .access import group_names
 
 
 class PartitionRefused(ValueError):
@@ -20,17 +19,8 @@ class PartitionRefused(ValueError):
 
 
 def groups_of(user: str, gid: int) -> set[str]:
-    try:
-        ids = os.getgrouplist(user, gid)
-    except OSError:
-        ids = [gid]
-    names = set()
-    for i in ids:
-        try:
-            names.add(grp.getgrgid(i).gr_name)
-        except KeyError:
-            names.add(str(i))
-    return names
+    """The user's groups as partitions' allowed_groups name them (by name, or by number when unnamed)."""
+    return group_names(user, gid, unnamed_as_ids=True)
 
 
 def admit(spec: JobSpec, cfg: ControllerConfig, *, user: str, groups: set[str], admin: bool) -> tuple[str, JobSpec]:
