@@ -1,12 +1,13 @@
 """A small synchronous client for the controller socket. Imports nothing heavy: the CLI must
-start fast (no asyncio, SQLAlchemy or asyncssh here)."""
+start fast (no asyncio, SQLAlchemy or asyncssh here). It uses the C `_socket` module: `socket`
+pulls in enum and selectors, a third of hsubmit's import time, for nothing a client needs."""
 from __future__ import annotations
 
-import socket
+import _socket
 
 from ..paths import client_socket
 from ..protocol import messages
-from ..protocol.codec import FrameDecoder, ProtocolError, encode_frame
+from ..protocol.framing import FrameDecoder, ProtocolError, frame
 
 
 class ClientError(Exception):
@@ -14,16 +15,21 @@ class ClientError(Exception):
 
 
 class ControllerClient:
-    def __init__(self, path: str | None = None, timeout: float = 60.0) -> None:
+    def __init__(self, path: str | None = None, timeout: float = 60.0, wire=None) -> None:
+        """`wire`: the payload codec, a module with packb and unpackb; msgpack's C extension by
+        default (protocol/codec.py), which decodes big replies fast. hsubmit passes minipack."""
         self.path = path or client_socket()
         self.timeout = timeout
-        self._sock: socket.socket | None = None
-        self._decoder = FrameDecoder()
+        if wire is None:
+            from ..protocol import codec as wire
+        self._wire = wire
+        self._sock: _socket.socket | None = None
+        self._decoder = FrameDecoder(wire.unpackb)
         self._next_id = 1
 
-    def _connect(self) -> socket.socket:
+    def _connect(self) -> _socket.socket:
         if self._sock is None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
             sock.settimeout(self.timeout)
             try:
                 sock.connect(self.path)
@@ -39,7 +45,7 @@ class ControllerClient:
         rid = self._next_id
         self._next_id += 1
         try:
-            sock.sendall(encode_frame(messages.request(rid, method, body)))
+            sock.sendall(frame(self._wire.packb(messages.request(rid, method, body))))
             while True:
                 data = sock.recv(65536)
                 if not data:
@@ -50,7 +56,7 @@ class ControllerClient:
                         if not msg.ok:
                             raise ClientError(msg.error)
                         return msg.body
-        except socket.timeout:
+        except TimeoutError:  # what a socket timeout raises
             raise ClientError(f"no answer from the controller within {self.timeout:.0f} s") from None
         except ProtocolError as exc:
             raise ClientError(f"bad reply from the controller: {exc}") from None
@@ -61,4 +67,4 @@ class ControllerClient:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-            self._decoder = FrameDecoder()  # what the old connection left half-read is not for the next
+            self._decoder = FrameDecoder(self._wire.unpackb)  # what the old connection left half-read is not for the next

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 
-TYPE_CHECKING = False  # typing itself costs every command's start a few ms: only for checkers
+TYPE_CHECKING = False  # typing (and collections) cost every command's start ms: only for checkers
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any, NoReturn
 
 from .client import ClientError, ControllerClient

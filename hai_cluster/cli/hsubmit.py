@@ -5,6 +5,7 @@ import os
 import sys
 import time
 
+from ..protocol import minipack
 from .client import ClientError, ControllerClient
 from .common import call, fail
 
@@ -31,7 +32,9 @@ def main(argv: list[str] | None = None) -> None:
     if argv and argv[0] in ("--help", "-h") or argv == ["--usage"]:
         print(USAGE, end="")
         return
-    client = ControllerClient()  # one connection for both requests
+    # One connection for both requests; the small codec: msgpack's C extension would take as long
+    # to import as the rest of hsubmit, and the replies here are small.
+    client = ControllerClient(wire=minipack)
     try:
         return submit(argv, client)
     finally:
@@ -39,31 +42,19 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def submit(argv: list[str], client: ControllerClient) -> None:
-    options, script_path, script_args = split(argv, client)
-    script, script_name = None, None
-    wraps = any(o == "--wrap" or o.startswith("--wrap=") for o in options)
-    if script_path is not None:
-        try:
-            with open(script_path, encoding="utf-8") as f:
-                script = f.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            fail("hsubmit", f"Unable to open file {script_path}: {getattr(exc, 'strerror', None) or exc}")
-        script_name = os.path.basename(script_path)
-    elif not wraps:
-        if sys.stdin.isatty():
-            fail("hsubmit", "no script given (a file, --wrap, or a script on standard input)")
-        script = sys.stdin.read()
-        script_name = "sbatch"
+    """The controller parses the submission (options and directives) and its answer is the one that
+    counts; it also says whether the job asked for --parsable or --wait. The first request sends
+    the arguments as they are: a --wrap job is submitted by it, else the answer names the script
+    to read (None: standard input), which the second request carries."""
     cwd, env = os.getcwd(), dict(os.environ)
-    # The controller parses the submission (options and directives) and its answer is the one
-    # that counts; it also says whether the job asked for --parsable or --wait.
     umask = os.umask(0o022)  # reading the umask means setting it: put it back at once
     os.umask(umask)
-    try:
-        reply = client.call("submit", {"script": script, "script_name": script_name, "option_args": options,
-                                       "script_args": script_args, "cwd": cwd, "env": env, "umask": umask})
-    except ClientError as exc:
-        fail("hsubmit", str(exc))
+    request = {"cwd": cwd, "env": env, "umask": umask}
+    reply = _call(client, {**request, "argv": argv})
+    if reply.get("need_script"):
+        script, script_name = read_script(reply["script_path"])
+        reply = _call(client, {**request, "script": script, "script_name": script_name,
+                               "option_args": reply["options"], "script_args": reply["script_args"]})
     client.close()  # not held open through --wait
     if "test_only" in reply:
         t = reply["test_only"]
@@ -79,13 +70,25 @@ def submit(argv: list[str], client: ControllerClient) -> None:
         sys.exit(wait_for_end(job_id))
 
 
-def split(argv: list[str], client: ControllerClient) -> tuple[list[str], str | None, list[str]]:
-    """Options, script path and script arguments, as the controller's parser reads them."""
+def _call(client: ControllerClient, body: dict) -> dict:
     try:
-        r = client.call("split_submission", {"argv": argv})
+        return client.call("submit", body)
     except ClientError as exc:
         fail("hsubmit", str(exc))
-    return r["options"], r["script_path"], r["script_args"]
+
+
+def read_script(script_path: str | None) -> tuple[str, str]:
+    """The script's text and name: the file's, or standard input's (sbatch's name for it)."""
+    if script_path is not None:
+        try:
+            with open(script_path, encoding="utf-8") as f:
+                script = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            fail("hsubmit", f"Unable to open file {script_path}: {getattr(exc, 'strerror', None) or exc}")
+        return script, os.path.basename(script_path)
+    if sys.stdin.isatty():
+        fail("hsubmit", "no script given (a file, --wrap, or a script on standard input)")
+    return sys.stdin.read(), "sbatch"
 
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}

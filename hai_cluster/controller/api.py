@@ -121,6 +121,12 @@ def build_api(ctl: Controller) -> RpcTable:
 
     @api.expose("submit")
     async def submit(body, caller: Caller):
+        if isinstance(body, dict) and "argv" in body:  # hsubmit's own arguments, not split yet
+            split = split_submission(body)
+            if split["script_path"] is not None or not any(o == "--wrap" or o.startswith("--wrap=")
+                                                            for o in split["options"]):
+                return {"need_script": True, **split}  # the client reads the file (or stdin), asks again
+            body = {**body, "option_args": split["options"], "script_args": split["script_args"]}
         script = _expect(body, "script", str)
         option_args = _str_list(body, "option_args") or []
         script_args = _str_list(body, "script_args") or []
@@ -153,14 +159,16 @@ def build_api(ctl: Controller) -> RpcTable:
                                           caller.uid, caller.gid)  # a hung mount must not stall the loop
         if problem:
             raise RequestError(problem)
-        known = tuple(n for n in await ctl.db(repo().load_nodes) if n.cpus > 0)  # inventory seen
-        if known:
-            view = JobView(id=0, user=caller.user, state=JobState.PENDING, submit_time=0, nodes=spec.nodes,
-                           gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
-                           mem_mb=spec.mem_mb, partition=partition, runtime=required_runtime(spec),
-                           gpu_share=spec_share(spec))
+        view = JobView(id=0, user=caller.user, state=JobState.PENDING, submit_time=0, nodes=spec.nodes,
+                       gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
+                       mem_mb=spec.mem_mb, partition=partition, runtime=required_runtime(spec),
+                       gpu_share=spec_share(spec))
+        # The last pass's nodes say yes for almost every job without a query; a no is checked
+        # against the store before it refuses (a node may have joined since that pass).
+        if not ctl.inventory or not could_ever_fit(view, ctl.inventory):
+            known = tuple(n for n in await ctl.db(repo().load_nodes) if n.cpus > 0)  # inventory seen
             fit = could_ever_fit(view, known)
-            if not fit:
+            if known and not fit:
                 raise RequestError(f"Requested node configuration is not available: {fit.reason}")
         if spec.dependency:
             await checked_dependency(spec.dependency)
@@ -180,10 +188,10 @@ def build_api(ctl: Controller) -> RpcTable:
         ctl.wake()
         return {"job_id": job_id, "parsable": sub.parsable, "wait": sub.wait}  # directives may set them
 
-    @api.expose("split_submission")
-    async def split_submission(body, caller: Caller):
+    def split_submission(body) -> dict:
         """hsubmit's arguments -> options, script path, script arguments: the client need not
-        import the job script parser (a fifth of its start-up) to know which file to read."""
+        import the job script parser (a fifth of its start-up) to know which file to read, and a
+        --wrap submission takes one round trip."""
         try:
             options, script_path, script_args = split_command_line(_str_list(body, "argv") or [])
         except JobScriptError as exc:

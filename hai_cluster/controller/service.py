@@ -54,6 +54,8 @@ class Controller:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
         self._policy_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
         self.repo: Repository | None = None
+        # The nodes whose inventory the last pass saw: submissions check against it (api.submit).
+        self.inventory: tuple = ()
         self.links: dict[str, NodeLink] = {}
         self.addresses: dict[str, str] = {}
         self._link_tasks: dict[str, asyncio.Task] = {}
@@ -63,6 +65,7 @@ class Controller:
         self._tasks: list[asyncio.Task] = []
         self.store_down = False
         self._last_resync = 0.0
+        self._last_retry = 0.0
         self._agent_epoch: Callable[[], int] | None = None
         self.telemetry = TelemetryHub(cfg.telemetry)
         self.events = EventLog()
@@ -181,6 +184,7 @@ class Controller:
     async def tick(self) -> None:
         await self._mark_silent_nodes_down()
         snapshot = await self.db(self.repo.load_snapshot, time.time())
+        self.inventory = tuple(n for n in snapshot.nodes if n.cpus > 0)
         if self.cfg.kill_invalid_depend:
             await self._cancel_unsatisfiable(snapshot)
         plan = await self.decide(self.telemetry.mark_idle(snapshot))
@@ -202,7 +206,11 @@ class Controller:
             for rank, node in enumerate(start.placement.nodes):
                 self._spawn(self._dispatch(job, job["attempt"], rank, start.placement.nodes,
                                            start.placement.gpus[rank]))
-        await self._retry_unfinished()
+        # Re-sending is the fallback for lost messages: once a tick is enough, not once per pass
+        # (a burst of submissions and ends wakes a pass each; these are two queries each time).
+        if time.monotonic() - self._last_retry >= self.cfg.tick_seconds:
+            self._last_retry = time.monotonic()
+            await self._retry_unfinished()
 
     async def _cancel_unsatisfiable(self, snapshot) -> None:
         """kill_invalid_depend: a job whose dependency can never be satisfied is cancelled."""

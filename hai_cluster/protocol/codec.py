@@ -1,62 +1,24 @@
-"""Length-prefixed msgpack frames. Pure: bytes in, messages out; no I/O here.
-
-A frame is a 4-byte big-endian payload length followed by one msgpack map. Anything else
-(a non-map payload, a length over the limit, bytes that do not decode) is a ProtocolError, after
-which the connection must be closed: a stream that lost framing cannot be resynchronised.
-"""
+"""The daemons' frame codec: framing.py's frames with msgpack's C extension for the payload."""
 from __future__ import annotations
-
-import struct
 
 import msgpack
 
-HEADER = struct.Struct(">I")
-MAX_FRAME_BYTES = 16 * 1024 * 1024
+from . import framing
+from .framing import HEADER, MAX_FRAME_BYTES, ProtocolError  # noqa: F401  (this module's API)
 
 
-class ProtocolError(Exception):
-    """The peer sent something that is not a valid frame or message."""
+def packb(obj: object) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpackb(payload: bytes) -> object:
+    return msgpack.unpackb(payload, raw=False, strict_map_key=False)
 
 
 def encode_frame(message: dict) -> bytes:
-    payload = msgpack.packb(message, use_bin_type=True)
-    if len(payload) > MAX_FRAME_BYTES:
-        raise ProtocolError(f"frame of {len(payload)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
-    return HEADER.pack(len(payload)) + payload
+    return framing.frame(packb(message))
 
 
-def decode_payload(payload: bytes) -> dict:
-    try:
-        message = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise ProtocolError(f"undecodable frame: {exc.__class__.__name__}") from None
-    if not isinstance(message, dict):
-        raise ProtocolError(f"frame is a {type(message).__name__}, expected a map")
-    return message
-
-
-class FrameDecoder:
-    """Incremental decoder: feed() bytes as they arrive, get back the complete messages."""
-
+class FrameDecoder(framing.FrameDecoder):
     def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES):
-        self._buf = bytearray()
-        self._max = max_frame_bytes
-
-    def feed(self, data: bytes) -> list[dict]:
-        self._buf += data
-        out = []
-        while len(self._buf) >= HEADER.size:
-            (length,) = HEADER.unpack_from(self._buf)
-            if length > self._max:
-                raise ProtocolError(f"frame length {length} exceeds the {self._max}-byte limit")
-            end = HEADER.size + length
-            if len(self._buf) < end:
-                break
-            payload = bytes(self._buf[HEADER.size:end])
-            del self._buf[:end]
-            out.append(decode_payload(payload))
-        return out
-
-    @property
-    def pending_bytes(self) -> int:
-        return len(self._buf)
+        super().__init__(unpackb, max_frame_bytes)

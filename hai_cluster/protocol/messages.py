@@ -8,7 +8,7 @@
 """
 from __future__ import annotations
 
-from .codec import ProtocolError
+from .framing import ProtocolError
 
 PROTOCOL_VERSION = 1
 # Versions this build can talk to. An old peer outside this set is refused with a clear error.

@@ -48,7 +48,8 @@ def test_http_request_on_the_socket_is_refused():
 
 def test_encode_refuses_oversized_message(monkeypatch):
     import hai_cluster.protocol.codec as codec
-    monkeypatch.setattr(codec, "MAX_FRAME_BYTES", 10)
+    import hai_cluster.protocol.framing as framing
+    monkeypatch.setattr(framing, "MAX_FRAME_BYTES", 10)
     with pytest.raises(ProtocolError):
         codec.encode_frame({"x": "y" * 100})
 

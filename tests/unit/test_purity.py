@@ -2,6 +2,7 @@
 and the CLI must not import the heavy server libraries."""
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,17 @@ def test_cli_does_not_import_server_libraries(module):
 
 def test_hsubmit_imports_stay_light():
     """Every submission starts a Python process: hsubmit's import chain keeps off the modules that
-    cost the most of its start (typing, dataclasses and the inspect they pull in)."""
+    cost the most of its start (typing, dataclasses and the inspect they pull in; socket with enum
+    and selectors; msgpack's package with datetime and collections; re)."""
     loaded = loaded_after("import hai_cluster.cli.hsubmit")
-    assert not [m for m in ("typing", "dataclasses", "inspect", "click") if m in loaded]
+    heavy = ("typing", "dataclasses", "inspect", "click", "socket", "enum", "selectors", "msgpack", "datetime",
+             "collections", "re")
+    assert not [m for m in heavy if m in loaded]
+
+
+def test_cli_launchers_import_only_their_command():
+    """bin/: the user commands' launchers (not pip's console_scripts wrapper, which imports re)."""
+    bin_dir = Path(__file__).resolve().parents[2] / "bin"
+    for launcher in sorted(bin_dir.iterdir()):
+        lines = [ln for ln in launcher.read_text().splitlines() if ln and not ln.startswith("#")]
+        assert lines == [f"from hai_cluster.cli.{launcher.name} import main", "raise SystemExit(main())"]
