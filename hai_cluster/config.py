@@ -88,6 +88,7 @@ class AgentConfig:
     allow_root_jobs: bool = False
     poll_interval: float = 0.2  # how often the spool is checked for runs that ended
     launch_timeout: float = 30.0  # how long start_run waits for the shepherd to report the launch
+    cpus: int = 0  # CPUs the node offers to jobs (Slurm's CPUs=); 0 = the machine's count
     log_level: str = "INFO"
     isolation: IsolationConfig = field(default_factory=IsolationConfig)
     telemetry: AgentTelemetryConfig = field(default_factory=AgentTelemetryConfig)
@@ -309,6 +310,7 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
         allow_root_jobs=a.get("allow_root_jobs", bool, False),
         poll_interval=a.get("poll_interval", float, 0.2),
         launch_timeout=a.get("launch_timeout", float, 30.0),
+        cpus=a.get("cpus", int, 0),
         log_level=a.get("log_level", str, "INFO"),
         gpu_backend=g.get("backend", str, "auto"),
         simulated=SimulatedGpus(
@@ -338,6 +340,8 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
     if cfg.health_check_program and not os.path.isabs(cfg.health_check_program):
         raise ConfigError(f"{path}: agent.health_check_program must be an absolute path, "
                           f"got {cfg.health_check_program!r}")
+    if cfg.cpus < 0:
+        raise ConfigError(f"{path}: agent.cpus must be >= 0 (0: the machine's count), got {cfg.cpus}")
     for key in ("frame_timeout", "idle_timeout"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"{path}: agent.{key} must be >= 0 (0: off), got {getattr(cfg, key):g}")

@@ -67,6 +67,8 @@ def main() -> None:
 @click.option("--dir", "directory", required=True, type=click.Path(file_okay=False), help="state directory")
 @click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 64))
 @click.option("--gpus-per-node", default=4, show_default=True, type=click.IntRange(0, 64))
+@click.option("--cpus-per-node", default=0, show_default=True, type=click.IntRange(0, 4096),
+              help="CPUs each node offers to jobs; 0 = the machine's count")
 @click.option("--gpu-backend", type=click.Choice(["auto", "simulated"]), default=None,
               help="default: auto for one node (real GPUs if NVML finds any), simulated for several")
 @click.option("--tick", default=0.5, show_default=True, type=float, help="scheduler tick, seconds")
@@ -74,8 +76,8 @@ def main() -> None:
 @click.option("--policy", type=click.Choice(["mlfq", "fifo"]), default="mlfq", show_default=True)
 @click.option("--thresholds", help="MLFQ level thresholds in GPU-seconds, e.g. 10,1000 (default: production's)")
 @click.option("--quanta", help="MLFQ quantum per level in seconds, e.g. 2,5,10 (default: production's)")
-def up(directory: str, nodes: int, gpus_per_node: int, gpu_backend: str | None, tick: float, timeout: float,
-       policy: str, thresholds: str | None, quanta: str | None) -> None:
+def up(directory: str, nodes: int, gpus_per_node: int, cpus_per_node: int, gpu_backend: str | None, tick: float,
+       timeout: float, policy: str, thresholds: str | None, quanta: str | None) -> None:
     """Start a controller and NODES agents; print the export line for the CLI."""
     d = Path(directory).resolve()
     d.mkdir(parents=True, exist_ok=True)
@@ -98,7 +100,8 @@ def up(directory: str, nodes: int, gpus_per_node: int, gpu_backend: str | None, 
         nd.mkdir(exist_ok=True)
         _write(nd / "agent.toml",
                f'[agent]\nname = "{name}"\nsocket = "{nd}/agent.sock"\nspool = "{nd}/spool"\n'
-               f'allow_root_jobs = true  # a dev cluster runs jobs as whoever started it\n\n'
+               f'allow_root_jobs = true  # a dev cluster runs jobs as whoever started it\n'
+               f'cpus = {cpus_per_node}\n\n'
                f'[gpus]\nbackend = "{backend}"\nsimulated_count = {gpus_per_node}\n')
         node_tables.append(f'[[nodes]]\nname = "{name}"\naddress = "127.0.0.1"\ntransport = "local"\n'
                            f'agent_socket = "{nd}/agent.sock"\n')

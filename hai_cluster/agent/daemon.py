@@ -35,7 +35,7 @@ class Agent:
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
         self.gpu_backend, self.gpus = inventory(cfg)
-        self.cpus = os.cpu_count() or 1
+        self.cpus = cfg.cpus or os.cpu_count() or 1
         self.mem_mb = psutil.virtual_memory().total // (1024 * 1024)
         self.isolation = NodeIsolation.detect(cfg)  # logs what it found (and what is missing)
         self.runs = RunTable(cfg.spool, cfg.launch_timeout, self.isolation)

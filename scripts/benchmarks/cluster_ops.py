@@ -12,9 +12,9 @@ Slurm (its tests a-d), so that the two tables line up row for row:
      10,000 `hsubmit` calls take longer than the whole suite should; what is measured is hqueue.
 
 The cluster: `hai-dev up` with 4 nodes (simulated GPUs, jobs as root), the production scheduler
-defaults (MLFQ, tick 1 s). Jobs ask for no GPU, like Slurm's trivial jobs; an agent offers the
-machine's real CPU count (2 here), so 8 one-CPU jobs run at once over the 4 nodes, where the Slurm
-peer advertises 64 CPUs per node."""
+defaults (MLFQ, tick 1 s). Jobs ask for no GPU, like Slurm's trivial jobs; each agent offers 64
+CPUs (agent.cpus), as the Slurm peer advertises per node, so both can run as many trivial jobs at
+once whatever this machine's real CPU count."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -30,12 +30,13 @@ BIN = Path(sys.executable).parent
 
 
 class DevCluster:
-    def __init__(self, nodes: int = 4, gpus_per_node: int = 8, tick: float = 1.0) -> None:
+    def __init__(self, nodes: int = 4, gpus_per_node: int = 8, tick: float = 1.0, cpus_per_node: int = 64) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="hai-bench-ops-", dir="/tmp"))
         self.work = self.dir / "work"
         self.work.mkdir()
         up = subprocess.run([str(BIN / "hai-dev"), "up", "--dir", str(self.dir), "--nodes", str(nodes),
-                             "--gpus-per-node", str(gpus_per_node), "--gpu-backend", "simulated",
+                             "--gpus-per-node", str(gpus_per_node), "--cpus-per-node", str(cpus_per_node),
+                             "--gpu-backend", "simulated",
                              "--tick", str(tick)], capture_output=True, text=True, cwd=self.dir)
         # cwd: hai-dev starts the daemons with `python -m`, which puts the current directory first
         # on sys.path; from a checkout they would import its hai_cluster, not the installed one.
@@ -218,7 +219,7 @@ def measure(jobs: int = 500, submitters: int = 4, reps: int = 1, latency_jobs: i
             pending_large: int = 10000, only: str = "a,b,c,d,dl", tick: float = 1.0) -> dict:
     only_set = set(only.split(","))
     c = DevCluster(nodes=4, gpus_per_node=8, tick=tick)
-    r: dict = {"settings": {"nodes": 4, "gpus_per_node": 8, "tick_s": tick, "policy": "mlfq"}}
+    r: dict = {"settings": {"nodes": 4, "gpus_per_node": 8, "cpus_per_node": 64, "tick_s": tick, "policy": "mlfq"}}
     try:
         if "c" in only_set:
             r["latency"] = test_latency(c, latency_jobs, latency_idle_jobs, latency_gap)

@@ -124,12 +124,12 @@ def section(a) -> str:
     version = (slurm or {}).get("version") or "Slurm"
     return (
         "### hai-cluster and Slurm on the same machine\n\n"
-        f"hai-cluster: `hai-dev up --nodes 4 --gpus-per-node 8` (controller on SQLite, MLFQ, tick 1 s; jobs run "
+        f"hai-cluster: `hai-dev up --nodes 4 --gpus-per-node 8 --cpus-per-node 64` (controller on SQLite, MLFQ, "
+        "tick 1 s; jobs run "
         f"as root), the CLI run as a process per call. Slurm: {version}, the peer in `../shared/peers/slurm` "
         f"(4 slurmd × 8 GPUs, Slurm's default settings), {how}. Both run the same tests "
         "(`scripts/benchmarks/cluster_ops.py` mirrors the peer's `bench` a–d). hai / Slurm: above 1 is "
         "more jobs/s or more seconds. Our 10,000 held jobs are written straight into the store (hqueue is "
         "what is timed); Slurm's 9,990 go through sbatch after a cold restart (its MaxJobCount is 10,000). "
-        "Each agent offers the machine's "
-        "2 CPUs, so 8 trivial jobs run at once (Slurm's peer advertises 64 CPUs per node).\n\n"
+        "Both advertise 64 CPUs per node, whatever the machine has (`agent.cpus`; Slurm's `CPUs=`).\n\n"
         + table(ours, slurm, a))

@@ -11,11 +11,12 @@ import pytest
 from .harness import OTHER_USER, TEST_USER, start_local_cluster, user_dir, wait_for
 
 NODE = "local1"
+NODE_CPUS = 48  # what the agent offers, from its config (agent.cpus), not the machine's count
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = start_local_cluster(node=NODE, gpus=2)
+    c = start_local_cluster(node=NODE, gpus=2, agent_toml=f"cpus = {NODE_CPUS}")  # not the machine's count
     yield c
     c.close()
 
@@ -146,7 +147,7 @@ def test_hinfo_default_view_node_view_and_state_filters(cluster):
     assert node_states(cluster) == [["gpu*", "up", "UNLIMITED", "1", "idle", "0/2", NODE]]
     assert cluster.cli("hinfo", "-N").stdout.splitlines()[0].split()[:5] == [
         "NODELIST", "PARTITION", "STATE", "CPUS", "GPUS(A/T)"]
-    assert [r[:3] + [r[4]] for r in node_states(cluster, "-N")] == [[NODE, "gpu", "idle", "0/2"]]
+    assert [r[:5] for r in node_states(cluster, "-N")] == [[NODE, "gpu", "idle", str(NODE_CPUS), "0/2"]]
     assert [r[0] for r in node_states(cluster, "-N", "-t", "idle")] == [NODE]
     assert node_states(cluster, "-N", "-t", "alloc,mix") == []
     one = running(cluster, "half", "--gpus-per-node=1")

@@ -33,3 +33,14 @@ def test_bad_controller_configs_name_the_key(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         load_controller_config(path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("cpus = -1", "agent.cpus must be >= 0"),
+    ("cpus = \"many\"", "agent.cpus must be an integer"),
+])
+def test_bad_agent_configs_name_the_key(tmp_path, text, message):
+    path = tmp_path / "agent.toml"
+    path.write_text(f"[agent]\nname = \"n1\"\n{text}\n")
+    with pytest.raises(ConfigError, match=message):
+        load_agent_config(path)
