@@ -25,6 +25,7 @@ from ..store.repository import RankRef, Repository
 from ..transport.rpc import ConnectionLost, RequestError, RpcError
 from . import membership
 from .dispatch import rank_spec
+from .batching import GroupWriter
 from .events import EventLog
 from .health import on_health
 from .nodes import NodeLink, NodeUnavailable
@@ -69,6 +70,9 @@ class Controller:
         self._agent_epoch: Callable[[], int] | None = None
         self.telemetry = TelemetryHub(cfg.telemetry)
         self.events = EventLog()
+        # Group commit (batching.py) for the two writes every job makes once per rank.
+        self._mark_running = GroupWriter(self.db, lambda ranks: self.repo.mark_ranks_running(ranks))
+        self._record_end = GroupWriter(self.db, lambda ends: self.repo.ranks_ended(ends, time.time()))
         self._last_prune = 0.0
 
     async def db(self, fn: Callable, *args, **kw) -> Any:
@@ -252,7 +256,7 @@ class Controller:
             if status.get("state") == "ended":
                 await self._run_ended(node, status)
             else:
-                await self.db(self.repo.mark_rank_running, job["id"], attempt, node)
+                await self._mark_running((job["id"], attempt, node))
         except RpcError as exc:  # the agent refused the run: it can never start there
             log.warning("job %d: node %s refused the run: %s", job["id"], node, exc)
             await self._run_ended(node, {"job_id": job["id"], "attempt": attempt, "rank": rank, "exit_code": None,
@@ -308,7 +312,7 @@ class Controller:
 
     async def _run_ended(self, node: str, status: dict) -> None:
         job_id, attempt = int(status["job_id"]), int(status["attempt"])
-        result = await self.db(self.repo.rank_ended, job_id, attempt, node, status, time.time())
+        result = await self._record_end((job_id, attempt, node, status))
         if result.run_state is not None:
             self.events.record("ended", job_id, node, attempt=attempt, state=result.run_state.value,
                                exit_code=status.get("exit_code"), signal=status.get("signal"),

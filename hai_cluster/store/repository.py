@@ -420,11 +420,16 @@ class Repository:
             return [RankRef(r.job_id, r.attempt, r.rank, r.node, tuple(r.gpus), r.state) for r in c.execute(q)]
 
     def mark_rank_running(self, job_id: int, attempt: int, node: str) -> None:
+        self.mark_ranks_running([(job_id, attempt, node)])
+
+    def mark_ranks_running(self, ranks: Sequence[tuple[int, int, str]]) -> None:
+        """The agents confirmed these (job id, attempt, node) ranks started: one transaction."""
         with self.engine.begin() as c:
-            run_id = self._run_id(c, job_id, attempt)
-            if run_id is not None:
-                c.execute(update(run_ranks).where(run_ranks.c.run_id == run_id, run_ranks.c.node == node,
-                                                  run_ranks.c.state == "starting").values(state="running"))
+            for job_id, attempt, node in ranks:
+                run_id = self._run_id(c, job_id, attempt)
+                if run_id is not None:
+                    c.execute(update(run_ranks).where(run_ranks.c.run_id == run_id, run_ranks.c.node == node,
+                                                      run_ranks.c.state == "starting").values(state="running"))
 
     @staticmethod
     def _run_id(c, job_id: int, attempt: int) -> int | None:
@@ -433,54 +438,63 @@ class Repository:
     def rank_ended(self, job_id: int, attempt: int, node: str, status: Mapping[str, Any], now: float) -> RankEnd:
         """Record one rank's final status; when it is the last, finish the run and move the job."""
         with self.engine.begin() as c:
-            run = c.execute(select(runs).where(runs.c.job_id == job_id, runs.c.attempt == attempt)).first()
-            if run is None:
-                return RankEnd(False)
-            res = c.execute(update(run_ranks).where(
-                run_ranks.c.run_id == run.id, run_ranks.c.node == node, run_ranks.c.state != "ended").values(
-                state="ended", exit_code=status.get("exit_code"), exit_signal=status.get("signal"),
-                reason=status.get("reason"), killed=bool(status.get("killed")), message=status.get("message"),
-                end_time=status.get("end_time") or now))
-            if res.rowcount == 0:
-                return RankEnd(False)
-            ranks = [_row(r) for r in c.execute(select(run_ranks).where(run_ranks.c.run_id == run.id)
-                                                .order_by(run_ranks.c.rank))]
-            job = c.execute(select(jobs).where(jobs.c.id == job_id)).first()
-            alive = [r for r in ranks if r["state"] != "ended"]
-            if alive:
-                failed = status.get("exit_code") != 0 or status.get("signal") or status.get("reason")
-                stop = tuple(RankRef(job_id, attempt, r["rank"], r["node"], tuple(r["gpus"]), r["state"])
-                             for r in alive) if failed else ()
-                return RankEnd(True, stop_ranks=stop)
-            outcome = combine(({"exit_code": r["exit_code"], "signal": r["exit_signal"], "reason": r["reason"],
-                                "message": r["message"]} for r in ranks), job.end_request)
-            end = max(r["end_time"] or now for r in ranks)
-            why = outcome.message
-            if outcome.state in (JobState.PREEMPTED, JobState.REQUEUED):
-                late = any(r["killed"] for r in ranks)
-                why = (job.end_reason or outcome.state.value.lower()) + (
-                    "; did not exit within its grace period, killed" if late else "; exited within its grace period")
-            elif outcome.state == JobState.CANCELLED and job.end_request == "cancel":
-                why = job.end_reason or "cancelled"
-            c.execute(update(runs).where(runs.c.id == run.id).values(
-                state=outcome.state.value, end_time=end, exit_code=outcome.exit_code,
-                exit_signal=outcome.signal, reason=why))
-            spec = JobSpec.from_wire(job.spec)
-            new_state = job_state_after(outcome.state, spec.requeue)
-            gpu_seconds = max(0.0, end - run.start_time) * (run.gpu_charge or run.gpus)
-            values: dict[str, Any] = dict(
-                state=new_state.value, exit_code=outcome.exit_code, exit_signal=outcome.signal,
-                end_request=None, end_reason=None, last_run_end=end,
-                attained_gpu_seconds=job.attained_gpu_seconds + gpu_seconds, version=job.version + 1)
-            if new_state == JobState.PENDING:
-                if spec.partition and "," in spec.partition:  # back to all its candidate partitions
-                    values["partition"] = spec.partition
-                values.update(restart_count=job.restart_count + 1, nodelist="", start_time=None, pending_since=end,
-                              reason="Preempted" if outcome.state == JobState.PREEMPTED else "Requeued")
-            else:
-                values.update(end_time=end, reason=why or "None")
-            c.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
-            return RankEnd(True, run_state=outcome.state, job_state=new_state)
+            return self._rank_ended(c, job_id, attempt, node, status, now)
+
+    def ranks_ended(self, ends: Sequence[tuple[int, int, str, Mapping[str, Any]]], now: float) -> list[RankEnd]:
+        """rank_ended for each (job id, attempt, node, status), in order, in one transaction."""
+        with self.engine.begin() as c:
+            return [self._rank_ended(c, job_id, attempt, node, status, now) for job_id, attempt, node, status in ends]
+
+    def _rank_ended(self, c, job_id: int, attempt: int, node: str, status: Mapping[str, Any], now: float) -> RankEnd:
+        """rank_ended on the caller's transaction."""
+        run = c.execute(select(runs).where(runs.c.job_id == job_id, runs.c.attempt == attempt)).first()
+        if run is None:
+            return RankEnd(False)
+        res = c.execute(update(run_ranks).where(
+            run_ranks.c.run_id == run.id, run_ranks.c.node == node, run_ranks.c.state != "ended").values(
+            state="ended", exit_code=status.get("exit_code"), exit_signal=status.get("signal"),
+            reason=status.get("reason"), killed=bool(status.get("killed")), message=status.get("message"),
+            end_time=status.get("end_time") or now))
+        if res.rowcount == 0:
+            return RankEnd(False)
+        ranks = [_row(r) for r in c.execute(select(run_ranks).where(run_ranks.c.run_id == run.id)
+                                            .order_by(run_ranks.c.rank))]
+        job = c.execute(select(jobs).where(jobs.c.id == job_id)).first()
+        alive = [r for r in ranks if r["state"] != "ended"]
+        if alive:
+            failed = status.get("exit_code") != 0 or status.get("signal") or status.get("reason")
+            stop = tuple(RankRef(job_id, attempt, r["rank"], r["node"], tuple(r["gpus"]), r["state"])
+                         for r in alive) if failed else ()
+            return RankEnd(True, stop_ranks=stop)
+        outcome = combine(({"exit_code": r["exit_code"], "signal": r["exit_signal"], "reason": r["reason"],
+                            "message": r["message"]} for r in ranks), job.end_request)
+        end = max(r["end_time"] or now for r in ranks)
+        why = outcome.message
+        if outcome.state in (JobState.PREEMPTED, JobState.REQUEUED):
+            late = any(r["killed"] for r in ranks)
+            why = (job.end_reason or outcome.state.value.lower()) + (
+                "; did not exit within its grace period, killed" if late else "; exited within its grace period")
+        elif outcome.state == JobState.CANCELLED and job.end_request == "cancel":
+            why = job.end_reason or "cancelled"
+        c.execute(update(runs).where(runs.c.id == run.id).values(
+            state=outcome.state.value, end_time=end, exit_code=outcome.exit_code,
+            exit_signal=outcome.signal, reason=why))
+        spec = JobSpec.from_wire(job.spec)
+        new_state = job_state_after(outcome.state, spec.requeue)
+        gpu_seconds = max(0.0, end - run.start_time) * (run.gpu_charge or run.gpus)
+        values: dict[str, Any] = dict(
+            state=new_state.value, exit_code=outcome.exit_code, exit_signal=outcome.signal,
+            end_request=None, end_reason=None, last_run_end=end,
+            attained_gpu_seconds=job.attained_gpu_seconds + gpu_seconds, version=job.version + 1)
+        if new_state == JobState.PENDING:
+            if spec.partition and "," in spec.partition:  # back to all its candidate partitions
+                values["partition"] = spec.partition
+            values.update(restart_count=job.restart_count + 1, nodelist="", start_time=None, pending_since=end,
+                          reason="Preempted" if outcome.state == JobState.PREEMPTED else "Requeued")
+        else:
+            values.update(end_time=end, reason=why or "None")
+        c.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
+        return RankEnd(True, run_state=outcome.state, job_state=new_state)
 
     # ---- nodes ---------------------------------------------------------------------------
     def register_nodes(self, configured: Iterable[tuple[str, str, Sequence[str]]], now: float) -> None:
