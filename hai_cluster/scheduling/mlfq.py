@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
+from operator import itemgetter
 
 from ..core.model import JobView, NodeView, Snapshot
 from ..core.resources import fits
@@ -25,6 +26,8 @@ from .plan import Plan, Preempt, Start, Wait
 from .victims import Candidate, FreeIndex, VictimIndex, scan_options
 
 CLASS_RANK = {"urgent": 0, "high": 1, "normal": 2, "low": 3}
+# Enum members as plain names: looked up once, not once per job of a long list.
+_PENDING, _RUNNING, _PREEMPTING = JobState.PENDING, JobState.RUNNING, JobState.PREEMPTING
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,15 @@ class _Decision:
         self.cfg, self.snap, self.now = cfg, snap, snap.now
         self.nodes: dict[str, NodeView] = {n.name: n for n in snap.nodes}  # free now
         self.future: dict[str, NodeView] = dict(self.nodes)  # free once PREEMPTING runs have left
-        self.running = [j for j in snap.jobs if j.state == JobState.RUNNING]
+        # The jobs by state, in one walk over a long job list.
+        self.pending, self.running, preempting = [], [], []
+        for j in snap.jobs:
+            if j.state == _PENDING:
+                self.pending.append(j)
+            elif j.state == _RUNNING:
+                self.running.append(j)
+            elif j.state == _PREEMPTING:
+                preempting.append(j)
         self._levels: dict[int, int] = {}
         self._lowest = cfg.levels - 1
         self._promoted: set[int] = set()  # pending jobs the starvation guard moved to level 0
@@ -117,11 +128,10 @@ class _Decision:
         self.reserving: set[str | None] = set()  # partitions that already have one
         self.actions: list = []
         self.wake: list[float] = []
-        for j in snap.jobs:
-            if j.state == JobState.PREEMPTING:
-                for node, gpus in j.allocation:
-                    if node in self.future:
-                        release(j, node, gpus, self.future)
+        for j in preempting:
+            for node, gpus in j.allocation:
+                if node in self.future:
+                    release(j, node, gpus, self.future)
         self.free_now, self.free_future = FreeIndex(self.nodes), FreeIndex(self.future)
         self.victim_index = VictimIndex(self)
 
@@ -168,7 +178,7 @@ class _Decision:
             # Lowest level: round-robin by the end of the previous run (never-run jobs first).
             rr = (j.last_run_end or -math.inf) if level == lowest else 0.0
             # Within a level and class: the higher fair-share factor (less past use for its shares) first.
-            share = fairshare.get((j.account, j.user), 1.0)
+            share = fairshare.get((j.account, j.user), 1.0) if fairshare else 1.0
             # Best-effort shares only use what is left: after the rest of their level and class (a
             # guaranteed share that preempted one must not lose the card to it again).
             best_effort = j.gpu_share is not None and j.gpu_share.qos == "best-effort"
@@ -179,16 +189,15 @@ class _Decision:
     def queue(self) -> list[tuple[JobView, int, int]]:
         """Pending jobs in service order, each with its (effective) level and class rank (read
         back from its order key, which holds both)."""
-        pending = [j for j in self.snap.jobs if j.state == JobState.PENDING]
+        pending = self.pending
         if self.cfg.starvation_factor > 0:
             levels = [self.effective_level(j) for j in pending]
         else:
             # Without the starvation guard a pending job's effective level is its level, from the
             # service of its past runs (what attained() is without a current run).
             levels = list(map(self.cfg.level_of, [j.attained_gpu_seconds for j in pending]))
-        keys = self.order_keys(pending, levels)
-        order = sorted(range(len(pending)), key=keys.__getitem__)
-        return [(pending[i], keys[i][1], keys[i][2]) for i in order]
+        keyed = sorted(zip(self.order_keys(pending, levels), pending), key=itemgetter(0))
+        return [(j, key[1], key[2]) for key, j in keyed]
 
     def run(self) -> Plan:
         waiting_ahead: dict[str | None, int] = {}  # partition -> best level of a job left waiting
@@ -325,13 +334,14 @@ class _Decision:
         placement = place(job, trial, self.cfg.placement)
         if placement is None:
             return False  # CPUs or memory still short
+        self.future.update(trial)  # the picked nodes, their victims released
         for v in victims.values():
             for node, gpus in v.allocation:  # a gang victim frees its other nodes too
-                if node in self.future:
+                if node in self.future and node not in trial:
                     release(v, node, gpus, self.future)
             self.victims.add(v.id)
             self.changed((node for node, _ in v.allocation if node in self.future), now=False)
-            why = ("urgent job" if CLASS_RANK.get(job.priority, 2) == 0 else f"level {level} job")
+            why = ("urgent job" if rank == 0 else f"level {level} job")
             self.actions.append(Preempt(v.id, f"level {self.level(v)} run past its quantum; GPUs go to "
                                               f"{why} {job.id}", for_job=job.id))
         self.claim(job, placement)
