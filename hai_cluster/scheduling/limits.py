@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from ..core.model import Snapshot
 from ..core.states import JobState
+from .collector import collector_paused
 from .plan import Plan, Policy, Wait
 from .quotas import WithinQuotas
 
@@ -50,11 +51,12 @@ class Limited:
         return getattr(self.policy, name)
 
     def decide(self, snapshot: Snapshot) -> Plan:
-        held = throttled(snapshot)
-        if not held:
-            return self.policy.decide(snapshot)
-        plan = self.policy.decide(replace(snapshot, jobs=tuple(j for j in snapshot.jobs if j.id not in held)))
-        return replace(plan, actions=plan.actions + tuple(Wait(i, ARRAY_LIMIT) for i in sorted(held)))
+        with collector_paused():  # the same plan, sooner (collector.py)
+            held = throttled(snapshot)
+            if not held:
+                return self.policy.decide(snapshot)
+            plan = self.policy.decide(replace(snapshot, jobs=tuple(j for j in snapshot.jobs if j.id not in held)))
+            return replace(plan, actions=plan.actions + tuple(Wait(i, ARRAY_LIMIT) for i in sorted(held)))
 
 
 def with_limits(policy: Policy) -> Limited:

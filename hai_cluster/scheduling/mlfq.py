@@ -133,7 +133,7 @@ class _Decision:
                 if node in self.future:
                     release(j, node, gpus, self.future)
         self.free_now, self.free_future = FreeIndex(self.nodes), FreeIndex(self.future)
-        self.victim_index = VictimIndex(self)
+        self.victim_index = VictimIndex(self.node_order)
 
     def changed(self, names, *, now: bool = True) -> None:
         """Nodes whose working copies (or reservations, or victims) the pass just changed;
@@ -319,7 +319,7 @@ class _Decision:
         if self.victim_search == "scan" or self.cfg.prefer_idle_victims:
             picked = scan_options(self, job, level, rank)
         else:
-            picked = self.victim_index.options(job, level, rank)
+            picked = self.victim_index.options(self, job, level, rank)
         if picked is None:
             return False
         victims = {v.id: v for o in picked for v in o[3]}

@@ -192,16 +192,18 @@ class _Shape:
 
 
 class VictimIndex:
-    def __init__(self, d: _Decision) -> None:
-        self.d = d
+    """The options of every job shape a pass asked for. It keeps no reference to the pass (which
+    holds it), so that the pass is freed as soon as it ends, without a cycle to collect."""
+
+    def __init__(self, node_order: list[str]) -> None:
         self.log: list[str] = []  # nodes changed by the pass, in order
         self.shapes: dict[tuple, _Shape] = {}
-        self.position = {name: i for i, name in enumerate(d.node_order)}
+        self.position = {name: i for i, name in enumerate(node_order)}
 
     def changed(self, names: Iterable[str]) -> None:
         self.log.extend(names)
 
-    def options(self, job: JobView, level: int, rank: int) -> list | None:
+    def options(self, d: _Decision, job: JobView, level: int, rank: int) -> list | None:
         # Everything node_option reads of the job: fits() (partition, sizes, runtime), the level
         # and the class rank (may_preempt, urgency).
         key = (job.gpus_per_node, job.partition, job.cpus_per_task, job.mem_mb, job.runtime, level, rank)
@@ -212,26 +214,24 @@ class VictimIndex:
         position = self.position
         for name in set(self.log[shape.seen:]):
             if position[name] < shape.known:
-                self._update(shape, job, level, rank, name)
+                self._update(d, shape, job, level, rank, name)
         shape.seen = len(self.log)
-        order = self.d.node_order
+        order = d.node_order
         if job.nodes > 1:
             for name in order[shape.known:]:
-                self._update(shape, job, level, rank, name)
+                self._update(d, shape, job, level, rank, name)
             shape.known = len(order)
         else:
             while shape.known < len(order) and shape.first_exact() is None:
-                self._update(shape, job, level, rank, order[shape.known])
+                self._update(d, shape, job, level, rank, order[shape.known])
                 shape.known += 1
         return shape.pick(job.nodes)
 
-    def _update(self, shape: _Shape, job: JobView, level: int, rank: int, name: str) -> None:
-        shape.set(name, node_option(self.d, job, level, name, rank, self._fit(shape, job, name)))
-
-    def _fit(self, shape: _Shape, job: JobView, name: str) -> bool | None:
-        if job.gpu_share is not None:
-            return None  # a share's fit reads the card's use, and the key does not name the share
-        fit = shape.fit.get(name)
-        if fit is None:
-            fit = shape.fit[name] = node_fits(job, self.d.future[name])
-        return fit
+    @staticmethod
+    def _update(d: _Decision, shape: _Shape, job: JobView, level: int, rank: int, name: str) -> None:
+        fit = None  # a share's fit reads the card's use, and the key does not name the share
+        if job.gpu_share is None:
+            fit = shape.fit.get(name)
+            if fit is None:
+                fit = shape.fit[name] = node_fits(job, d.future[name])
+        shape.set(name, node_option(d, job, level, name, rank, fit))
