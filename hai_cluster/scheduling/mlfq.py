@@ -21,7 +21,7 @@ from ..core.model import JobView, NodeView, Snapshot
 from ..core.resources import fits
 from ..core.sharing import best_effort_room
 from ..core.states import JobState
-from .placement import place, release, reserve, with_usage
+from .placement import place, placement_on, release, reserve, with_usage
 from .plan import Plan, Preempt, Start, Wait
 from .victims import Candidate, FreeIndex, VictimIndex, scan_options
 
@@ -132,7 +132,7 @@ class _Decision:
             for node, gpus in j.allocation:
                 if node in self.future:
                     release(j, node, gpus, self.future)
-        self.free_now, self.free_future = FreeIndex(self.nodes), FreeIndex(self.future)
+        self.free_now, self.free_future = FreeIndex(self.nodes, cfg.placement), FreeIndex(self.future, cfg.placement)
         self.victim_index = VictimIndex(self.node_order)
 
     def changed(self, names, *, now: bool = True) -> None:
@@ -253,17 +253,14 @@ class _Decision:
 
     def place_in(self, job: JobView, nodes: dict[str, NodeView], free: FreeIndex):
         """place() on the nodes this job may use (not those reserved for a starving job), looking
-        first at the nodes it prefers (victims.FreeIndex.preferred), then at the others."""
+        at them in place()'s order through the free-GPU index and stopping at the first that fit."""
         pack = self.cfg.gpu_pack
-        if self.victim_search == "scan" or job.gpu_share is not None:
-            # The reference, and card shares (their room is not a free-GPU count): every node
-            # that is not reserved.
+        if self.victim_search == "scan" or job.gpu_share is not None or len(job.partitions) > 1 or job.nodes < 1:
+            # The reference, card shares (their room is not a free-GPU count) and jobs that may use
+            # several partitions (place() tries them one by one): every node that is not reserved.
             return place(job, nodes, self.cfg.placement, only=[n for n in nodes if n not in self.reserved], pack=pack)
-        first, rest = free.preferred(job.gpus_per_node, self.cfg.placement, self.reserved)
-        if first and (placement := place(job, nodes, self.cfg.placement, only=first, pack=pack)) is not None:
-            return placement
-        rest = free.names(rest, self.reserved)
-        return place(job, nodes, self.cfg.placement, only=first + rest, pack=pack) if rest else None
+        chosen = free.first_fitting(job, self.reserved)
+        return None if chosen is None else placement_on(job, chosen)
 
     def try_start(self, job: JobView, level: int, waiting_ahead: dict) -> bool:
         placement = self.place_in(job, self.nodes, self.free_now)

@@ -1,8 +1,7 @@
 """Indexes that keep the MLFQ pass from walking every node for every pending job.
 
-`FreeIndex`: the nodes of a working copy by free GPU count, so that placement only looks at the
-nodes that can hold a job's ranks (place() gives the same answer on that subset: it filters on
-free GPUs itself and orders by a total key).
+`FreeIndex`: the nodes of a working copy by free GPU count, in place()'s order, so that placement
+looks at the nodes it would choose first and stops once enough fit (place() orders by a total key).
 
 `VictimIndex`: per job shape, each node's preemption option (the victims it would take there),
 recomputed only for the nodes the pass changed since the shape was last asked. The choice it
@@ -13,6 +12,7 @@ of exactly the missing GPUs suffices (single-node jobs), and takes the cheapest 
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, insort
 from typing import TYPE_CHECKING, Iterable, NamedTuple
 
 from ..core.model import JobView, NodeView
@@ -34,38 +34,44 @@ class Candidate(NamedTuple):
 
 
 class FreeIndex:
-    def __init__(self, nodes: dict[str, NodeView]) -> None:
+    """The nodes of a working copy by free GPU count, each count's nodes kept in place()'s order
+    (free CPUs, then name), so that the nodes place() would choose are found by walking the counts
+    and their nodes in that order until enough fit: place() sorts every fitting node by (free GPUs,
+    free CPUs, name) and takes the first ones, which are exactly those (a total order)."""
+
+    def __init__(self, nodes: dict[str, NodeView], mode: str) -> None:
         self.nodes = nodes
-        self._count: dict[str, int] = {}
-        self._by_count: dict[int, set[str]] = {}
+        self.sign = 1 if mode == "binpack" else -1  # binpack: fewest free first; spread: most
+        self._at: dict[str, tuple[int, tuple[int, str]]] = {}  # name -> (free GPUs, key in its count)
+        self._by_count: dict[int, list[tuple[int, str]]] = {}  # free GPUs -> sorted keys
         for name in nodes:
             self.update(name)
 
     def update(self, name: str) -> None:
-        k = len(self.nodes[name].free_gpus)
-        old = self._count.get(name)
-        if old == k:
+        n = self.nodes[name]
+        at = (len(n.free_gpus), (self.sign * (n.cpus - n.used_cpus), name))
+        old = self._at.get(name)
+        if old == at:
             return
         if old is not None:
-            self._by_count[old].discard(name)
-        self._count[name] = k
-        self._by_count.setdefault(k, set()).add(name)
+            keys = self._by_count[old[0]]
+            del keys[bisect_left(keys, old[1])]
+        self._at[name] = at
+        insort(self._by_count.setdefault(at[0], []), at[1])
 
-    def preferred(self, gpus: int, mode: str, excluded: set[str]) -> tuple[list[str], list[int]]:
-        """The nodes with at least `gpus` free that place() prefers (the bucket with the fewest free
-        for binpack, most for spread), and the other free counts in that order (their nodes by
-        `names`, only when the first bucket had no room): place() on the first bucket alone gives
-        the same answer as on all whenever it finds room there, since every other node sorts after it."""
-        counts = sorted((k for k, names in self._by_count.items() if k >= gpus and names),
-                        reverse=mode != "binpack")
-        for i, k in enumerate(counts):
-            first = [n for n in self._by_count[k] if n not in excluded]
-            if first:
-                return first, counts[i + 1:]
-        return [], []
-
-    def names(self, counts: list[int], excluded: set[str]) -> list[str]:
-        return [n for k in counts for n in self._by_count[k] if n not in excluded]
+    def first_fitting(self, job: JobView, excluded: set[str]) -> list[NodeView] | None:
+        """The job.nodes nodes place() would choose for this job (one partition, whole GPUs),
+        leaving out `excluded`; None when fewer fit."""
+        g = job.gpus_per_node
+        counts = sorted((k for k, keys in self._by_count.items() if k >= g and keys), reverse=self.sign < 0)
+        chosen: list[NodeView] = []
+        for k in counts:
+            for _, name in self._by_count[k]:
+                if name not in excluded and fits(job, node := self.nodes[name]):
+                    chosen.append(node)
+                    if len(chosen) == job.nodes:
+                        return chosen
+        return None
 
 
 def node_option(d: _Decision, job: JobView, level: int, name: str, rank: int, fit: bool | None = None):
