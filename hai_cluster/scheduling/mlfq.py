@@ -207,10 +207,11 @@ class _Decision:
         # (partition, shape) of jobs a failed shape covers: most of a long queue, asked in O(1).
         # It stays true, as failed only ever covers more.
         covered: set[tuple] = set()
+        now, act = self.now, self.actions.append  # (names read once: this loop runs per pending job)
         for job, level, rank in self.queue():
-            if (why := job.ineligible(self.now)) is not None:
-                self.actions.append(Wait(job.id, why))
-                if job.begin_time is not None and job.begin_time > self.now:
+            if (why := job.ineligible(now)) is not None:
+                act(Wait(job.id, why))
+                if job.begin_time is not None and job.begin_time > now:
                     self.wake.append(job.begin_time)
                 continue
             if job.gpu_share is None and job.partition in failed:
@@ -219,7 +220,7 @@ class _Decision:
                                            for lv, g, n, c in failed[job.partition]):
                     # A job at least as big and no more important already found no room: so does this.
                     covered.add(shape)
-                    self.actions.append(Wait(job.id, self._blocked_reason(job, waiting_ahead)))
+                    act(Wait(job.id, self._blocked_reason(job, waiting_ahead)))
                     continue
             if self.try_start(job, level, waiting_ahead):
                 continue

@@ -42,14 +42,18 @@ class FreeIndex:
     def __init__(self, nodes: dict[str, NodeView], mode: str) -> None:
         self.nodes = nodes
         self.sign = 1 if mode == "binpack" else -1  # binpack: fewest free first; spread: most
-        self._at: dict[str, tuple[int, tuple[int, str]]] = {}  # name -> (free GPUs, key in its count)
+        self._at = {name: self._place_of(n) for name, n in nodes.items()}  # name -> (free GPUs, key)
         self._by_count: dict[int, list[tuple[int, str]]] = {}  # free GPUs -> sorted keys
-        for name in nodes:
-            self.update(name)
+        for count, key in self._at.values():
+            self._by_count.setdefault(count, []).append(key)
+        for keys in self._by_count.values():
+            keys.sort()
+
+    def _place_of(self, n: NodeView) -> tuple[int, tuple[int, str]]:
+        return len(n.free_gpus), (self.sign * (n.cpus - n.used_cpus), n.name)
 
     def update(self, name: str) -> None:
-        n = self.nodes[name]
-        at = (len(n.free_gpus), (self.sign * (n.cpus - n.used_cpus), name))
+        at = self._place_of(self.nodes[name])
         old = self._at.get(name)
         if old == at:
             return
