@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from ..core.model import Snapshot
 from ..core.states import JobState
+from .collector import collector_paused
 from .plan import Plan, Policy, Wait
 from .quotas import WithinQuotas
 
@@ -19,14 +20,16 @@ ARRAY_LIMIT = "JobArrayTaskLimit"
 
 def throttled(snapshot: Snapshot) -> set[int]:
     """Ids of pending array tasks that must wait for their array's task limit."""
+    pending = sorted((j for j in snapshot.jobs if j.array_task_limit is not None and j.array_job_id is not None
+                      and j.state == JobState.PENDING), key=lambda j: j.id)
+    if not pending:
+        return set()  # the usual case, found in one cheap walk over a long job list
     running: dict[int, int] = {}
     for j in snapshot.jobs:
         if j.array_job_id is not None and j.state.holds_resources:
             running[j.array_job_id] = running.get(j.array_job_id, 0) + 1
     room: dict[int, int] = {}
     out: set[int] = set()
-    pending = sorted((j for j in snapshot.jobs if j.state == JobState.PENDING and j.array_task_limit is not None
-                      and j.array_job_id is not None), key=lambda j: j.id)
     for j in pending:
         if j.ineligible(snapshot.now) is not None:
             continue  # held or waiting anyway: it takes no slot
@@ -48,11 +51,12 @@ class Limited:
         return getattr(self.policy, name)
 
     def decide(self, snapshot: Snapshot) -> Plan:
-        held = throttled(snapshot)
-        if not held:
-            return self.policy.decide(snapshot)
-        plan = self.policy.decide(replace(snapshot, jobs=tuple(j for j in snapshot.jobs if j.id not in held)))
-        return replace(plan, actions=plan.actions + tuple(Wait(i, ARRAY_LIMIT) for i in sorted(held)))
+        with collector_paused():  # the same plan, sooner (collector.py)
+            held = throttled(snapshot)
+            if not held:
+                return self.policy.decide(snapshot)
+            plan = self.policy.decide(replace(snapshot, jobs=tuple(j for j in snapshot.jobs if j.id not in held)))
+            return replace(plan, actions=plan.actions + tuple(Wait(i, ARRAY_LIMIT) for i in sorted(held)))
 
 
 def with_limits(policy: Policy) -> Limited:

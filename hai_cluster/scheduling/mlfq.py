@@ -15,16 +15,19 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
+from operator import itemgetter
 
 from ..core.model import JobView, NodeView, Snapshot
 from ..core.resources import fits
 from ..core.sharing import best_effort_room
 from ..core.states import JobState
-from .placement import place, release, reserve, with_usage
+from .placement import place, placement_on, release, reserve, with_usage
 from .plan import Plan, Preempt, Start, Wait
-from .victims import FreeIndex, VictimIndex, scan_options
+from .victims import Candidate, FreeIndex, VictimIndex, scan_options
 
 CLASS_RANK = {"urgent": 0, "high": 1, "normal": 2, "low": 3}
+# Enum members as plain names: looked up once, not once per job of a long list.
+_PENDING, _RUNNING, _PREEMPTING = JobState.PENDING, JobState.RUNNING, JobState.PREEMPTING
 
 
 @dataclass(frozen=True)
@@ -92,33 +95,45 @@ class _Decision:
         self.cfg, self.snap, self.now = cfg, snap, snap.now
         self.nodes: dict[str, NodeView] = {n.name: n for n in snap.nodes}  # free now
         self.future: dict[str, NodeView] = dict(self.nodes)  # free once PREEMPTING runs have left
-        self.running = [j for j in snap.jobs if j.state == JobState.RUNNING]
+        # The jobs by state, in one walk over a long job list.
+        self.pending, self.running, preempting = [], [], []
+        for j in snap.jobs:
+            if j.state == _PENDING:
+                self.pending.append(j)
+            elif j.state == _RUNNING:
+                self.running.append(j)
+            elif j.state == _PREEMPTING:
+                preempting.append(j)
         self._levels: dict[int, int] = {}
         self._lowest = cfg.levels - 1
         self._promoted: set[int] = set()  # pending jobs the starvation guard moved to level 0
         # Runs that could ever be preempted, per node, cheapest first: lower levels (larger index),
-        # then more service already received.
-        self.candidates: dict[str, list[JobView]] = {}
+        # then more service already received. Each as a Candidate: what the victim search asks of
+        # a run, computed once instead of once per node and job shape it is looked at for. Card
+        # shares are left out: they free no whole card (may_preempt never takes them).
+        self.candidates: dict[str, list[Candidate]] = {}
         for j in self.running:
-            if j.preemptible and j.run_start is not None:
-                for node, _gpus in j.allocation:
-                    self.candidates.setdefault(node, []).append(j)
+            if j.preemptible and j.run_start is not None and j.gpu_share is None:
+                level = self.level(j)
+                ripe = self.now - j.run_start >= cfg.quanta[level]
+                for node, gpus in j.allocation:
+                    self.candidates.setdefault(node, []).append(
+                        Candidate(j, level, CLASS_RANK.get(j.priority, 2), ripe, len(gpus)))
         idle_first = cfg.prefer_idle_victims
         for lst in self.candidates.values():
-            lst.sort(key=lambda v: (idle_first and not v.idle, -self.level(v), -v.attained(self.now), v.id))
+            lst.sort(key=lambda c: (idle_first and not c.run.idle, -c.level, -c.run.attained(self.now), c.run.id))
         self.victims: set[int] = set()
         self.node_order = sorted(self.nodes)  # deterministic, whatever the hash seed
         self.reserved: set[str] = set()  # nodes held for a starving job
         self.reserving: set[str | None] = set()  # partitions that already have one
         self.actions: list = []
         self.wake: list[float] = []
-        for j in snap.jobs:
-            if j.state == JobState.PREEMPTING:
-                for node, gpus in j.allocation:
-                    if node in self.future:
-                        release(j, node, gpus, self.future)
-        self.free_now, self.free_future = FreeIndex(self.nodes), FreeIndex(self.future)
-        self.victim_index = VictimIndex(self)
+        for j in preempting:
+            for node, gpus in j.allocation:
+                if node in self.future:
+                    release(j, node, gpus, self.future)
+        self.free_now, self.free_future = FreeIndex(self.nodes, cfg.placement), FreeIndex(self.future, cfg.placement)
+        self.victim_index = VictimIndex(self.node_order)
 
     def changed(self, names, *, now: bool = True) -> None:
         """Nodes whose working copies (or reservations, or victims) the pass just changed;
@@ -153,42 +168,60 @@ class _Decision:
                 self.wake.append(self.now + promote_at - j.waited(self.now))
         return self.level(j)
 
-    def order_key(self, j: JobView, level: int) -> tuple:
-        rank = CLASS_RANK.get(j.priority, 2)
-        lowest = level == self._lowest
-        # Lowest level: round-robin by the end of the previous run (never-run jobs first).
-        rr = (j.last_run_end or -math.inf) if lowest else 0.0
-        # Within a level and class: the higher fair-share factor (less past use for its shares) first.
-        share = self.snap.fairshare.get((j.account, j.user), 1.0)
-        # Best-effort shares only use what is left: after the rest of their level and class (a
-        # guaranteed share that preempted one must not lose the card to it again).
-        best_effort = j.gpu_share is not None and j.gpu_share.qos == "best-effort"
-        return (0 if rank == 0 else 1, level, rank, best_effort, rr, -share, j.submit_time, j.id)
+    def order_keys(self, jobs: list[JobView], levels: list[int]) -> list[tuple]:
+        """The service order of pending jobs at these levels, as sort keys (built in one loop: a
+        call per job was a tenth of a large pass)."""
+        fairshare, lowest = self.snap.fairshare, self._lowest
+        keys = []
+        for j, level in zip(jobs, levels):
+            rank = CLASS_RANK.get(j.priority, 2)
+            # Lowest level: round-robin by the end of the previous run (never-run jobs first).
+            rr = (j.last_run_end or -math.inf) if level == lowest else 0.0
+            # Within a level and class: the higher fair-share factor (less past use for its shares) first.
+            share = fairshare.get((j.account, j.user), 1.0) if fairshare else 1.0
+            # Best-effort shares only use what is left: after the rest of their level and class (a
+            # guaranteed share that preempted one must not lose the card to it again).
+            best_effort = j.gpu_share is not None and j.gpu_share.qos == "best-effort"
+            keys.append((0 if rank == 0 else 1, level, rank, best_effort, rr, -share, j.submit_time, j.id))
+        return keys
 
     # ---- the pass ----------------------------------------------------------------------
+    def queue(self) -> list[tuple[JobView, int, int]]:
+        """Pending jobs in service order, each with its (effective) level and class rank (read
+        back from its order key, which holds both)."""
+        pending = self.pending
+        if self.cfg.starvation_factor > 0:
+            levels = [self.effective_level(j) for j in pending]
+        else:
+            # Without the starvation guard a pending job's effective level is its level, from the
+            # service of its past runs (what attained() is without a current run).
+            levels = list(map(self.cfg.level_of, [j.attained_gpu_seconds for j in pending]))
+        keyed = sorted(zip(self.order_keys(pending, levels), pending), key=itemgetter(0))
+        return [(j, key[1], key[2]) for key, j in keyed]
+
     def run(self) -> Plan:
-        pending = [j for j in self.snap.jobs if j.state == JobState.PENDING]
-        # Without the starvation guard a pending job's effective level is its level.
-        level_of = self.effective_level if self.cfg.starvation_factor > 0 else self.level
-        levels = {j.id: level_of(j) for j in pending}
-        pending.sort(key=lambda j: self.order_key(j, levels[j.id]))
         waiting_ahead: dict[str | None, int] = {}  # partition -> best level of a job left waiting
         # partition -> shapes (level, GPUs per node, nodes, class rank) that found no room; a new
         # one replaces those it is no bigger than in every way (they can match no job it does not).
         failed: dict[str | None, list[tuple[int, int, int, int]]] = {}
-        for job in pending:
-            level = levels[job.id]
-            if (why := job.ineligible(self.now)) is not None:
-                self.actions.append(Wait(job.id, why))
-                if job.begin_time is not None and job.begin_time > self.now:
+        # (partition, shape) of jobs a failed shape covers: most of a long queue, asked in O(1).
+        # It stays true, as failed only ever covers more.
+        covered: set[tuple] = set()
+        now, act = self.now, self.actions.append  # (names read once: this loop runs per pending job)
+        for job, level, rank in self.queue():
+            if (why := job.ineligible(now)) is not None:
+                act(Wait(job.id, why))
+                if job.begin_time is not None and job.begin_time > now:
                     self.wake.append(job.begin_time)
                 continue
-            if job.gpu_share is None and job.partition in failed and any(
-                    level >= lv and job.gpus_per_node >= g and job.nodes >= n
-                    and CLASS_RANK.get(job.priority, 2) >= c for lv, g, n, c in failed[job.partition]):
-                # A job at least as big and no more important already found no room: so does this.
-                self.actions.append(Wait(job.id, self._blocked_reason(job, waiting_ahead)))
-                continue
+            if job.gpu_share is None and job.partition in failed:
+                shape = (job.partition, level, job.gpus_per_node, job.nodes, rank)
+                if shape in covered or any(level >= lv and job.gpus_per_node >= g and job.nodes >= n and rank >= c
+                                           for lv, g, n, c in failed[job.partition]):
+                    # A job at least as big and no more important already found no room: so does this.
+                    covered.add(shape)
+                    act(Wait(job.id, self._blocked_reason(job, waiting_ahead)))
+                    continue
             if self.try_start(job, level, waiting_ahead):
                 continue
             if self.wait_for_checkpoint(job):
@@ -200,7 +233,7 @@ class _Decision:
             reason = self._blocked_reason(job, waiting_ahead)
             waiting_ahead.setdefault(job.partition, level)
             if job.gpu_share is None:  # a share's room is not a GPU count
-                shape = (level, job.gpus_per_node, job.nodes, CLASS_RANK.get(job.priority, 2))
+                shape = (level, job.gpus_per_node, job.nodes, rank)
                 failed[job.partition] = [f for f in failed.get(job.partition, ()) if any(a < b for a, b in zip(f, shape))]
                 failed[job.partition].append(shape)
             if job.waited(self.now) >= self.cfg.reservation_after and self.starving(job):
@@ -221,17 +254,14 @@ class _Decision:
 
     def place_in(self, job: JobView, nodes: dict[str, NodeView], free: FreeIndex):
         """place() on the nodes this job may use (not those reserved for a starving job), looking
-        first at the nodes it prefers (victims.FreeIndex.preferred), then at the others."""
+        at them in place()'s order through the free-GPU index and stopping at the first that fit."""
         pack = self.cfg.gpu_pack
-        if self.victim_search == "scan" or job.gpu_share is not None:
-            # The reference, and card shares (their room is not a free-GPU count): every node
-            # that is not reserved.
+        if self.victim_search == "scan" or job.gpu_share is not None or len(job.partitions) > 1 or job.nodes < 1:
+            # The reference, card shares (their room is not a free-GPU count) and jobs that may use
+            # several partitions (place() tries them one by one): every node that is not reserved.
             return place(job, nodes, self.cfg.placement, only=[n for n in nodes if n not in self.reserved], pack=pack)
-        first, rest = free.preferred(job.gpus_per_node, self.cfg.placement, self.reserved)
-        if first and (placement := place(job, nodes, self.cfg.placement, only=first, pack=pack)) is not None:
-            return placement
-        rest = free.names(rest, self.reserved)
-        return place(job, nodes, self.cfg.placement, only=first + rest, pack=pack) if rest else None
+        chosen = free.first_fitting(job, self.reserved)
+        return None if chosen is None else placement_on(job, chosen)
 
     def try_start(self, job: JobView, level: int, waiting_ahead: dict) -> bool:
         placement = self.place_in(job, self.nodes, self.free_now)
@@ -265,22 +295,18 @@ class _Decision:
         self.changed(placement.nodes)
 
     # ---- preemption --------------------------------------------------------------------
-    def may_preempt(self, victim: JobView, job: JobView, level: int) -> bool:
-        if victim.id in self.victims or not victim.preemptible or victim.run_start is None:
+    def may_preempt(self, victim: Candidate, level: int, rank: int) -> bool:
+        """Whether a job of this level and class rank may preempt the candidate run now. (Runs
+        that are not preemptible, not started or card shares are no candidates: a card share frees
+        no whole card while others share it; shares make room for shares through
+        preempt_best_effort only.)"""
+        if victim.run.id in self.victims:
             return False
-        if victim.gpu_share is not None:
-            # A card share frees no whole card while others share it; shares make room for shares
-            # through preempt_best_effort only.
-            return False
-        job_rank, victim_rank = CLASS_RANK.get(job.priority, 2), CLASS_RANK.get(victim.priority, 2)
-        if job_rank == 0 and victim_rank > 0:
+        if rank == 0 and victim.rank > 0:
             return True  # urgent: at once, whatever the level (the grace period still applies)
-        if victim_rank < job_rank:
+        if victim.rank < rank:
             return False  # never preempt a more important class for a less important one
-        victim_level = self.level(victim)
-        if victim_level <= level:
-            return False
-        return self.now - victim.run_start >= self.cfg.quanta[victim_level]
+        return victim.level > level and victim.ripe  # ripe: it has held its GPUs for its quantum
 
     def _busy(self, victims: list[JobView]) -> int:
         """How many victims are not idle, when idle victims are preferred (else 0: no preference)."""
@@ -291,7 +317,7 @@ class _Decision:
         if self.victim_search == "scan" or self.cfg.prefer_idle_victims:
             picked = scan_options(self, job, level, rank)
         else:
-            picked = self.victim_index.options(job, level, rank)
+            picked = self.victim_index.options(self, job, level, rank)
         if picked is None:
             return False
         victims = {v.id: v for o in picked for v in o[3]}
@@ -306,13 +332,14 @@ class _Decision:
         placement = place(job, trial, self.cfg.placement)
         if placement is None:
             return False  # CPUs or memory still short
+        self.future.update(trial)  # the picked nodes, their victims released
         for v in victims.values():
             for node, gpus in v.allocation:  # a gang victim frees its other nodes too
-                if node in self.future:
+                if node in self.future and node not in trial:
                     release(v, node, gpus, self.future)
             self.victims.add(v.id)
             self.changed((node for node, _ in v.allocation if node in self.future), now=False)
-            why = ("urgent job" if CLASS_RANK.get(job.priority, 2) == 0 else f"level {level} job")
+            why = ("urgent job" if rank == 0 else f"level {level} job")
             self.actions.append(Preempt(v.id, f"level {self.level(v)} run past its quantum; GPUs go to "
                                               f"{why} {job.id}", for_job=job.id))
         self.claim(job, placement)

@@ -20,6 +20,7 @@ from ..core.sharing import place_shared, release_share, reserve_shares
 from ..core.topology import choose_cards
 
 _INDEX = attrgetter("index")
+_NAME = attrgetter("name")
 
 
 def place(job: JobView, nodes: dict[str, NodeView], mode: str = "binpack",
@@ -42,7 +43,12 @@ def place(job: JobView, nodes: dict[str, NodeView], mode: str = "binpack",
     sign = 1 if mode == "binpack" else -1
     # The first job.nodes in sorted order (the key is total: ties end on the name).
     best = nsmallest(job.nodes, candidates, key=lambda n: (sign * len(n.free_gpus), sign * (n.cpus - n.used_cpus), n.name))
-    chosen = sorted(best, key=lambda n: n.name)
+    return placement_on(job, best)
+
+
+def placement_on(job: JobView, nodes: list[NodeView]) -> Placement:
+    """The job's placement on these nodes (one rank each, whole GPUs), ranks in name order."""
+    chosen = sorted(nodes, key=_NAME)
     return Placement(
         nodes=tuple(n.name for n in chosen),
         gpus=tuple(choose_cards(n, job.gpus_per_node) for n in chosen),

@@ -1,8 +1,7 @@
 """Indexes that keep the MLFQ pass from walking every node for every pending job.
 
-`FreeIndex`: the nodes of a working copy by free GPU count, so that placement only looks at the
-nodes that can hold a job's ranks (place() gives the same answer on that subset: it filters on
-free GPUs itself and orders by a total key).
+`FreeIndex`: the nodes of a working copy by free GPU count, in place()'s order, so that placement
+looks at the nodes it would choose first and stops once enough fit (place() orders by a total key).
 
 `VictimIndex`: per job shape, each node's preemption option (the victims it would take there),
 recomputed only for the nodes the pass changed since the shape was last asked. The choice it
@@ -13,7 +12,8 @@ of exactly the missing GPUs suffices (single-node jobs), and takes the cheapest 
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Iterable
+from bisect import bisect_left, insort
+from typing import TYPE_CHECKING, Iterable, NamedTuple
 
 from ..core.model import JobView, NodeView
 from ..core.resources import fits
@@ -24,67 +24,94 @@ if TYPE_CHECKING:
 URGENT = 0
 
 
+class Candidate(NamedTuple):
+    """A run the pass might preempt, as seen from one of its nodes."""
+    run: JobView
+    level: int
+    rank: int  # its class rank (mlfq.CLASS_RANK)
+    ripe: bool  # it has held its GPUs for its level's quantum
+    gpus: int  # GPUs it holds on this node
+
+
 class FreeIndex:
-    def __init__(self, nodes: dict[str, NodeView]) -> None:
+    """The nodes of a working copy by free GPU count, each count's nodes kept in place()'s order
+    (free CPUs, then name), so that the nodes place() would choose are found by walking the counts
+    and their nodes in that order until enough fit: place() sorts every fitting node by (free GPUs,
+    free CPUs, name) and takes the first ones, which are exactly those (a total order)."""
+
+    def __init__(self, nodes: dict[str, NodeView], mode: str) -> None:
         self.nodes = nodes
-        self._count: dict[str, int] = {}
-        self._by_count: dict[int, set[str]] = {}
-        for name in nodes:
-            self.update(name)
+        self.sign = 1 if mode == "binpack" else -1  # binpack: fewest free first; spread: most
+        self._at = {name: self._place_of(n) for name, n in nodes.items()}  # name -> (free GPUs, key)
+        self._by_count: dict[int, list[tuple[int, str]]] = {}  # free GPUs -> sorted keys
+        for count, key in self._at.values():
+            self._by_count.setdefault(count, []).append(key)
+        for keys in self._by_count.values():
+            keys.sort()
+
+    def _place_of(self, n: NodeView) -> tuple[int, tuple[int, str]]:
+        return len(n.free_gpus), (self.sign * (n.cpus - n.used_cpus), n.name)
 
     def update(self, name: str) -> None:
-        k = len(self.nodes[name].free_gpus)
-        old = self._count.get(name)
-        if old == k:
+        at = self._place_of(self.nodes[name])
+        old = self._at.get(name)
+        if old == at:
             return
         if old is not None:
-            self._by_count[old].discard(name)
-        self._count[name] = k
-        self._by_count.setdefault(k, set()).add(name)
+            keys = self._by_count[old[0]]
+            del keys[bisect_left(keys, old[1])]
+        self._at[name] = at
+        insort(self._by_count.setdefault(at[0], []), at[1])
 
-    def preferred(self, gpus: int, mode: str, excluded: set[str]) -> tuple[list[str], list[int]]:
-        """The nodes with at least `gpus` free that place() prefers (the bucket with the fewest free
-        for binpack, most for spread), and the other free counts in that order (their nodes by
-        `names`, only when the first bucket had no room): place() on the first bucket alone gives
-        the same answer as on all whenever it finds room there, since every other node sorts after it."""
-        counts = sorted((k for k, names in self._by_count.items() if k >= gpus and names),
-                        reverse=mode != "binpack")
-        for i, k in enumerate(counts):
-            first = [n for n in self._by_count[k] if n not in excluded]
-            if first:
-                return first, counts[i + 1:]
-        return [], []
-
-    def names(self, counts: list[int], excluded: set[str]) -> list[str]:
-        return [n for k in counts for n in self._by_count[k] if n not in excluded]
+    def first_fitting(self, job: JobView, excluded: set[str]) -> list[NodeView] | None:
+        """The job.nodes nodes place() would choose for this job (one partition, whole GPUs),
+        leaving out `excluded`; None when fewer fit."""
+        g = job.gpus_per_node
+        counts = sorted((k for k, keys in self._by_count.items() if k >= g and keys), reverse=self.sign < 0)
+        chosen: list[NodeView] = []
+        for k in counts:
+            for _, name in self._by_count[k]:
+                if name not in excluded and fits(job, node := self.nodes[name]):
+                    chosen.append(node)
+                    if len(chosen) == job.nodes:
+                        return chosen
+        return None
 
 
-def node_option(d: _Decision, job: JobView, level: int, name: str, urgent: bool):
-    """The victims `job` would take on node `name`: (count, their GPUs, name, victims) and the
-    GPUs missing there before preempting; None when the node cannot give room."""
+def node_option(d: _Decision, job: JobView, level: int, name: str, rank: int, fit: bool | None = None):
+    """The victims `job` (of this level and class rank) would take on node `name`: (count, their
+    GPUs, name, victims) and the GPUs missing there before preempting; None when the node cannot
+    give room. `fit`: whether one rank fits on the node empty, when the caller knows (it cannot
+    change during a pass: see node_fits)."""
     node = d.future[name]
     need = job.gpus_per_node - len(node.free_gpus)
-    if need > 0 and name not in d.candidates:
+    candidates = d.candidates.get(name, ())
+    if need > 0 and not candidates:
         return None
-    if name in d.reserved or not node.schedulable or not fits(job, node, ignore_usage=True):
+    if name in d.reserved or not (node_fits(job, node) if fit is None else fit):
         return None
     chosen: list[JobView] = []
     freed = 0
-    for v in d.candidates.get(name, ()):
+    urgent = rank == URGENT
+    for c in candidates:
         if freed >= need:
             break
-        if not urgent and d.level(v) <= level:
+        if not urgent and c.level <= level:
             if d.cfg.prefer_idle_victims:
                 continue  # idle runs came first, whatever their level: look further
             break  # candidates come lowest level first: the rest are not below this job
-        if d.may_preempt(v, job, level):
-            chosen.append(v)
-            for n, gs in v.allocation:  # a loop, not sum() over a generator: this runs very often
-                if n == name:
-                    freed += len(gs)
+        if d.may_preempt(c, level, rank):
+            chosen.append(c.run)
+            freed += c.gpus
     if freed >= need:
         return (len(chosen), sum(v.gpus for v in chosen), name, chosen), need
     return None
+
+
+def node_fits(job: JobView, node: NodeView) -> bool:
+    """Whether one rank of the job fits on the node once it is empty. It reads only what a pass
+    never changes on its working copies (their usage aside), so a shape may keep the answer."""
+    return node.schedulable and bool(fits(job, node, ignore_usage=True))
 
 
 def scan_options(d: _Decision, job: JobView, level: int, rank: int) -> list | None:
@@ -92,9 +119,8 @@ def scan_options(d: _Decision, job: JobView, level: int, rank: int) -> list | No
     Also the search when idle victims are preferred (options with fewer busy victims first),
     which the index does not model."""
     options = []
-    urgent = rank == URGENT
     for name in d.node_order:
-        found = node_option(d, job, level, name, urgent)
+        found = node_option(d, job, level, name, rank)
         if found is None:
             continue
         option, need = found
@@ -108,11 +134,16 @@ def scan_options(d: _Decision, job: JobView, level: int, rank: int) -> list | No
 
 
 class _Shape:
-    """One job shape's options on every node, with heaps to find the cheapest (stale entries are
-    skipped by token)."""
+    """One job shape's options on the nodes of a prefix of the name order (`known`), with heaps to
+    find the cheapest (stale entries are skipped by token)."""
 
     def __init__(self) -> None:
         self.seen = 0  # position in the change log up to which this shape is current
+        # The options are known for the first `known` nodes by name. A single-node job needs only
+        # the nodes up to the first exact one (the scan stops there), so the prefix grows as
+        # needed; a gang's options need every node.
+        self.known = 0
+        self.fit: dict[str, bool] = {}  # name -> node_fits, asked once per node
         self.opts: dict[str, tuple] = {}  # name -> (token, class, exact, option)
         self.classes: dict[tuple[int, int], list] = {}  # (victims, GPUs) -> heap of (name, token)
         self.exact: list = []  # heap of (name, token): nodes where one victim of exactly the need suffices
@@ -140,13 +171,16 @@ class _Shape:
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
+    def first_exact(self) -> str | None:
+        return self._top(self.exact)
+
     def pick(self, count: int) -> list | None:
         if len(self.opts) < count:
             return None
         order = sorted(k for k, heap in self.classes.items() if self._top(heap) is not None)
         if count == 1:
             # The scan stops at the first exact node: only nodes up to it (by name) are seen.
-            stop = self._top(self.exact)
+            stop = self.first_exact()
             for cls in order:
                 name = self._top(self.classes[cls])
                 if stop is None or name <= stop:
@@ -168,26 +202,46 @@ class _Shape:
 
 
 class VictimIndex:
-    def __init__(self, d: _Decision) -> None:
-        self.d = d
+    """The options of every job shape a pass asked for. It keeps no reference to the pass (which
+    holds it), so that the pass is freed as soon as it ends, without a cycle to collect."""
+
+    def __init__(self, node_order: list[str]) -> None:
         self.log: list[str] = []  # nodes changed by the pass, in order
         self.shapes: dict[tuple, _Shape] = {}
+        self.position = {name: i for i, name in enumerate(node_order)}
 
     def changed(self, names: Iterable[str]) -> None:
         self.log.extend(names)
 
-    def options(self, job: JobView, level: int, rank: int) -> list | None:
+    def options(self, d: _Decision, job: JobView, level: int, rank: int) -> list | None:
         # Everything node_option reads of the job: fits() (partition, sizes, runtime), the level
         # and the class rank (may_preempt, urgency).
         key = (job.gpus_per_node, job.partition, job.cpus_per_task, job.mem_mb, job.runtime, level, rank)
-        urgent = rank == URGENT
         shape = self.shapes.get(key)
         if shape is None:
             shape = self.shapes[key] = _Shape()
-            for name in self.d.node_order:
-                shape.set(name, node_option(self.d, job, level, name, urgent))
-        else:
-            for name in set(self.log[shape.seen:]):
-                shape.set(name, node_option(self.d, job, level, name, urgent))
+        # Bring the known prefix up to date; nodes past it are computed fresh when it grows.
+        position = self.position
+        for name in set(self.log[shape.seen:]):
+            if position[name] < shape.known:
+                self._update(d, shape, job, level, rank, name)
         shape.seen = len(self.log)
+        order = d.node_order
+        if job.nodes > 1:
+            for name in order[shape.known:]:
+                self._update(d, shape, job, level, rank, name)
+            shape.known = len(order)
+        else:
+            while shape.known < len(order) and shape.first_exact() is None:
+                self._update(d, shape, job, level, rank, order[shape.known])
+                shape.known += 1
         return shape.pick(job.nodes)
+
+    @staticmethod
+    def _update(d: _Decision, shape: _Shape, job: JobView, level: int, rank: int, name: str) -> None:
+        fit = None  # a share's fit reads the card's use, and the key does not name the share
+        if job.gpu_share is None:
+            fit = shape.fit.get(name)
+            if fit is None:
+                fit = shape.fit[name] = node_fits(job, d.future[name])
+        shape.set(name, node_option(d, job, level, name, rank, fit))
