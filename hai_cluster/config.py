@@ -206,6 +206,9 @@ class ControllerConfig:
     database: str = "sqlite:////var/lib/hai/hai.db"
     state_dir: str = "/var/lib/hai"
     tick_seconds: float = 1.0
+    # A pass an event (submission, job end) asks for starts at least this long after the previous
+    # one began (Slurm's sched_min_interval): a burst of events shares passes; a lone one waits not.
+    min_pass_interval: float = 0.05
     # A node whose agent has not answered for this long goes down: its runs end as NODE_FAIL and
     # are requeued. Until then a link that flaps just delays new work on the node.
     node_down_after: float = 60.0
@@ -562,6 +565,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         database=c.get("database", str, "sqlite:////var/lib/hai/hai.db"),
         state_dir=c.get("state_dir", str, "/var/lib/hai"),
         tick_seconds=c.get("tick_seconds", float, 1.0),
+        min_pass_interval=c.get("min_pass_interval", float, 0.05),
         node_down_after=c.get("node_down_after", float, 60.0),
         ping_interval=c.get("ping_interval", float, 5.0),
         lease_duration=c.get("lease_duration", float, 15.0),
@@ -593,6 +597,8 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     if cfg.default_partition not in partitions:
         raise ConfigError(f"{path}: controller.default_partition {cfg.default_partition!r} is not in partitions")
     _positive(path, "controller.tick_seconds", cfg.tick_seconds)
+    if cfg.min_pass_interval < 0:
+        raise ConfigError(f"{path}: controller.min_pass_interval must be >= 0, got {cfg.min_pass_interval:g}")
     _positive(path, "controller.max_array_size", cfg.max_array_size)
     _positive(path, "controller.node_down_after", cfg.node_down_after)
     _positive(path, "controller.lease_duration", cfg.lease_duration)

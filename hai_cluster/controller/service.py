@@ -166,11 +166,15 @@ class Controller:
 
     # ---- the loop --------------------------------------------------------------------------
     async def _loop(self) -> None:
+        last_pass = 0.0
         while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.cfg.tick_seconds)
             except asyncio.TimeoutError:
                 pass
+            gap = min(self.cfg.min_pass_interval, self.cfg.tick_seconds)
+            await asyncio.sleep(max(0.0, last_pass + gap - time.monotonic()))
+            last_pass = time.monotonic()
             self._wake.clear()
             try:
                 await self.tick()

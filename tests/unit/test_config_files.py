@@ -24,6 +24,7 @@ def test_example_configs_load_and_match_the_defaults():
     ("[scheduler]\nmax_user_priority = \"godlike\"\n", "max_user_priority"),
     ("[scheduler]\nquantum = 5\n", "unknown key(s) in [scheduler]: quantum"),
     ("[controller]\ntick_seconds = \"fast\"\n", "controller.tick_seconds must be a number"),
+    ("[controller]\nmin_pass_interval = -1.0\n", "controller.min_pass_interval must be >= 0"),
     ("[[nodes]]\naddress = \"x\"\n", "nodes[0].name is required"),
     ("[[nodes]]\nname = \"a\"\ntransport = \"carrier-pigeon\"\n", "transport must be ssh or local"),
     ("not toml at all [", "invalid TOML"),
