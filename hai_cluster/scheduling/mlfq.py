@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
-from operator import itemgetter
+from operator import attrgetter
 
 from ..core.model import JobView, NodeView, Snapshot
 from ..core.resources import fits
@@ -28,6 +28,11 @@ from .victims import Candidate, FreeIndex, VictimIndex, scan_options
 CLASS_RANK = {"urgent": 0, "high": 1, "normal": 2, "low": 3}
 # Enum members as plain names: looked up once, not once per job of a long list.
 _PENDING, _RUNNING, _PREEMPTING = JobState.PENDING, JobState.RUNNING, JobState.PREEMPTING
+_ID, _SUBMIT_TIME = attrgetter("id"), attrgetter("submit_time")
+
+
+def _round_robin_time(j: JobView) -> float:
+    return j.last_run_end or -math.inf
 
 
 @dataclass(frozen=True)
@@ -168,36 +173,45 @@ class _Decision:
                 self.wake.append(self.now + promote_at - j.waited(self.now))
         return self.level(j)
 
-    def order_keys(self, jobs: list[JobView], levels: list[int]) -> list[tuple]:
-        """The service order of pending jobs at these levels, as sort keys (built in one loop: a
-        call per job was a tenth of a large pass)."""
-        fairshare, lowest = self.snap.fairshare, self._lowest
-        keys = []
-        for j, level in zip(jobs, levels):
-            rank = CLASS_RANK.get(j.priority, 2)
-            # Lowest level: round-robin by the end of the previous run (never-run jobs first).
-            rr = (j.last_run_end or -math.inf) if level == lowest else 0.0
-            # Within a level and class: the higher fair-share factor (less past use for its shares) first.
-            share = fairshare.get((j.account, j.user), 1.0) if fairshare else 1.0
-            # Best-effort shares only use what is left: after the rest of their level and class (a
-            # guaranteed share that preempted one must not lose the card to it again).
-            best_effort = j.gpu_share is not None and j.gpu_share.qos == "best-effort"
-            keys.append((0 if rank == 0 else 1, level, rank, best_effort, rr, -share, j.submit_time, j.id))
-        return keys
-
     # ---- the pass ----------------------------------------------------------------------
     def queue(self) -> list[tuple[JobView, int, int]]:
-        """Pending jobs in service order, each with its (effective) level and class rank (read
-        back from its order key, which holds both)."""
-        pending = self.pending
+        """Pending jobs in service order, each with its (effective) level and class rank.
+
+        The order is that of the key (urgent first, level, class rank, best-effort share last,
+        round-robin time at the lowest level, higher fair-share factor, submit time, id). Its
+        leading fields take few values: the jobs are grouped by them, and each group is ordered
+        by the rest with one stable sort per field, least significant first, on plain numbers
+        (one sort of a tuple per job was a tenth of a large pass)."""
+        pending, lowest = self.pending, self._lowest
         if self.cfg.starvation_factor > 0:
             levels = [self.effective_level(j) for j in pending]
         else:
             # Without the starvation guard a pending job's effective level is its level, from the
             # service of its past runs (what attained() is without a current run).
             levels = list(map(self.cfg.level_of, [j.attained_gpu_seconds for j in pending]))
-        keyed = sorted(zip(self.order_keys(pending, levels), pending), key=itemgetter(0))
-        return [(j, key[1], key[2]) for key, j in keyed]
+        groups: dict[tuple[int, int, int, bool], list[JobView]] = {}
+        for j, level in zip(pending, levels):
+            rank = CLASS_RANK.get(j.priority, 2)
+            # Best-effort shares only use what is left: after the rest of their level and class (a
+            # guaranteed share that preempted one must not lose the card to it again).
+            best_effort = j.gpu_share is not None and j.gpu_share.qos == "best-effort"
+            key = (0 if rank == 0 else 1, level, rank, best_effort)
+            try:
+                groups[key].append(j)
+            except KeyError:
+                groups[key] = [j]
+        fairshare = self.snap.fairshare
+        out: list[tuple[JobView, int, int]] = []
+        for key in sorted(groups):
+            jobs, level, rank = groups[key], key[1], key[2]
+            jobs.sort(key=_ID)
+            jobs.sort(key=_SUBMIT_TIME)
+            if fairshare:  # the higher fair-share factor (less past use for its shares) first
+                jobs.sort(key=lambda j: -fairshare.get((j.account, j.user), 1.0))
+            if level == lowest:  # round-robin by the end of the previous run (never-run jobs first)
+                jobs.sort(key=_round_robin_time)
+            out.extend([(j, level, rank) for j in jobs])
+        return out
 
     def run(self) -> Plan:
         waiting_ahead: dict[str | None, int] = {}  # partition -> best level of a job left waiting
