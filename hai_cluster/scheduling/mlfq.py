@@ -115,15 +115,16 @@ class _Decision:
         # Runs that could ever be preempted, per node, cheapest first: lower levels (larger index),
         # then more service already received. Each as a Candidate: what the victim search asks of
         # a run, computed once instead of once per node and job shape it is looked at for. Card
-        # shares are left out: they free no whole card (may_preempt never takes them).
+        # shares are left out: they free no whole card while others share it (shares make room for
+        # shares through preempt_best_effort only).
         self.candidates: dict[str, list[Candidate]] = {}
         for j in self.running:
             if j.preemptible and j.run_start is not None and j.gpu_share is None:
                 level = self.level(j)
                 ripe = self.now - j.run_start >= cfg.quanta[level]
+                rank, run_gpus = CLASS_RANK.get(j.priority, 2), j.gpus
                 for node, gpus in j.allocation:
-                    self.candidates.setdefault(node, []).append(
-                        Candidate(j, level, CLASS_RANK.get(j.priority, 2), ripe, len(gpus)))
+                    self.candidates.setdefault(node, []).append(Candidate(j, level, rank, ripe, len(gpus), run_gpus))
         idle_first = cfg.prefer_idle_victims
         for lst in self.candidates.values():
             lst.sort(key=lambda c: (idle_first and not c.run.idle, -c.level, -c.run.attained(self.now), c.run.id))
@@ -309,19 +310,6 @@ class _Decision:
         self.changed(placement.nodes)
 
     # ---- preemption --------------------------------------------------------------------
-    def may_preempt(self, victim: Candidate, level: int, rank: int) -> bool:
-        """Whether a job of this level and class rank may preempt the candidate run now. (Runs
-        that are not preemptible, not started or card shares are no candidates: a card share frees
-        no whole card while others share it; shares make room for shares through
-        preempt_best_effort only.)"""
-        if victim.run.id in self.victims:
-            return False
-        if rank == 0 and victim.rank > 0:
-            return True  # urgent: at once, whatever the level (the grace period still applies)
-        if victim.rank < rank:
-            return False  # never preempt a more important class for a less important one
-        return victim.level > level and victim.ripe  # ripe: it has held its GPUs for its quantum
-
     def _busy(self, victims: list[JobView]) -> int:
         """How many victims are not idle, when idle victims are preferred (else 0: no preference)."""
         return sum(not v.idle for v in victims) if self.cfg.prefer_idle_victims else 0
@@ -346,16 +334,19 @@ class _Decision:
         placement = place(job, trial, self.cfg.placement)
         if placement is None:
             return False  # CPUs or memory still short
-        self.future.update(trial)  # the picked nodes, their victims released
+        future = self.future
+        future.update(trial)  # the picked nodes, their victims released
+        freed = list(trial)
+        why = ("urgent job" if rank == 0 else f"level {level} job")
         for v in victims.values():
             for node, gpus in v.allocation:  # a gang victim frees its other nodes too
-                if node in self.future and node not in trial:
-                    release(v, node, gpus, self.future)
+                if node in future and node not in trial:
+                    release(v, node, gpus, future)
+                    freed.append(node)
             self.victims.add(v.id)
-            self.changed((node for node, _ in v.allocation if node in self.future), now=False)
-            why = ("urgent job" if rank == 0 else f"level {level} job")
             self.actions.append(Preempt(v.id, f"level {self.level(v)} run past its quantum; GPUs go to "
                                               f"{why} {job.id}", for_job=job.id))
+        self.changed(freed, now=False)
         self.claim(job, placement)
         self.actions.append(Wait(job.id, "WaitingForCheckpoint"))
         return True
