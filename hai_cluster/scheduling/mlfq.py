@@ -233,9 +233,10 @@ class _Decision:
                 shape = (job.partition, level, job.gpus_per_node, job.nodes, rank)
                 if shape in covered or any(level >= lv and job.gpus_per_node >= g and job.nodes >= n and rank >= c
                                            for lv, g, n, c in failed[job.partition]):
-                    # A job at least as big and no more important already found no room: so does this.
+                    # A job at least as big and no more important already found no room: so does
+                    # this. It was left waiting in this partition, so this one waits for Priority.
                     covered.add(shape)
-                    act(Wait(job.id, self._blocked_reason(job, waiting_ahead)))
+                    act(Wait(job.id, "Priority"))
                     continue
             if self.try_start(job, level, waiting_ahead):
                 continue
@@ -286,8 +287,14 @@ class _Decision:
             # A job that can never be preempted must not take GPUs a higher-level job waits for.
             self.actions.append(Wait(job.id, "Priority"))
             return True
+        # Where no run is leaving, the future copy is the very view of now: reserve once, share it.
+        shared = all(self.future[name] is self.nodes[name] for name in placement.nodes)
         reserve(job, placement, self.nodes)
-        reserve(job, placement, self.future)
+        if shared:
+            for name in placement.nodes:
+                self.future[name] = self.nodes[name]
+        else:
+            reserve(job, placement, self.future)
         self.changed(placement.nodes)
         self.actions.append(Start(job.id, placement, f"level {level}, first in order that fits"))
         return True

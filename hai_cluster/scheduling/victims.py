@@ -166,10 +166,11 @@ class _Shape:
         self.exact: list = []  # heap of (name, token): nodes where one victim of exactly the need suffices
         self.token = 0
 
-    def set(self, name: str, found) -> None:
+    def set(self, name: str, found) -> bool:
+        """Keep the node's option (None: it has none); whether it is an exact one."""
         self.opts.pop(name, None)
         if found is None:
-            return
+            return False
         option, need = found
         self.token += 1
         cls = option[:2]
@@ -178,6 +179,7 @@ class _Shape:
         heapq.heappush(self.classes.setdefault(cls, []), (name, self.token))
         if exact:
             heapq.heappush(self.exact, (name, self.token))
+        return exact
 
     def _valid(self, name: str, token: int) -> bool:
         entry = self.opts.get(name)
@@ -238,27 +240,33 @@ class VictimIndex:
         if shape is None:
             shape = self.shapes[key] = _Shape()
         # Bring the known prefix up to date; nodes past it are computed fresh when it grows.
-        position = self.position
-        for name in set(self.log[shape.seen:]):
-            if position[name] < shape.known:
-                self._update(d, shape, job, level, rank, name)
+        position, known = self.position, shape.known
+        self._compute(d, shape, job, level, rank, [name for name in set(self.log[shape.seen:]) if position[name] < known])
         shape.seen = len(self.log)
         order = d.node_order
+        rest = map(order.__getitem__, range(known, len(order)))  # the nodes past the prefix, by name
         if job.nodes > 1:
-            for name in order[shape.known:]:
-                self._update(d, shape, job, level, rank, name)
+            self._compute(d, shape, job, level, rank, rest)
             shape.known = len(order)
-        else:
-            while shape.known < len(order) and shape.first_exact() is None:
-                self._update(d, shape, job, level, rank, order[shape.known])
-                shape.known += 1
+        elif shape.first_exact() is None:
+            shape.known += self._compute(d, shape, job, level, rank, rest, stop_at_exact=True)
         return shape.pick(job.nodes)
 
     @staticmethod
-    def _update(d: _Decision, shape: _Shape, job: JobView, level: int, rank: int, name: str) -> None:
-        fit = None  # a share's fit reads the card's use, and the key does not name the share
-        if job.gpu_share is None:
-            fit = shape.fit.get(name)
-            if fit is None:
-                fit = shape.fit[name] = node_fits(job, d.future[name])
-        shape.set(name, node_option(d, job, level, name, rank, fit))
+    def _compute(d: _Decision, shape: _Shape, job: JobView, level: int, rank: int, names: Iterable[str],
+                 stop_at_exact: bool = False) -> int:
+        """Compute the shape's options on these nodes, in order (one call for them all: this runs
+        for thousands of nodes a pass); with stop_at_exact, up to the first exact one. Returns how
+        many nodes it computed."""
+        fit_of, future, whole = shape.fit, d.future, job.gpu_share is None
+        done = 0
+        for name in names:
+            done += 1
+            fit = None  # a share's fit reads the card's use, and the key does not name the share
+            if whole:
+                fit = fit_of.get(name)
+                if fit is None:
+                    fit = fit_of[name] = node_fits(job, future[name])
+            if shape.set(name, node_option(d, job, level, name, rank, fit)) and stop_at_exact:
+                break
+        return done
