@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from ..core.model import JobView, NodeView, Snapshot
 from ..core.resources import fits
@@ -118,16 +118,20 @@ class _Decision:
         # shares are left out: they free no whole card while others share it (shares make room for
         # shares through preempt_best_effort only).
         self.candidates: dict[str, list[Candidate]] = {}
+        keyed: dict[str, list[tuple]] = {}  # node -> (sort key, candidate); the key's service read once per run
+        idle_first = cfg.prefer_idle_victims
         for j in self.running:
             if j.preemptible and j.run_start is not None and j.gpu_share is None:
-                level = self.level(j)
+                attained = j.attained(self.now)
+                level = self._levels[j.id] = cfg.level_of(attained)  # what self.level(j) computes
                 ripe = self.now - j.run_start >= cfg.quanta[level]
                 rank, run_gpus = CLASS_RANK.get(j.priority, 2), j.gpus
+                key = (idle_first and not j.idle, -level, -attained, j.id)
                 for node, gpus in j.allocation:
-                    self.candidates.setdefault(node, []).append(Candidate(j, level, rank, ripe, len(gpus), run_gpus))
-        idle_first = cfg.prefer_idle_victims
-        for lst in self.candidates.values():
-            lst.sort(key=lambda c: (idle_first and not c.run.idle, -c.level, -c.run.attained(self.now), c.run.id))
+                    keyed.setdefault(node, []).append((key, Candidate(j, level, rank, ripe, len(gpus), run_gpus)))
+        for node, lst in keyed.items():
+            lst.sort(key=itemgetter(0))
+            self.candidates[node] = [c for _, c in lst]
         self.victims: set[int] = set()
         self.node_order = sorted(self.nodes)  # deterministic, whatever the hash seed
         self.reserved: set[str] = set()  # nodes held for a starving job
