@@ -21,7 +21,7 @@ from ..core.model import JobView, NodeView, Snapshot
 from ..core.resources import fits
 from ..core.sharing import best_effort_room
 from ..core.states import JobState
-from .placement import place, placement_on, release, reserve, with_usage
+from .placement import place, place_on_each, placement_on, release, reserve, with_usage
 from .plan import Plan, Preempt, Start, Wait
 from .victims import Candidate, FreeIndex, VictimIndex, scan_options
 
@@ -342,7 +342,10 @@ class _Decision:
             for node, gpus in v.allocation:
                 if node in trial:
                     release(v, node, gpus, trial)
-        placement = place(job, trial, self.cfg.placement)
+        if job.gpu_share is None and len(job.partitions) <= 1:
+            placement = place_on_each(job, list(trial.values()))  # one node per rank was picked
+        else:
+            placement = place(job, trial, self.cfg.placement)
         if placement is None:
             return False  # CPUs or memory still short
         future = self.future
