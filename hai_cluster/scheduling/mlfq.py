@@ -15,19 +15,24 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 
 from ..core.model import JobView, NodeView, Snapshot
 from ..core.resources import fits
 from ..core.sharing import best_effort_room
 from ..core.states import JobState
-from .placement import place, placement_on, release, reserve, with_usage
+from .placement import place, place_on_each, placement_on, release, reserve, with_usage
 from .plan import Plan, Preempt, Start, Wait
 from .victims import Candidate, FreeIndex, VictimIndex, scan_options
 
 CLASS_RANK = {"urgent": 0, "high": 1, "normal": 2, "low": 3}
 # Enum members as plain names: looked up once, not once per job of a long list.
 _PENDING, _RUNNING, _PREEMPTING = JobState.PENDING, JobState.RUNNING, JobState.PREEMPTING
+_ID, _SUBMIT_TIME = attrgetter("id"), attrgetter("submit_time")
+
+
+def _round_robin_time(j: JobView) -> float:
+    return j.last_run_end or -math.inf
 
 
 @dataclass(frozen=True)
@@ -110,18 +115,23 @@ class _Decision:
         # Runs that could ever be preempted, per node, cheapest first: lower levels (larger index),
         # then more service already received. Each as a Candidate: what the victim search asks of
         # a run, computed once instead of once per node and job shape it is looked at for. Card
-        # shares are left out: they free no whole card (may_preempt never takes them).
+        # shares are left out: they free no whole card while others share it (shares make room for
+        # shares through preempt_best_effort only).
         self.candidates: dict[str, list[Candidate]] = {}
+        keyed: dict[str, list[tuple]] = {}  # node -> (sort key, candidate); the key's service read once per run
+        idle_first = cfg.prefer_idle_victims
         for j in self.running:
             if j.preemptible and j.run_start is not None and j.gpu_share is None:
-                level = self.level(j)
+                attained = j.attained(self.now)
+                level = self._levels[j.id] = cfg.level_of(attained)  # what self.level(j) computes
                 ripe = self.now - j.run_start >= cfg.quanta[level]
+                rank, run_gpus = CLASS_RANK.get(j.priority, 2), j.gpus
+                key = (idle_first and not j.idle, -level, -attained, j.id)
                 for node, gpus in j.allocation:
-                    self.candidates.setdefault(node, []).append(
-                        Candidate(j, level, CLASS_RANK.get(j.priority, 2), ripe, len(gpus)))
-        idle_first = cfg.prefer_idle_victims
-        for lst in self.candidates.values():
-            lst.sort(key=lambda c: (idle_first and not c.run.idle, -c.level, -c.run.attained(self.now), c.run.id))
+                    keyed.setdefault(node, []).append((key, Candidate(j, level, rank, ripe, len(gpus), run_gpus)))
+        for node, lst in keyed.items():
+            lst.sort(key=itemgetter(0))
+            self.candidates[node] = [c for _, c in lst]
         self.victims: set[int] = set()
         self.node_order = sorted(self.nodes)  # deterministic, whatever the hash seed
         self.reserved: set[str] = set()  # nodes held for a starving job
@@ -168,36 +178,45 @@ class _Decision:
                 self.wake.append(self.now + promote_at - j.waited(self.now))
         return self.level(j)
 
-    def order_keys(self, jobs: list[JobView], levels: list[int]) -> list[tuple]:
-        """The service order of pending jobs at these levels, as sort keys (built in one loop: a
-        call per job was a tenth of a large pass)."""
-        fairshare, lowest = self.snap.fairshare, self._lowest
-        keys = []
-        for j, level in zip(jobs, levels):
-            rank = CLASS_RANK.get(j.priority, 2)
-            # Lowest level: round-robin by the end of the previous run (never-run jobs first).
-            rr = (j.last_run_end or -math.inf) if level == lowest else 0.0
-            # Within a level and class: the higher fair-share factor (less past use for its shares) first.
-            share = fairshare.get((j.account, j.user), 1.0) if fairshare else 1.0
-            # Best-effort shares only use what is left: after the rest of their level and class (a
-            # guaranteed share that preempted one must not lose the card to it again).
-            best_effort = j.gpu_share is not None and j.gpu_share.qos == "best-effort"
-            keys.append((0 if rank == 0 else 1, level, rank, best_effort, rr, -share, j.submit_time, j.id))
-        return keys
-
     # ---- the pass ----------------------------------------------------------------------
     def queue(self) -> list[tuple[JobView, int, int]]:
-        """Pending jobs in service order, each with its (effective) level and class rank (read
-        back from its order key, which holds both)."""
-        pending = self.pending
+        """Pending jobs in service order, each with its (effective) level and class rank.
+
+        The order is that of the key (urgent first, level, class rank, best-effort share last,
+        round-robin time at the lowest level, higher fair-share factor, submit time, id). Its
+        leading fields take few values: the jobs are grouped by them, and each group is ordered
+        by the rest with one stable sort per field, least significant first, on plain numbers
+        (one sort of a tuple per job was a tenth of a large pass)."""
+        pending, lowest = self.pending, self._lowest
         if self.cfg.starvation_factor > 0:
             levels = [self.effective_level(j) for j in pending]
         else:
             # Without the starvation guard a pending job's effective level is its level, from the
             # service of its past runs (what attained() is without a current run).
             levels = list(map(self.cfg.level_of, [j.attained_gpu_seconds for j in pending]))
-        keyed = sorted(zip(self.order_keys(pending, levels), pending), key=itemgetter(0))
-        return [(j, key[1], key[2]) for key, j in keyed]
+        groups: dict[tuple[int, int, int, bool], list[JobView]] = {}
+        for j, level in zip(pending, levels):
+            rank = CLASS_RANK.get(j.priority, 2)
+            # Best-effort shares only use what is left: after the rest of their level and class (a
+            # guaranteed share that preempted one must not lose the card to it again).
+            best_effort = j.gpu_share is not None and j.gpu_share.qos == "best-effort"
+            key = (0 if rank == 0 else 1, level, rank, best_effort)
+            try:
+                groups[key].append(j)
+            except KeyError:
+                groups[key] = [j]
+        fairshare = self.snap.fairshare
+        out: list[tuple[JobView, int, int]] = []
+        for key in sorted(groups):
+            jobs, level, rank = groups[key], key[1], key[2]
+            jobs.sort(key=_ID)
+            jobs.sort(key=_SUBMIT_TIME)
+            if fairshare:  # the higher fair-share factor (less past use for its shares) first
+                jobs.sort(key=lambda j: -fairshare.get((j.account, j.user), 1.0))
+            if level == lowest:  # round-robin by the end of the previous run (never-run jobs first)
+                jobs.sort(key=_round_robin_time)
+            out.extend([(j, level, rank) for j in jobs])
+        return out
 
     def run(self) -> Plan:
         waiting_ahead: dict[str | None, int] = {}  # partition -> best level of a job left waiting
@@ -218,9 +237,10 @@ class _Decision:
                 shape = (job.partition, level, job.gpus_per_node, job.nodes, rank)
                 if shape in covered or any(level >= lv and job.gpus_per_node >= g and job.nodes >= n and rank >= c
                                            for lv, g, n, c in failed[job.partition]):
-                    # A job at least as big and no more important already found no room: so does this.
+                    # A job at least as big and no more important already found no room: so does
+                    # this. It was left waiting in this partition, so this one waits for Priority.
                     covered.add(shape)
-                    act(Wait(job.id, self._blocked_reason(job, waiting_ahead)))
+                    act(Wait(job.id, "Priority"))
                     continue
             if self.try_start(job, level, waiting_ahead):
                 continue
@@ -271,8 +291,14 @@ class _Decision:
             # A job that can never be preempted must not take GPUs a higher-level job waits for.
             self.actions.append(Wait(job.id, "Priority"))
             return True
+        # Where no run is leaving, the future copy is the very view of now: reserve once, share it.
+        shared = all(self.future[name] is self.nodes[name] for name in placement.nodes)
         reserve(job, placement, self.nodes)
-        reserve(job, placement, self.future)
+        if shared:
+            for name in placement.nodes:
+                self.future[name] = self.nodes[name]
+        else:
+            reserve(job, placement, self.future)
         self.changed(placement.nodes)
         self.actions.append(Start(job.id, placement, f"level {level}, first in order that fits"))
         return True
@@ -295,19 +321,6 @@ class _Decision:
         self.changed(placement.nodes)
 
     # ---- preemption --------------------------------------------------------------------
-    def may_preempt(self, victim: Candidate, level: int, rank: int) -> bool:
-        """Whether a job of this level and class rank may preempt the candidate run now. (Runs
-        that are not preemptible, not started or card shares are no candidates: a card share frees
-        no whole card while others share it; shares make room for shares through
-        preempt_best_effort only.)"""
-        if victim.run.id in self.victims:
-            return False
-        if rank == 0 and victim.rank > 0:
-            return True  # urgent: at once, whatever the level (the grace period still applies)
-        if victim.rank < rank:
-            return False  # never preempt a more important class for a less important one
-        return victim.level > level and victim.ripe  # ripe: it has held its GPUs for its quantum
-
     def _busy(self, victims: list[JobView]) -> int:
         """How many victims are not idle, when idle victims are preferred (else 0: no preference)."""
         return sum(not v.idle for v in victims) if self.cfg.prefer_idle_victims else 0
@@ -329,19 +342,25 @@ class _Decision:
             for node, gpus in v.allocation:
                 if node in trial:
                     release(v, node, gpus, trial)
-        placement = place(job, trial, self.cfg.placement)
+        if job.gpu_share is None and len(job.partitions) <= 1:
+            placement = place_on_each(job, list(trial.values()))  # one node per rank was picked
+        else:
+            placement = place(job, trial, self.cfg.placement)
         if placement is None:
             return False  # CPUs or memory still short
-        self.future.update(trial)  # the picked nodes, their victims released
+        future = self.future
+        future.update(trial)  # the picked nodes, their victims released
+        freed = list(trial)
+        why = ("urgent job" if rank == 0 else f"level {level} job")
         for v in victims.values():
             for node, gpus in v.allocation:  # a gang victim frees its other nodes too
-                if node in self.future and node not in trial:
-                    release(v, node, gpus, self.future)
+                if node in future and node not in trial:
+                    release(v, node, gpus, future)
+                    freed.append(node)
             self.victims.add(v.id)
-            self.changed((node for node, _ in v.allocation if node in self.future), now=False)
-            why = ("urgent job" if rank == 0 else f"level {level} job")
             self.actions.append(Preempt(v.id, f"level {self.level(v)} run past its quantum; GPUs go to "
                                               f"{why} {job.id}", for_job=job.id))
+        self.changed(freed, now=False)
         self.claim(job, placement)
         self.actions.append(Wait(job.id, "WaitingForCheckpoint"))
         return True

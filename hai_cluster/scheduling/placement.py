@@ -46,6 +46,15 @@ def place(job: JobView, nodes: dict[str, NodeView], mode: str = "binpack",
     return placement_on(job, best)
 
 
+def place_on_each(job: JobView, nodes: list[NodeView]) -> Placement | None:
+    """What place() returns for a job of one partition and whole GPUs offered exactly job.nodes
+    nodes: all of them if one rank fits on each, else None (no ordering to do)."""
+    g = job.gpus_per_node
+    if len(nodes) != job.nodes or not all(len(n.free_gpus) >= g and fits(job, n) for n in nodes):
+        return None
+    return placement_on(job, nodes)
+
+
 def placement_on(job: JobView, nodes: list[NodeView]) -> Placement:
     """The job's placement on these nodes (one rank each, whole GPUs), ranks in name order."""
     chosen = sorted(nodes, key=_NAME)

@@ -31,6 +31,7 @@ class Candidate(NamedTuple):
     rank: int  # its class rank (mlfq.CLASS_RANK)
     ripe: bool  # it has held its GPUs for its level's quantum
     gpus: int  # GPUs it holds on this node
+    run_gpus: int  # GPUs it holds on all its nodes
 
 
 class FreeIndex:
@@ -48,24 +49,34 @@ class FreeIndex:
             self._by_count.setdefault(count, []).append(key)
         for keys in self._by_count.values():
             keys.sort()
+        self._stale: set[str] = set()  # nodes changed since the last look-up
 
     def _place_of(self, n: NodeView) -> tuple[int, tuple[int, str]]:
         return len(n.free_gpus), (self.sign * (n.cpus - n.used_cpus), n.name)
 
     def update(self, name: str) -> None:
-        at = self._place_of(self.nodes[name])
-        old = self._at.get(name)
-        if old == at:
-            return
-        if old is not None:
-            keys = self._by_count[old[0]]
-            del keys[bisect_left(keys, old[1])]
-        self._at[name] = at
-        insort(self._by_count.setdefault(at[0], []), at[1])
+        """The node's working copy changed: it is placed again at the next look-up (a pass often
+        changes a node twice in a row, as when it frees victims and claims their GPUs)."""
+        self._stale.add(name)
+
+    def _refresh(self) -> None:
+        for name in self._stale:
+            at = self._place_of(self.nodes[name])
+            old = self._at.get(name)
+            if old == at:
+                continue
+            if old is not None:
+                keys = self._by_count[old[0]]
+                del keys[bisect_left(keys, old[1])]
+            self._at[name] = at
+            insort(self._by_count.setdefault(at[0], []), at[1])
+        self._stale.clear()
 
     def first_fitting(self, job: JobView, excluded: set[str]) -> list[NodeView] | None:
         """The job.nodes nodes place() would choose for this job (one partition, whole GPUs),
         leaving out `excluded`; None when fewer fit."""
+        if self._stale:
+            self._refresh()
         g = job.gpus_per_node
         counts = sorted((k for k, keys in self._by_count.items() if k >= g and keys), reverse=self.sign < 0)
         chosen: list[NodeView] = []
@@ -90,9 +101,14 @@ def node_option(d: _Decision, job: JobView, level: int, name: str, rank: int, fi
         return None
     if name in d.reserved or not (node_fits(job, node) if fit is None else fit):
         return None
+    # Who may be taken (inline: this loop runs for every node a shape looks at): no run already
+    # taken; an urgent job takes a run of a lower class at once, whatever its level (the grace
+    # period still applies); otherwise only a run of a strictly lower level, no more important
+    # class, that is ripe (it has held its GPUs for its quantum, so a checkpoint is amortised).
     chosen: list[JobView] = []
-    freed = 0
+    freed = total = 0
     urgent = rank == URGENT
+    taken = d.victims
     for c in candidates:
         if freed >= need:
             break
@@ -100,11 +116,12 @@ def node_option(d: _Decision, job: JobView, level: int, name: str, rank: int, fi
             if d.cfg.prefer_idle_victims:
                 continue  # idle runs came first, whatever their level: look further
             break  # candidates come lowest level first: the rest are not below this job
-        if d.may_preempt(c, level, rank):
+        if c.run.id not in taken and ((urgent and c.rank > URGENT) or (c.rank >= rank and c.level > level and c.ripe)):
             chosen.append(c.run)
             freed += c.gpus
+            total += c.run_gpus
     if freed >= need:
-        return (len(chosen), sum(v.gpus for v in chosen), name, chosen), need
+        return (len(chosen), total, name, chosen), need
     return None
 
 
@@ -149,10 +166,11 @@ class _Shape:
         self.exact: list = []  # heap of (name, token): nodes where one victim of exactly the need suffices
         self.token = 0
 
-    def set(self, name: str, found) -> None:
+    def set(self, name: str, found) -> bool:
+        """Keep the node's option (None: it has none); whether it is an exact one."""
         self.opts.pop(name, None)
         if found is None:
-            return
+            return False
         option, need = found
         self.token += 1
         cls = option[:2]
@@ -161,6 +179,7 @@ class _Shape:
         heapq.heappush(self.classes.setdefault(cls, []), (name, self.token))
         if exact:
             heapq.heappush(self.exact, (name, self.token))
+        return exact
 
     def _valid(self, name: str, token: int) -> bool:
         entry = self.opts.get(name)
@@ -177,13 +196,13 @@ class _Shape:
     def pick(self, count: int) -> list | None:
         if len(self.opts) < count:
             return None
-        order = sorted(k for k, heap in self.classes.items() if self._top(heap) is not None)
+        order = sorted(self.classes)  # cheapest first; a class's heap may hold only stale entries
         if count == 1:
             # The scan stops at the first exact node: only nodes up to it (by name) are seen.
             stop = self.first_exact()
             for cls in order:
                 name = self._top(self.classes[cls])
-                if stop is None or name <= stop:
+                if name is not None and (stop is None or name <= stop):
                     return [self.opts[name][3]]
             return None  # not reached: the exact node itself is in some class
         picked: list = []
@@ -221,27 +240,33 @@ class VictimIndex:
         if shape is None:
             shape = self.shapes[key] = _Shape()
         # Bring the known prefix up to date; nodes past it are computed fresh when it grows.
-        position = self.position
-        for name in set(self.log[shape.seen:]):
-            if position[name] < shape.known:
-                self._update(d, shape, job, level, rank, name)
+        position, known = self.position, shape.known
+        self._compute(d, shape, job, level, rank, [name for name in set(self.log[shape.seen:]) if position[name] < known])
         shape.seen = len(self.log)
         order = d.node_order
+        rest = map(order.__getitem__, range(known, len(order)))  # the nodes past the prefix, by name
         if job.nodes > 1:
-            for name in order[shape.known:]:
-                self._update(d, shape, job, level, rank, name)
+            self._compute(d, shape, job, level, rank, rest)
             shape.known = len(order)
-        else:
-            while shape.known < len(order) and shape.first_exact() is None:
-                self._update(d, shape, job, level, rank, order[shape.known])
-                shape.known += 1
+        elif shape.first_exact() is None:
+            shape.known += self._compute(d, shape, job, level, rank, rest, stop_at_exact=True)
         return shape.pick(job.nodes)
 
     @staticmethod
-    def _update(d: _Decision, shape: _Shape, job: JobView, level: int, rank: int, name: str) -> None:
-        fit = None  # a share's fit reads the card's use, and the key does not name the share
-        if job.gpu_share is None:
-            fit = shape.fit.get(name)
-            if fit is None:
-                fit = shape.fit[name] = node_fits(job, d.future[name])
-        shape.set(name, node_option(d, job, level, name, rank, fit))
+    def _compute(d: _Decision, shape: _Shape, job: JobView, level: int, rank: int, names: Iterable[str],
+                 stop_at_exact: bool = False) -> int:
+        """Compute the shape's options on these nodes, in order (one call for them all: this runs
+        for thousands of nodes a pass); with stop_at_exact, up to the first exact one. Returns how
+        many nodes it computed."""
+        fit_of, future, whole = shape.fit, d.future, job.gpu_share is None
+        done = 0
+        for name in names:
+            done += 1
+            fit = None  # a share's fit reads the card's use, and the key does not name the share
+            if whole:
+                fit = fit_of.get(name)
+                if fit is None:
+                    fit = fit_of[name] = node_fits(job, future[name])
+            if shape.set(name, node_option(d, job, level, name, rank, fit)) and stop_at_exact:
+                break
+        return done

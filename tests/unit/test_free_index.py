@@ -6,7 +6,7 @@ import pytest
 
 from hai_cluster.core.model import GpuInfo, JobView, NodeView
 from hai_cluster.core.states import JobState
-from hai_cluster.scheduling.placement import place, placement_on, reserve
+from hai_cluster.scheduling.placement import place, place_on_each, placement_on, reserve
 from hai_cluster.scheduling.victims import FreeIndex
 
 
@@ -48,3 +48,20 @@ def test_first_fitting_chooses_what_place_chooses(mode):
                 for name in expected.nodes:
                     index.update(name)
     assert found > 300  # the jobs did find room, often
+
+
+@pytest.mark.parametrize("mode", ["binpack", "spread"])
+def test_place_on_each_is_place_on_exactly_those_nodes(mode):
+    found = missed = 0
+    for seed in range(300):
+        rng = random.Random(seed)
+        nodes = random_nodes(rng)
+        job = random_job(rng, seed)
+        if job.nodes > len(nodes):
+            continue
+        offered = {name: nodes[name] for name in rng.sample(sorted(nodes), job.nodes)}
+        expected = place(job, offered, mode)
+        assert place_on_each(job, list(offered.values())) == expected, f"seed {seed}"
+        found += expected is not None
+        missed += expected is None
+    assert found > 30 and missed > 30  # both answers were compared, often
