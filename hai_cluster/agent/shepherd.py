@@ -1,8 +1,10 @@
 """One shepherd per job run (like slurmstepd): `python -m hai_cluster.agent.shepherd RUN_DIR`.
 
-The agent starts it; it double-forks and calls setsid so that it is nobody's child and outlives the
-agent (SIGKILL, restart, systemd with KillMode=process). It forks the job (jobproc.exec_job), tells
-the agent over the pipe named by $HAI_REPORT_FD whether the job started, then supervises it alone:
+The agent starts it (starter.py): forked by the shepherd zygote (zygote.py), which has imported
+this module already and names its child as above, or by exec. It double-forks and calls setsid so
+that it is nobody's child and outlives the agent (SIGKILL, restart, systemd with
+KillMode=process). It forks the job (jobproc.exec_job), tells the agent over the pipe named by
+$HAI_REPORT_FD (or handed over by the zygote) whether the job started, then supervises it alone:
 time limit, terminate requests, cleanup of the process group, and the final status.json.
 
 Terminate requests: the agent writes terminate.json and sends SIGUSR1. The signal only wakes us;
@@ -414,10 +416,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     fd = os.environ.pop("HAI_REPORT_FD", None)
     report_fd = int(fd) if fd and fd.isdigit() else None
+    return detach_and_run(Path(args[0]), report_fd)
+
+
+def detach_and_run(run_dir: Path, report_fd: int | None) -> int:
+    """Daemonize, then supervise the run: for main(), and in a child of the zygote (zygote.py)."""
     daemonize()
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s shepherd[%(process)d] %(levelname)s %(message)s")
-    run_dir = Path(args[0])
     try:
         shepherd = Shepherd(run_dir, report_fd)
     except Exception as exc:  # no usable spec: leave a status so the run is not a mystery
