@@ -63,8 +63,10 @@ LINGER_POLL = 0.1  # how often the process group is checked once the main proces
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def daemonize() -> None:
-    if os.fork() > 0:
+def daemonize(fork_first: bool = True) -> None:
+    # The zygote's child is already a child that exits at once (its zygote reaps it): it need
+    # not fork before setsid (it leads no process group), which saves a fork per launch.
+    if fork_first and os.fork() > 0:
         os._exit(0)  # the agent reaps this one at once
     os.setsid()
     if os.fork() > 0:
@@ -419,9 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     return detach_and_run(Path(args[0]), report_fd)
 
 
-def detach_and_run(run_dir: Path, report_fd: int | None) -> int:
+def detach_and_run(run_dir: Path, report_fd: int | None, fork_first: bool = True) -> int:
     """Daemonize, then supervise the run: for main(), and in a child of the zygote (zygote.py)."""
-    daemonize()
+    daemonize(fork_first)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s shepherd[%(process)d] %(levelname)s %(message)s")
     try:

@@ -22,8 +22,8 @@ The child acknowledges itself, and exits if it cannot: if the agent gave up on t
 its end down after a timeout) no shepherd comes of it, and the agent may start one another way
 without ever running two. Then the child drops everything of the zygote (its socket, the
 SIGCHLD disposition, stdin and stdout, argv) and runs shepherd.detach_and_run, which daemonizes as
-before (fork, setsid, fork): the shepherd is nobody's child, and neither the agent's nor the
-zygote's death reaches it. The zygote exits when the agent's end closes.
+before (setsid, fork: the first fork of an exec'd shepherd is this child): the shepherd is
+nobody's child, and neither the agent's nor the zygote's death reaches it. The zygote exits when the agent's end closes.
 """
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ class Zygote:
             os.close(log_fd)
             os.set_inheritable(report_fd, True)  # as passed to an exec'd shepherd
             sys.argv = [shepherd.__file__, run_dir]
-            code = shepherd.detach_and_run(Path(run_dir), report_fd)
+            code = shepherd.detach_and_run(Path(run_dir), report_fd, fork_first=False)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
         except BaseException:  # noqa: BLE001 - a child must never return into the zygote's loop

@@ -8,8 +8,10 @@ everything it starts (cgroups for runs off, so the shepherds and jobs stay in it
 jobs (the zygote's start is not counted), then --jobs trivial jobs one after the other:
 `start_run` (it returns once the shepherd's launch report is in), the end, `forget_run`. Measured:
 the `start_run` call's wall time (p50, p95) and the cgroup's CPU time per job (the agent, the
-zygote, the shepherds and the jobs: the modes differ only in the launch). Needs root and the test
-venv (the agent tests' sandbox and client). Prints a markdown table.
+zygote, the shepherds and the jobs: the modes differ only in the launch); then CPU per launch
+alone: up to 20 jobs that only sleep, started one after the other, measured to the last launch
+report. Needs root and the test venv (the agent tests' sandbox and client). Prints a markdown
+table.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ sys.path.insert(0, str(REPO))
 from tests.integration.agent_helpers import Client, Sandbox, wait_for  # noqa: E402
 
 JOB = "#!/bin/sh\nexit 0\n"
+SLEEPER = "#!/bin/sh\nexec sleep 600\n"
 
 
 class CpuCgroup:
@@ -89,7 +92,28 @@ async def _jobs(box: Sandbox, n: int) -> list[float]:
     return times
 
 
-def round_(mode: str, jobs: int, tag: str) -> tuple[list[float], float]:
+async def _launches(box: Sandbox, n: int, cgroup: CpuCgroup) -> float:
+    """CPU per launch alone: n jobs that only sleep, started one after the other and measured up
+    to the last launch report (the jobs are terminated after)."""
+    c = await Client.connect(box.socket)
+    specs = [box.spec(SLEEPER) for _ in range(n)]
+    try:
+        cpu0 = cgroup.usage_s()
+        for spec in specs:
+            reply = await c.call("start_run", {"spec": spec})
+            assert reply["status"]["state"] == "running", reply
+        cpu = (cgroup.usage_s() - cpu0) / n
+        for spec in specs:
+            await c.call("terminate_run", {"job_id": spec["job_id"], "attempt": 0, "reason": "cancel"})
+        for spec in specs:
+            await c.exited(spec["job_id"], timeout=60)
+            await c.call("forget_run", {"job_id": spec["job_id"], "attempt": 0})
+    finally:
+        await c.close()
+    return cpu
+
+
+def round_(mode: str, jobs: int, tag: str) -> tuple[list[float], float, float]:
     box = Sandbox()
     cgroup = CpuCgroup(f"hai-bench-shepherd-{os.getpid()}-{tag}")
     proc = None
@@ -99,10 +123,11 @@ def round_(mode: str, jobs: int, tag: str) -> tuple[list[float], float]:
         cpu0 = cgroup.usage_s()
         times = asyncio.run(_jobs(box, jobs))
         cpu = (cgroup.usage_s() - cpu0) / jobs
+        launch_cpu = asyncio.run(_launches(box, min(jobs, 20), cgroup))
         log = (box.base / "agent.log").read_text()
         if (mode == "fork") != ("forked from it" in log) or "zygote unusable" in log:
             raise RuntimeError(f"{mode} round: shepherds not started that way:\n{log[-2000:]}")
-        return times, cpu
+        return times, cpu, launch_cpu
     finally:
         if proc is not None:
             proc.terminate()
@@ -122,24 +147,28 @@ def main() -> None:
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (jobs run as a test user; the agent runs in a cgroup of its own)")
-    res: dict[str, dict[str, list]] = {m: {"times": [], "cpu": []} for m in ("fork", "exec")}
+    res: dict[str, dict[str, list]] = {m: {"times": [], "cpu": [], "launch": []} for m in ("fork", "exec")}
     for rep in range(a.reps):
         for mode in (("fork", "exec") if rep % 2 == 0 else ("exec", "fork")):
-            times, cpu = round_(mode, a.jobs, f"{mode}{rep}")
+            times, cpu, launch = round_(mode, a.jobs, f"{mode}{rep}")
             res[mode]["times"] += times
             res[mode]["cpu"].append(cpu)
+            res[mode]["launch"].append(launch)
             q = statistics.quantiles(times, n=20)
             print(f"# {mode} round {rep}: start_run p50 {_ms(statistics.median(times))} ms, "
-                  f"p95 {_ms(q[18])} ms; CPU {_ms(cpu)} ms/job", file=sys.stderr, flush=True)
-    print(f"| shepherd_start | start_run → launch report p50 | p95 | CPU per job (agent + zygote + "
-          f"shepherd + job), median of {a.reps} rounds |")
-    print("|---|---|---|---|")
+                  f"p95 {_ms(q[18])} ms; CPU {_ms(cpu)} ms/job, {_ms(launch)} ms/launch",
+                  file=sys.stderr, flush=True)
+    print(f"| shepherd_start | start_run → launch report p50 | p95 | CPU per launch | CPU per job "
+          f"(start to end) |")
+    print("|---|---|---|---|---|")
     for mode in ("exec", "fork"):
-        t = res[mode]["times"]
+        t, r = res[mode]["times"], res[mode]
         q = statistics.quantiles(t, n=20)
         print(f"| {mode} | {_ms(statistics.median(t))} ms | {_ms(q[18])} ms | "
-              f"{_ms(statistics.median(res[mode]['cpu']))} ms (rounds: "
-              f"{', '.join(_ms(c) for c in res[mode]['cpu'])}) |")
+              f"{_ms(statistics.median(r['launch']))} ms ({', '.join(_ms(c) for c in r['launch'])}) | "
+              f"{_ms(statistics.median(r['cpu']))} ms ({', '.join(_ms(c) for c in r['cpu'])}) |")
+    print(f"\n{a.reps} rounds per mode, alternating, {a.jobs} jobs each; CPU: the medians of the "
+          f"rounds (each round's in parentheses), the agent's cgroup (agent, zygote, shepherds, jobs).")
 
 
 if __name__ == "__main__":
