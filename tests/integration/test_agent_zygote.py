@@ -146,7 +146,7 @@ def test_forked_and_execd_shepherds_start_from_the_same_state(box):
 
 
 def test_a_killed_zygote_costs_one_exec_and_is_replaced(box):
-    starter = _starter(box, respawn_after=0)
+    starter = _starter(box)
     specs = [_spec(box, n) for n in (1, 2, 3)]
 
     async def body():
@@ -171,6 +171,36 @@ def test_a_killed_zygote_costs_one_exec_and_is_replaced(box):
     for spec, (run_dir, _, _) in zip(specs, (first, second, third)):
         _go(box, spec)
         assert _final(run_dir)["exit_code"] == int(spec["environment"]["EXIT"])
+
+
+def test_a_zygote_that_cannot_start_or_refuses_costs_no_run(box):
+    runs = _runs(box)
+    # an argument the kernel refuses (E2BIG): the zygote cannot even be executed
+    broken = ShepherdStarter("fork", room=200_000)
+    broken.open()
+    # no room for any run dir's name: it serves, and refuses every run
+    cramped = ShepherdStarter("fork", room=0)
+    cramped.open()
+    specs = [_spec(box) for _ in range(4)]
+
+    async def body():
+        try:
+            out = [await _launch(box, broken, specs[0]), await _launch(box, broken, specs[1])]
+            zygote = cramped.zygote_pid
+            out += [await _launch(box, cramped, specs[2]), await _launch(box, cramped, specs[3])]
+            return out, zygote, cramped.zygote_pid, cramped.proc.poll()
+        finally:
+            broken.close()
+            cramped.close()
+    launched, before, after, exited = run(body())
+    assert broken.proc is None and broken.counts == {"fork": 0, "exec": 2}  # not retried per launch
+    assert cramped.counts == {"fork": 0, "exec": 2}
+    assert before == after and exited is None  # a refusal does not cost the zygote its place
+    for spec, (run_dir, status, shepherd) in zip(specs, launched):
+        assert status.state == "running" and spool.is_shepherd(shepherd, run_dir)
+        assert run_dir.parent == runs
+        _go(box, spec)
+        assert _final(run_dir)["exit_code"] == 0
 
 
 def test_a_hung_zygote_is_given_up_and_the_run_starts_once(box):
