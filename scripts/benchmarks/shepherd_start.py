@@ -10,8 +10,9 @@ jobs (the zygote's start is not counted), then --jobs trivial jobs one after the
 the `start_run` call's wall time (p50, p95) and the cgroup's CPU time per job (the agent, the
 zygote, the shepherds and the jobs: the modes differ only in the launch); then CPU per launch
 alone: up to 20 jobs that only sleep, started one after the other, measured to the last launch
-report. Needs root and the test venv (the agent tests' sandbox and client). Prints a markdown
-table.
+report. Then --drain: a held array of trivial tasks released at once on a local cluster (jobs/s
+from the first start to the last end, and how long a task held its slot). Needs root and the test
+venv (the agent tests' sandbox and client, the e2e harness). Prints markdown tables.
 """
 from __future__ import annotations
 
@@ -136,6 +137,27 @@ def round_(mode: str, jobs: int, tag: str) -> tuple[list[float], float, float]:
         box.cleanup()
 
 
+def drain_round(mode: str, n: int) -> tuple[float, float]:
+    """A held array of n trivial tasks released at once on a local cluster (one agent, this
+    machine's CPUs as slots, tick 1 s): n / (last end - first start), and the median time a task
+    held its slot (start to end, the store's times)."""
+    from tests.e2e.harness import start_local_cluster
+    c = start_local_cluster(tick=1.0, agent_toml=f'shepherd_start = "{mode}"',
+                            controller_toml=f"max_array_size = {max(n, 1000)}")
+    try:
+        array = c.submit("--hold", f"--array=1-{n}", "--wrap=true")
+        c.cli("hcontrol", "release", str(array))
+
+        def done():
+            jobs = c.call("jobs", {"ids": [array], "all": True})["jobs"]
+            return len(jobs) == n and all(j["state"] == "COMPLETED" for j in jobs) and jobs
+        jobs = wait_for(done, 600, f"array {array} to complete")
+        span = max(j["end_time"] for j in jobs) - min(j["start_time"] for j in jobs)
+        return n / span, statistics.median(j["end_time"] - j["start_time"] for j in jobs)
+    finally:
+        c.close()
+
+
 def _ms(x: float) -> str:
     return f"{x * 1000:.0f}"
 
@@ -144,6 +166,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=40)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--drain", type=int, default=100, help="tasks of the released array per round (0: skip)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (jobs run as a test user; the agent runs in a cgroup of its own)")
@@ -169,6 +192,20 @@ def main() -> None:
               f"{_ms(statistics.median(r['cpu']))} ms ({', '.join(_ms(c) for c in r['cpu'])}) |")
     print(f"\n{a.reps} rounds per mode, alternating, {a.jobs} jobs each; CPU: the medians of the "
           f"rounds (each round's in parentheses), the agent's cgroup (agent, zygote, shepherds, jobs).")
+    if not a.drain:
+        return
+    drain: dict[str, list[tuple[float, float]]] = {"fork": [], "exec": []}
+    for rep in range(a.reps):
+        for mode in (("fork", "exec") if rep % 2 == 0 else ("exec", "fork")):
+            drain[mode].append(drain_round(mode, a.drain))
+            print(f"# {mode} drain {rep}: {drain[mode][-1][0]:.1f} jobs/s, slot held "
+                  f"{_ms(drain[mode][-1][1])} ms", file=sys.stderr, flush=True)
+    print(f"\n| shepherd_start | released {a.drain}-task array: drain | a task's slot held (median) |")
+    print("|---|---|---|")
+    for mode in ("exec", "fork"):
+        rates, held = [r for r, _ in drain[mode]], [h for _, h in drain[mode]]
+        print(f"| {mode} | {statistics.median(rates):.1f} jobs/s ({', '.join(f'{r:.1f}' for r in rates)}) | "
+              f"{_ms(statistics.median(held))} ms ({', '.join(_ms(h) for h in held)}) |")
 
 
 if __name__ == "__main__":
