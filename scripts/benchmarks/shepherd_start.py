@@ -181,8 +181,8 @@ def main() -> None:
             print(f"# {mode} round {rep}: start_run p50 {_ms(statistics.median(times))} ms, "
                   f"p95 {_ms(q[18])} ms; CPU {_ms(cpu)} ms/job, {_ms(launch)} ms/launch",
                   file=sys.stderr, flush=True)
-    print(f"| shepherd_start | start_run → launch report p50 | p95 | CPU per launch | CPU per job "
-          f"(start to end) |")
+    print("| shepherd_start | start_run → launch report p50 | p95 | CPU per launch | CPU per job "
+          "(start to end) |")
     print("|---|---|---|---|---|")
     for mode in ("exec", "fork"):
         t, r = res[mode]["times"], res[mode]

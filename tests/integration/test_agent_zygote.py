@@ -9,7 +9,6 @@ zygote's nor the agent's death reaches a shepherd or its job.
 """
 from __future__ import annotations
 
-import array
 import asyncio
 import json
 import os
