@@ -106,6 +106,9 @@ class AgentConfig:
     # controller's ping_interval. 0 = off.
     frame_timeout: float = 30.0
     idle_timeout: float = 120.0
+    # How shepherds start (agent/starter.py): "fork" from the pre-imported zygote, "exec" as a
+    # fresh interpreter each (the zygote's fallback too).
+    shepherd_start: str = "fork"
 
 
 @dataclass(frozen=True)
@@ -337,6 +340,7 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
         critical_xids=_xids(a, "critical_xids"),
         frame_timeout=a.get("frame_timeout", float, 30.0),
         idle_timeout=a.get("idle_timeout", float, 120.0),
+        shepherd_start=a.get("shepherd_start", str, "fork"),
     )
     a.done()
     g.done()
@@ -360,6 +364,8 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
     _positive(path, "agent.launch_timeout", cfg.launch_timeout)
     if cfg.log_level not in _LOG_LEVELS:
         raise ConfigError(f"{path}: agent.log_level must be one of {', '.join(_LOG_LEVELS)}, got {cfg.log_level!r}")
+    if cfg.shepherd_start not in ("fork", "exec"):
+        raise ConfigError(f"{path}: agent.shepherd_start must be fork or exec, got {cfg.shepherd_start!r}")
     return cfg
 
 

@@ -24,6 +24,8 @@ from .isolation import NodeIsolation
 from .gpushare import Shares
 from .runs import RunTable
 from .service import build_table
+from .spool import runs_dir
+from .starter import ShepherdStarter, room_for
 from .telemetry import RunRef, Sampler
 
 log = logging.getLogger("hai_cluster.agent.daemon")  # not __main__ under -m
@@ -38,7 +40,8 @@ class Agent:
         self.cpus = cfg.cpus or os.cpu_count() or 1
         self.mem_mb = psutil.virtual_memory().total // (1024 * 1024)
         self.isolation = NodeIsolation.detect(cfg)  # logs what it found (and what is missing)
-        self.runs = RunTable(cfg.spool, cfg.launch_timeout, self.isolation)
+        self.starter = ShepherdStarter(cfg.shepherd_start, room_for(runs_dir(cfg.spool)))
+        self.runs = RunTable(cfg.spool, cfg.launch_timeout, self.isolation, self.starter)
         self.shares = Shares(cfg, self.gpus)
         self.health = HealthChecker(cfg, len(self.gpus))
         self.table = build_table(self)
@@ -156,6 +159,7 @@ async def serve(cfg: AgentConfig, notifier: Notifier | None = None) -> None:
     except SocketInUse as exc:
         raise ConfigError(str(exc)) from None
     agent.runs.setup()
+    agent.starter.open()  # the zygote imports while the spool is read
     agent.runs.rebuild()
     server = await asyncio.start_unix_server(agent.on_client, sock=sock)
     stop = asyncio.Event()
@@ -183,6 +187,7 @@ async def serve(cfg: AgentConfig, notifier: Notifier | None = None) -> None:
             await asyncio.gather(sampling, return_exceptions=True)
         checker.cancel()
         agent.isolation.release()
+        agent.starter.close()  # the zygote exits; the shepherds it forked are not its children
         await close_server(server, agent.connections, cfg.socket)
 
 

@@ -1,5 +1,6 @@
-"""The agent's side of a run: prepare its spool dir, start its shepherd and wait for the launch
-report, ask it to terminate, signal the job, and declare a run dead when its shepherd vanished.
+"""The agent's side of a run: prepare its spool dir, start its shepherd (starter.py) and wait for
+the launch report, ask it to terminate, signal the job, and declare a run dead when its shepherd
+vanished.
 """
 from __future__ import annotations
 
@@ -8,16 +9,17 @@ import json
 import logging
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
-from ..core.envfilter import helper_env
 from . import contain, spool
 from .isolation import NodeIsolation
 from .runspec import RunSpec, RunStatus
+from .starter import ShepherdStarter
 
 log = logging.getLogger(__name__)
+
+_EXEC = ShepherdStarter("exec")
 
 
 def prepare(run_dir: Path, spec: RunSpec, node: NodeIsolation | None = None) -> None:
@@ -62,20 +64,19 @@ async def _read_report(fd: int, timeout: float) -> dict | None:
     return report if isinstance(report, dict) else None
 
 
-async def launch(run_dir: Path, spec: RunSpec, timeout: float) -> tuple[RunStatus, int | None]:
+async def launch(run_dir: Path, spec: RunSpec, timeout: float,
+                 starter: ShepherdStarter | None = None) -> tuple[RunStatus, int | None]:
     """Start the run's shepherd; return (status, shepherd pid) once the job started or failed to.
 
     The run dir must already be prepared. If the shepherd does not report in time, the run is
-    returned as running with no pid: the spool poll takes over from there.
+    returned as running with no pid: the spool poll takes over from there. Without a starter
+    (whose zygote forks shepherds), the shepherd is a fresh interpreter.
     """
     r, w = os.pipe()
     log_fd = os.open(run_dir / spool.SHEPHERD_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     deadline = time.monotonic() + timeout
     try:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", spool.SHEPHERD_MODULE, str(run_dir),
-            stdin=asyncio.subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, pass_fds=(w,),
-            env={**helper_env(os.environ), "HAI_REPORT_FD": str(w)})
+        proc = await (starter or _EXEC).start(run_dir, w, log_fd)
     except BaseException:
         os.close(r)
         raise
@@ -89,8 +90,9 @@ async def launch(run_dir: Path, spec: RunSpec, timeout: float) -> tuple[RunStatu
         return (RunStatus.for_spec(spec, state="running", start_time=time.time(),
                                    message=f"launch not confirmed within {timeout:g} s"), None)
     finally:
-        try:  # the first fork exits at once; reap it (bounded, never hang start_run on it)
-            await asyncio.wait_for(proc.wait(), max(deadline - time.monotonic(), 1.0))
+        try:  # an exec'd shepherd's first fork exits at once; reap it (bounded, never hang start_run on it)
+            if proc is not None:
+                await asyncio.wait_for(proc.wait(), max(deadline - time.monotonic(), 1.0))
         except asyncio.TimeoutError:
             pass
     if report is not None and report.get("event") == "started":

@@ -18,6 +18,7 @@ from pathlib import Path
 from . import launcher, spool
 from .isolation import NodeIsolation
 from .runspec import RunSpec, RunStatus
+from .starter import ShepherdStarter
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +47,12 @@ def _read_spec(run_dir: Path) -> RunSpec | None:
 
 
 class RunTable:
-    def __init__(self, spool_dir: str, launch_timeout: float, node: NodeIsolation | None = None) -> None:
+    def __init__(self, spool_dir: str, launch_timeout: float, node: NodeIsolation | None = None,
+                 starter: ShepherdStarter | None = None) -> None:
         self.root = spool.runs_dir(spool_dir)
         self.launch_timeout = launch_timeout
         self.node = node
+        self.starter = starter
         self.runs: dict[Key, Run] = {}
         # Set when a shepherd exits: the spool watch looks at once instead of at its next poll.
         self.exited = asyncio.Event()
@@ -118,7 +121,8 @@ class RunTable:
 
     async def _launch(self, run: Run) -> None:
         try:
-            run.status, run.shepherd_pid = await launcher.launch(run.dir, run.spec, self.launch_timeout)
+            run.status, run.shepherd_pid = await launcher.launch(run.dir, run.spec, self.launch_timeout,
+                                                                    self.starter)
             if run.shepherd_pid is not None:
                 self._watch_exit(run.shepherd_pid)
         except Exception as exc:

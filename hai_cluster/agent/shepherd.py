@@ -1,8 +1,10 @@
 """One shepherd per job run (like slurmstepd): `python -m hai_cluster.agent.shepherd RUN_DIR`.
 
-The agent starts it; it double-forks and calls setsid so that it is nobody's child and outlives the
-agent (SIGKILL, restart, systemd with KillMode=process). It forks the job (jobproc.exec_job), tells
-the agent over the pipe named by $HAI_REPORT_FD whether the job started, then supervises it alone:
+The agent starts it (starter.py): forked by the shepherd zygote (zygote.py), which has imported
+this module already and names its child as above, or by exec. It double-forks and calls setsid so
+that it is nobody's child and outlives the agent (SIGKILL, restart, systemd with
+KillMode=process). It forks the job (jobproc.exec_job), tells the agent over the pipe named by
+$HAI_REPORT_FD (or handed over by the zygote) whether the job started, then supervises it alone:
 time limit, terminate requests, cleanup of the process group, and the final status.json.
 
 Terminate requests: the agent writes terminate.json and sends SIGUSR1. The signal only wakes us;
@@ -61,8 +63,10 @@ LINGER_POLL = 0.1  # how often the process group is checked once the main proces
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def daemonize() -> None:
-    if os.fork() > 0:
+def daemonize(fork_first: bool = True) -> None:
+    # The zygote's child is already a child that exits at once (its zygote reaps it): it need
+    # not fork before setsid (it leads no process group), which saves a fork per launch.
+    if fork_first and os.fork() > 0:
         os._exit(0)  # the agent reaps this one at once
     os.setsid()
     if os.fork() > 0:
@@ -414,10 +418,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     fd = os.environ.pop("HAI_REPORT_FD", None)
     report_fd = int(fd) if fd and fd.isdigit() else None
-    daemonize()
+    return detach_and_run(Path(args[0]), report_fd)
+
+
+def detach_and_run(run_dir: Path, report_fd: int | None, fork_first: bool = True) -> int:
+    """Daemonize, then supervise the run: for main(), and in a child of the zygote (zygote.py)."""
+    daemonize(fork_first)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s shepherd[%(process)d] %(levelname)s %(message)s")
-    run_dir = Path(args[0])
     try:
         shepherd = Shepherd(run_dir, report_fd)
     except Exception as exc:  # no usable spec: leave a status so the run is not a mystery

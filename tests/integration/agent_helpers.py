@@ -24,6 +24,7 @@ import pytest
 
 from hai_cluster.agent import spool
 from hai_cluster.transport.rpc import RpcConnection
+from tests.e2e.harness import shepherd_start_toml
 
 TEST_USER = "haitest"
 _job_ids = itertools.count(1)
@@ -111,12 +112,13 @@ class AgentProcess:
     """hai-agent as a subprocess, on a sandbox, with simulated GPUs."""
 
     def __init__(self, box: Sandbox, name: str = "testnode", launch_timeout: float = 20.0,
-                 poll_interval: float = 0.1) -> None:
+                 poll_interval: float = 0.1, agent_toml: str = "") -> None:
         self.box = box
         self.config = box.base / f"agent-{name}.toml"
         self.config.write_text(
             f'[agent]\nname = "{name}"\nsocket = "{box.socket}"\nspool = "{box.spool}"\n'
             f'poll_interval = {poll_interval}\nlaunch_timeout = {launch_timeout}\nlog_level = "DEBUG"\n'
+            f'{"" if "shepherd_start" in agent_toml else shepherd_start_toml()}{agent_toml}'
             f'[gpus]\nbackend = "simulated"\nsimulated_count = 4\n'
             f'simulated_model = "Simulated H100 80GB"\nsimulated_memory_mb = 81920\n')
         self.log = box.base / f"agent-{name}.log"

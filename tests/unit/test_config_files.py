@@ -14,7 +14,8 @@ def test_example_configs_load_and_match_the_defaults():
     ctl = load_controller_config(CONF / "controller.toml")
     assert ctl.scheduler.mlfq == MlfqConfig()
     assert [n.name for n in ctl.nodes] == ["gpu01", "gpu02"]
-    assert load_agent_config(CONF / "agent.toml").name == "gpu01"
+    agent = load_agent_config(CONF / "agent.toml")
+    assert agent.name == "gpu01" and agent.shepherd_start == "fork"
 
 
 @pytest.mark.parametrize("text, message", [
@@ -36,12 +37,21 @@ def test_bad_controller_configs_name_the_key(tmp_path, text, message):
         load_controller_config(path)
 
 
+@pytest.mark.parametrize("mode", ["fork", "exec"])
+def test_agent_shepherd_start_is_read(tmp_path, mode):
+    path = tmp_path / "agent.toml"
+    path.write_text(f'[agent]\nshepherd_start = "{mode}"\n')
+    assert load_agent_config(path).shepherd_start == mode
+
+
 @pytest.mark.parametrize("text, message", [
-    ("cpus = -1", "agent.cpus must be >= 0"),
-    ("cpus = \"many\"", "agent.cpus must be an integer"),
+    ('[agent]\nshepherd_start = "clone"\n', "agent.shepherd_start must be fork or exec, got 'clone'"),
+    ("[agent]\nshepherd_start = true\n", "agent.shepherd_start must be a string"),
+    ("[agent]\ncpus = -1\n", "agent.cpus must be >= 0"),
+    ("[agent]\ncpus = \"many\"\n", "agent.cpus must be an integer"),
 ])
 def test_bad_agent_configs_name_the_key(tmp_path, text, message):
     path = tmp_path / "agent.toml"
-    path.write_text(f"[agent]\nname = \"n1\"\n{text}\n")
+    path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         load_agent_config(path)
