@@ -162,18 +162,17 @@ def _ms(x: float) -> str:
     return f"{x * 1000:.0f}"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--jobs", type=int, default=40)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--drain", type=int, default=100, help="tasks of the released array per round (0: skip)")
-    a = ap.parse_args()
+def section(jobs: int = 40, reps: int = 3, drain_tasks: int = 100) -> str:
+    """The markdown tables (scripts/bench --only shepherd)."""
     if os.geteuid() != 0:
         sys.exit("needs root (jobs run as a test user; the agent runs in a cgroup of its own)")
+    out: list[str] = ["### Shepherd start: fork (the zygote) against exec (a fresh interpreter)\n",
+                      "A real `hai-agent` per round, rounds alternating between `[agent] shepherd_start` modes "
+                      "(`scripts/benchmarks/shepherd_start.py`).\n"]
     res: dict[str, dict[str, list]] = {m: {"times": [], "cpu": [], "launch": []} for m in ("fork", "exec")}
-    for rep in range(a.reps):
+    for rep in range(reps):
         for mode in (("fork", "exec") if rep % 2 == 0 else ("exec", "fork")):
-            times, cpu, launch = round_(mode, a.jobs, f"{mode}{rep}")
+            times, cpu, launch = round_(mode, jobs, f"{mode}{rep}")
             res[mode]["times"] += times
             res[mode]["cpu"].append(cpu)
             res[mode]["launch"].append(launch)
@@ -181,31 +180,40 @@ def main() -> None:
             print(f"# {mode} round {rep}: start_run p50 {_ms(statistics.median(times))} ms, "
                   f"p95 {_ms(q[18])} ms; CPU {_ms(cpu)} ms/job, {_ms(launch)} ms/launch",
                   file=sys.stderr, flush=True)
-    print("| shepherd_start | start_run → launch report p50 | p95 | CPU per launch | CPU per job "
-          "(start to end) |")
-    print("|---|---|---|---|---|")
+    out.append("| shepherd_start | start_run → launch report p50 | p95 | CPU per launch | CPU per job "
+               "(start to end) |")
+    out.append("|---|---|---|---|---|")
     for mode in ("exec", "fork"):
         t, r = res[mode]["times"], res[mode]
         q = statistics.quantiles(t, n=20)
-        print(f"| {mode} | {_ms(statistics.median(t))} ms | {_ms(q[18])} ms | "
-              f"{_ms(statistics.median(r['launch']))} ms ({', '.join(_ms(c) for c in r['launch'])}) | "
-              f"{_ms(statistics.median(r['cpu']))} ms ({', '.join(_ms(c) for c in r['cpu'])}) |")
-    print(f"\n{a.reps} rounds per mode, alternating, {a.jobs} jobs each; CPU: the medians of the "
-          f"rounds (each round's in parentheses), the agent's cgroup (agent, zygote, shepherds, jobs).")
-    if not a.drain:
-        return
-    drain: dict[str, list[tuple[float, float]]] = {"fork": [], "exec": []}
-    for rep in range(a.reps):
-        for mode in (("fork", "exec") if rep % 2 == 0 else ("exec", "fork")):
-            drain[mode].append(drain_round(mode, a.drain))
-            print(f"# {mode} drain {rep}: {drain[mode][-1][0]:.1f} jobs/s, slot held "
-                  f"{_ms(drain[mode][-1][1])} ms", file=sys.stderr, flush=True)
-    print(f"\n| shepherd_start | released {a.drain}-task array: drain | a task's slot held (median) |")
-    print("|---|---|---|")
-    for mode in ("exec", "fork"):
-        rates, held = [r for r, _ in drain[mode]], [h for _, h in drain[mode]]
-        print(f"| {mode} | {statistics.median(rates):.1f} jobs/s ({', '.join(f'{r:.1f}' for r in rates)}) | "
-              f"{_ms(statistics.median(held))} ms ({', '.join(_ms(h) for h in held)}) |")
+        out.append(f"| {mode} | {_ms(statistics.median(t))} ms | {_ms(q[18])} ms | "
+                   f"{_ms(statistics.median(r['launch']))} ms ({', '.join(_ms(c) for c in r['launch'])}) | "
+                   f"{_ms(statistics.median(r['cpu']))} ms ({', '.join(_ms(c) for c in r['cpu'])}) |")
+    out.append(f"\n{reps} rounds per mode, alternating, {jobs} jobs each; CPU: the medians of the "
+               f"rounds (each round's in parentheses), the agent's cgroup (agent, zygote, shepherds, jobs).")
+    if drain_tasks:
+        drain: dict[str, list[tuple[float, float]]] = {"fork": [], "exec": []}
+        for rep in range(reps):
+            for mode in (("fork", "exec") if rep % 2 == 0 else ("exec", "fork")):
+                drain[mode].append(drain_round(mode, drain_tasks))
+                print(f"# {mode} drain {rep}: {drain[mode][-1][0]:.1f} jobs/s, slot held "
+                      f"{_ms(drain[mode][-1][1])} ms", file=sys.stderr, flush=True)
+        out.append(f"\n| shepherd_start | released {drain_tasks}-task array: drain | a task's slot held (median) |")
+        out.append("|---|---|---|")
+        for mode in ("exec", "fork"):
+            rates, held = [r for r, _ in drain[mode]], [h for _, h in drain[mode]]
+            out.append(f"| {mode} | {statistics.median(rates):.1f} jobs/s ({', '.join(f'{r:.1f}' for r in rates)}) | "
+                       f"{_ms(statistics.median(held))} ms ({', '.join(_ms(h) for h in held)}) |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=40)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--drain", type=int, default=100, help="tasks of the released array per round (0: skip)")
+    a = ap.parse_args()
+    print(section(a.jobs, a.reps, a.drain))
 
 
 if __name__ == "__main__":
