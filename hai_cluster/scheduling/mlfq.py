@@ -360,6 +360,7 @@ class _Decision:
             self.victims.add(v.id)
             self.actions.append(Preempt(v.id, f"level {self.level(v)} run past its quantum; GPUs go to "
                                               f"{why} {job.id}", for_job=job.id))
+        self.victim_index.took(victims.values())
         self.changed(freed, now=False)
         self.claim(job, placement)
         self.actions.append(Wait(job.id, "WaitingForCheckpoint"))
