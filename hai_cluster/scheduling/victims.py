@@ -53,6 +53,18 @@ class FreeIndex:
             keys.sort()
         self._stale: set[str] = set()  # nodes changed since the last look-up
 
+    def copy_for(self, nodes: dict[str, NodeView], changed: Iterable[str]) -> FreeIndex:
+        """The index of another working copy of the same nodes that differs from this one only on
+        `changed` (they are placed again at its first look-up): no second sort of every node."""
+        new = object.__new__(FreeIndex)
+        new.nodes, new.sign = nodes, self.sign
+        if self._stale:
+            self._refresh()
+        new._at = dict(self._at)
+        new._by_count = {count: list(keys) for count, keys in self._by_count.items()}
+        new._stale = set(changed)
+        return new
+
     def _place_of(self, n: NodeView) -> tuple[int, tuple[int, str]]:
         return len(n.free_gpus), (self.sign * (n.cpus - n.used_cpus), n.name)
 
