@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
+from functools import partial
 from operator import attrgetter, itemgetter
 
 from ..core.model import JobView, NodeView, Snapshot
@@ -138,11 +139,14 @@ class _Decision:
         self.reserving: set[str | None] = set()  # partitions that already have one
         self.actions: list = []
         self.wake: list[float] = []
+        leaving = []  # nodes of PREEMPTING runs: the only ones where the future differs from now
         for j in preempting:
             for node, gpus in j.allocation:
                 if node in self.future:
                     release(j, node, gpus, self.future)
-        self.free_now, self.free_future = FreeIndex(self.nodes, cfg.placement), FreeIndex(self.future, cfg.placement)
+                    leaving.append(node)
+        self.free_now = FreeIndex(self.nodes, cfg.placement)
+        self.free_future = self.free_now.copy_for(self.future, changed=leaving)
         self.victim_index = VictimIndex(self.node_order)
 
     def changed(self, names, *, now: bool = True) -> None:
@@ -193,7 +197,8 @@ class _Decision:
         else:
             # Without the starvation guard a pending job's effective level is its level, from the
             # service of its past runs (what attained() is without a current run).
-            levels = list(map(self.cfg.level_of, [j.attained_gpu_seconds for j in pending]))
+            # (level_of's bisection, called from C instead of once per job from Python)
+            levels = list(map(partial(bisect_right, self.cfg.thresholds), [j.attained_gpu_seconds for j in pending]))
         groups: dict[tuple[int, int, int, bool], list[JobView]] = {}
         for j, level in zip(pending, levels):
             rank = CLASS_RANK.get(j.priority, 2)
@@ -360,6 +365,7 @@ class _Decision:
             self.victims.add(v.id)
             self.actions.append(Preempt(v.id, f"level {self.level(v)} run past its quantum; GPUs go to "
                                               f"{why} {job.id}", for_job=job.id))
+        self.victim_index.took(victims.values())
         self.changed(freed, now=False)
         self.claim(job, placement)
         self.actions.append(Wait(job.id, "WaitingForCheckpoint"))

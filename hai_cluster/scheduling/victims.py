@@ -4,7 +4,9 @@
 looks at the nodes it would choose first and stops once enough fit (place() orders by a total key).
 
 `VictimIndex`: per job shape, each node's preemption option (the victims it would take there),
-recomputed only for the nodes the pass changed since the shape was last asked. The choice it
+recomputed only for the nodes the pass changed since the shape was last asked, from the runs a
+job of that level and class may take there (`Takeable`, shared by the shapes of that level and
+class: they differ only in the GPUs they miss). The choice it
 makes is exactly that of the plain scan (`scan_options`, kept as the reference the differential
 test compares against): the scan visits nodes by name, stops at the first node where one victim
 of exactly the missing GPUs suffices (single-node jobs), and takes the cheapest options seen.
@@ -50,6 +52,18 @@ class FreeIndex:
         for keys in self._by_count.values():
             keys.sort()
         self._stale: set[str] = set()  # nodes changed since the last look-up
+
+    def copy_for(self, nodes: dict[str, NodeView], changed: Iterable[str]) -> FreeIndex:
+        """The index of another working copy of the same nodes that differs from this one only on
+        `changed` (they are placed again at its first look-up): no second sort of every node."""
+        new = object.__new__(FreeIndex)
+        new.nodes, new.sign = nodes, self.sign
+        if self._stale:
+            self._refresh()
+        new._at = dict(self._at)
+        new._by_count = {count: list(keys) for count, keys in self._by_count.items()}
+        new._stale = set(changed)
+        return new
 
     def _place_of(self, n: NodeView) -> tuple[int, tuple[int, str]]:
         return len(n.free_gpus), (self.sign * (n.cpus - n.used_cpus), n.name)
@@ -220,17 +234,79 @@ class _Shape:
         return picked
 
 
+class Takeable:
+    """For jobs of one level and class rank: on each node, the runs such a job may take, in the
+    order node_option takes them, with the GPUs they free on the node and hold in all, summed over
+    each prefix. node_option takes the shortest prefix that frees the GPUs missing, so a shape's
+    option on a node is a bisection here instead of a walk over the node's candidates."""
+
+    def __init__(self, level: int, rank: int) -> None:
+        self.level, self.rank = level, rank
+        self.seen = 0  # position in the log of taken runs' nodes up to which the lists are current
+        self.on: dict[str, tuple[list[JobView], list[int], list[int]]] = {}  # name -> (runs, freed, total)
+
+    def drop(self, names: Iterable[str]) -> None:
+        """The pass took runs on these nodes (nothing else it changes matters here)."""
+        for name in names:
+            self.on.pop(name, None)
+
+    def at(self, d: _Decision, name: str) -> tuple[list[JobView], list[int], list[int]]:
+        entry = self.on.get(name)
+        if entry is None:
+            entry = self.on[name] = self._walk(d, name)
+        return entry
+
+    def _walk(self, d: _Decision, name: str) -> tuple[list[JobView], list[int], list[int]]:
+        # node_option's rule for who may be taken, written twice on purpose: node_option stays the
+        # plain reference the differential test compares with. The index is not used when idle
+        # runs are preferred, so the walk ends at the first run not below this level.
+        level, rank = self.level, self.rank
+        urgent = rank == URGENT
+        taken = d.victims
+        runs: list[JobView] = []
+        freed: list[int] = []
+        total: list[int] = []
+        f = t = 0
+        for c in d.candidates.get(name, ()):
+            if not urgent and c.level <= level:
+                break
+            if c.run.id not in taken and ((urgent and c.rank > URGENT) or (c.rank >= rank and c.level > level and c.ripe)):
+                f += c.gpus
+                t += c.run_gpus
+                runs.append(c.run)
+                freed.append(f)
+                total.append(t)
+        return runs, freed, total
+
+
 class VictimIndex:
     """The options of every job shape a pass asked for. It keeps no reference to the pass (which
     holds it), so that the pass is freed as soon as it ends, without a cycle to collect."""
 
     def __init__(self, node_order: list[str]) -> None:
         self.log: list[str] = []  # nodes changed by the pass, in order
+        self.taken_log: list[str] = []  # nodes of the runs the pass took, in order
         self.shapes: dict[tuple, _Shape] = {}
+        self.takeable: dict[tuple[int, int], Takeable] = {}  # (level, class rank) -> its runs per node
         self.position = {name: i for i, name in enumerate(node_order)}
 
     def changed(self, names: Iterable[str]) -> None:
         self.log.extend(names)
+
+    def took(self, runs: Iterable[JobView]) -> None:
+        """The pass takes these runs: they are no longer takeable on any of their nodes."""
+        for run in runs:
+            self.taken_log.extend(node for node, _ in run.allocation)
+
+    def takeable_for(self, level: int, rank: int) -> Takeable:
+        """The runs a job of this level and class may take, current with the runs taken."""
+        takeable = self.takeable.get((level, rank))
+        if takeable is None:
+            takeable = self.takeable[level, rank] = Takeable(level, rank)
+        if takeable.seen < len(self.taken_log):
+            takeable.drop(set(self.taken_log[takeable.seen:]))
+            takeable.seen = len(self.taken_log)
+        return takeable
 
     def options(self, d: _Decision, job: JobView, level: int, rank: int) -> list | None:
         # Everything node_option reads of the job: fits() (partition, sizes, runtime), the level
@@ -239,34 +315,48 @@ class VictimIndex:
         shape = self.shapes.get(key)
         if shape is None:
             shape = self.shapes[key] = _Shape()
+        takeable = self.takeable_for(level, rank)
         # Bring the known prefix up to date; nodes past it are computed fresh when it grows.
         position, known = self.position, shape.known
-        self._compute(d, shape, job, level, rank, [name for name in set(self.log[shape.seen:]) if position[name] < known])
+        self._compute(d, shape, takeable, job, [name for name in set(self.log[shape.seen:]) if position[name] < known])
         shape.seen = len(self.log)
         order = d.node_order
         rest = map(order.__getitem__, range(known, len(order)))  # the nodes past the prefix, by name
         if job.nodes > 1:
-            self._compute(d, shape, job, level, rank, rest)
+            self._compute(d, shape, takeable, job, rest)
             shape.known = len(order)
         elif shape.first_exact() is None:
-            shape.known += self._compute(d, shape, job, level, rank, rest, stop_at_exact=True)
+            shape.known += self._compute(d, shape, takeable, job, rest, stop_at_exact=True)
         return shape.pick(job.nodes)
 
     @staticmethod
-    def _compute(d: _Decision, shape: _Shape, job: JobView, level: int, rank: int, names: Iterable[str],
+    def _compute(d: _Decision, shape: _Shape, takeable: Takeable, job: JobView, names: Iterable[str],
                  stop_at_exact: bool = False) -> int:
-        """Compute the shape's options on these nodes, in order (one call for them all: this runs
+        """Compute the shape's options on these nodes, in order (one loop for them all: this runs
         for thousands of nodes a pass); with stop_at_exact, up to the first exact one. Returns how
-        many nodes it computed."""
-        fit_of, future, whole = shape.fit, d.future, job.gpu_share is None
+        many nodes it computed. An option is what node_option returns, read off the takeable runs."""
+        fit_of, future, reserved, whole = shape.fit, d.future, d.reserved, job.gpu_share is None
+        runs_on, drop = takeable.on, shape.opts.pop  # (a shape keeps no entry for a node without an option)
+        g = job.gpus_per_node
         done = 0
         for name in names:
             done += 1
-            fit = None  # a share's fit reads the card's use, and the key does not name the share
+            runs, freed, total = runs_on.get(name) or takeable.at(d, name)
+            need = g - len(future[name].free_gpus)
+            if need > 0 and (not freed or freed[-1] < need) or name in reserved:
+                drop(name, None)  # the runs it may take do not free enough (most nodes), or reserved
+                continue
             if whole:
                 fit = fit_of.get(name)
                 if fit is None:
                     fit = fit_of[name] = node_fits(job, future[name])
-            if shape.set(name, node_option(d, job, level, name, rank, fit)) and stop_at_exact:
+            else:  # a share's fit reads the card's use, and the key does not name the share
+                fit = node_fits(job, future[name])
+            if not fit:
+                drop(name, None)
+                continue
+            k = bisect_left(freed, need) + 1 if need > 0 else 0  # the shortest prefix that frees enough
+            found = (k, total[k - 1] if k else 0, name, runs[:k]), need
+            if shape.set(name, found) and stop_at_exact:
                 break
         return done
