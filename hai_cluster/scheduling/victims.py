@@ -115,10 +115,6 @@ def node_option(d: _Decision, job: JobView, level: int, name: str, rank: int, fi
         return None
     if name in d.reserved or not (node_fits(job, node) if fit is None else fit):
         return None
-    # Who may be taken (inline: this loop runs for every node a shape looks at): no run already
-    # taken; an urgent job takes a run of a lower class at once, whatever its level (the grace
-    # period still applies); otherwise only a run of a strictly lower level, no more important
-    # class, that is ripe (it has held its GPUs for its quantum, so a checkpoint is amortised).
     chosen: list[JobView] = []
     freed = total = 0
     urgent = rank == URGENT
@@ -130,13 +126,22 @@ def node_option(d: _Decision, job: JobView, level: int, name: str, rank: int, fi
             if d.cfg.prefer_idle_victims:
                 continue  # idle runs came first, whatever their level: look further
             break  # candidates come lowest level first: the rest are not below this job
-        if c.run.id not in taken and ((urgent and c.rank > URGENT) or (c.rank >= rank and c.level > level and c.ripe)):
+        if may_take(c, level, rank, taken):
             chosen.append(c.run)
             freed += c.gpus
             total += c.run_gpus
     if freed >= need:
         return (len(chosen), total, name, chosen), need
     return None
+
+
+def may_take(c: Candidate, level: int, rank: int, taken) -> bool:
+    """Whether a job of this level and class rank may take the candidate run: not one already
+    taken; an urgent job takes a run of a lower class at once, whatever its level (the grace period
+    still applies); otherwise only a run of a strictly lower level, no more important class, that
+    is ripe (it has held its GPUs for its quantum, so a checkpoint is amortised)."""
+    return c.run.id not in taken and ((rank == URGENT and c.rank > URGENT)
+                                      or (c.rank >= rank and c.level > level and c.ripe))
 
 
 def node_fits(job: JobView, node: NodeView) -> bool:
@@ -257,9 +262,8 @@ class Takeable:
         return entry
 
     def _walk(self, d: _Decision, name: str) -> tuple[list[JobView], list[int], list[int]]:
-        # node_option's rule for who may be taken, written twice on purpose: node_option stays the
-        # plain reference the differential test compares with. The index is not used when idle
-        # runs are preferred, so the walk ends at the first run not below this level.
+        # The index is not used when idle runs are preferred, so the walk ends at the first run
+        # not below this level.
         level, rank = self.level, self.rank
         urgent = rank == URGENT
         taken = d.victims
@@ -270,7 +274,7 @@ class Takeable:
         for c in d.candidates.get(name, ()):
             if not urgent and c.level <= level:
                 break
-            if c.run.id not in taken and ((urgent and c.rank > URGENT) or (c.rank >= rank and c.level > level and c.ripe)):
+            if may_take(c, level, rank, taken):
                 f += c.gpus
                 t += c.run_gpus
                 runs.append(c.run)
