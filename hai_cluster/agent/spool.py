@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,12 @@ def proc_starttime(pid: int) -> int | None:
 
 def same_process(pid: Any, starttime: Any) -> bool:
     return isinstance(pid, int) and pid > 0 and starttime is not None and proc_starttime(pid) == starttime
+
+
+def shepherd_argv(run_dir: str | os.PathLike) -> list[str]:
+    """A run's shepherd's command line, exec'd or forked by the zygote (which writes it into its
+    child's argument area): what is_shepherd recognises."""
+    return [sys.executable, "-m", SHEPHERD_MODULE, str(run_dir)]
 
 
 def is_shepherd(pid: int, run_dir: str | os.PathLike) -> bool:

@@ -76,10 +76,18 @@ class ShepherdStarter:
 
     def close(self) -> None:
         """The zygote exits when its socket closes; the shepherds it started are not its own."""
+        self._drop(kill=False)
+
+    def _drop(self, kill: bool) -> None:
+        """Close our end of the zygote's socket (it exits then) and reap it; `kill`: one that is
+        unusable may not read its socket any more (never its children, the shepherds)."""
         if self.sock is not None:
             self.sock.close()
             self.sock = None
         if self.proc is not None:
+            if kill:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(1.0)
             self.proc = None
@@ -104,8 +112,8 @@ class ShepherdStarter:
                     raise
         self.counts["exec"] += 1
         return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", spool.SHEPHERD_MODULE, str(run_dir),
-            stdin=asyncio.subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, pass_fds=(report_w,),
+            *spool.shepherd_argv(run_dir), stdin=asyncio.subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+            pass_fds=(report_w,),
             env={**helper_env(os.environ), "HAI_REPORT_FD": str(report_w)})
 
     # -- the zygote --
@@ -194,15 +202,7 @@ class ShepherdStarter:
             self.warned = True
         else:
             log.debug("shepherd zygote unusable: %s", reason)
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-        if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(1.0)
-            self.proc = None
+        self._drop(kill=True)
         served, self.ready = self.ready, False
         # at once for one that had served (killed, say); one that died starting waits a while
         if respawn and (served or time.monotonic() - self.spawned_at >= self.respawn_after):

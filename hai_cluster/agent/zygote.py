@@ -85,10 +85,6 @@ class ArgvArea:
         ctypes.memmove(self.start, raw, len(raw))
 
 
-def shepherd_argv(run_dir: str) -> list[str]:
-    return [sys.executable, "-m", spool.SHEPHERD_MODULE, run_dir]
-
-
 class Zygote:
     def __init__(self, sock: socket.socket, area: ArgvArea) -> None:
         self.sock = sock
@@ -163,7 +159,7 @@ class Zygote:
         run_dir = req["run_dir"]
         if not isinstance(run_dir, str) or not os.path.isabs(run_dir):
             return f"run_dir must be an absolute path, got {run_dir!r}", "", b""
-        raw = self.area.encode(shepherd_argv(run_dir))
+        raw = self.area.encode(spool.shepherd_argv(run_dir))
         if raw is None:
             return f"run dir {run_dir!r} does not fit the zygote's command line", "", b""
         return None, run_dir, raw
