@@ -166,7 +166,7 @@ def build_api(ctl: Controller) -> RpcTable:
         # The last pass's nodes say yes for almost every job without a query; a no is checked
         # against the store before it refuses (a node may have joined since that pass).
         if not ctl.inventory or not could_ever_fit(view, ctl.inventory):
-            known = tuple(n for n in await ctl.db(repo().load_nodes) if n.cpus > 0)  # inventory seen
+            known = ctl.note_inventory(await ctl.db(repo().load_nodes))
             fit = could_ever_fit(view, known)
             if known and not fit:
                 raise RequestError(f"Requested node configuration is not available: {fit.reason}")

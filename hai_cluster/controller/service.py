@@ -75,6 +75,12 @@ class Controller:
         self._record_end = GroupWriter(self.db, lambda ends: self.repo.ranks_ended(ends, time.time()))
         self._last_prune = 0.0
 
+    def note_inventory(self, nodes) -> tuple:
+        """Keep the nodes whose agent has reported its inventory (CPUs read 0 until then): what
+        submissions are checked against. Returns them."""
+        self.inventory = tuple(n for n in nodes if n.cpus > 0)
+        return self.inventory
+
     async def db(self, fn: Callable, *args, **kw) -> Any:
         try:
             result = await asyncio.get_running_loop().run_in_executor(self._executor, lambda: fn(*args, **kw))
@@ -192,7 +198,7 @@ class Controller:
     async def tick(self) -> None:
         await self._mark_silent_nodes_down()
         snapshot = await self.db(self.repo.load_snapshot, time.time())
-        self.inventory = tuple(n for n in snapshot.nodes if n.cpus > 0)
+        self.note_inventory(snapshot.nodes)
         if self.cfg.kill_invalid_depend:
             await self._cancel_unsatisfiable(snapshot)
         plan = await self.decide(self.telemetry.mark_idle(snapshot))

@@ -437,8 +437,7 @@ class Repository:
 
     def rank_ended(self, job_id: int, attempt: int, node: str, status: Mapping[str, Any], now: float) -> RankEnd:
         """Record one rank's final status; when it is the last, finish the run and move the job."""
-        with self.engine.begin() as c:
-            return self._rank_ended(c, job_id, attempt, node, status, now)
+        return self.ranks_ended([(job_id, attempt, node, status)], now)[0]
 
     def ranks_ended(self, ends: Sequence[tuple[int, int, str, Mapping[str, Any]]], now: float) -> list[RankEnd]:
         """rank_ended for each (job id, attempt, node, status), in order, in one transaction."""
