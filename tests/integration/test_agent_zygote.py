@@ -122,6 +122,14 @@ def _proc_state(pid: int, run_dir: Path) -> dict:
             "stdio": [fds.pop(n) for n in (0, 1, 2)], "fds": sorted(fds.values()), "nice": _stat(pid)[16]}
 
 
+def _report_pipe_closed(pid: int) -> bool:
+    """The shepherd writes its launch report and closes the pipe after it, so a launch may return
+    in between. Its own pipes are open at both ends (an inode twice); the report's write end alone."""
+    pipes = [t for t in (os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
+             if t.startswith("pipe:")]
+    return all(pipes.count(t) == 2 for t in pipes)
+
+
 def test_forked_and_execd_shepherds_start_from_the_same_state(box):
     async def body(mode: str):
         starter = _starter(box, mode)
@@ -133,6 +141,8 @@ def test_forked_and_execd_shepherds_start_from_the_same_state(box):
         finally:
             starter.close()
     (fspec, fdir, fshep), (espec, edir, eshep) = run(body("fork")), run(body("exec"))
+    for pid in (fshep, eshep):
+        wait_for(lambda: _report_pipe_closed(pid), 10, "the shepherd to close its report pipe")
     forked, execd = _proc_state(fshep, fdir), _proc_state(eshep, edir)
     assert forked == execd
     assert forked["cwd"] == "/" and forked["umask"] == "0022"
