@@ -72,7 +72,7 @@ class Containment:
         spool.write_json_atomic(self.dir / RECORD, {
             "runtime": self.runtime.name, "cgroup": self.cgroup.record() if self.cgroup else None,
             "cleanup": self.launch.cleanup if self.launch else [],
-            "signal_main": self.launch.signal_main if self.launch else True})
+            "signal_main": self.launch.signal_main if self.launch else True}, durable=False)
 
     def deliver(self, pgid: int, sig: int) -> None:
         deliver(pgid, sig, self.launch is None or self.launch.signal_main, self.cgroup)

@@ -347,7 +347,8 @@ class Shepherd:
         become_subreaper()
         self.install_signals()
         # only now: the agent signals the recorded pid, and SIGUSR1 would kill us before this
-        spool.write_json_atomic(self.dir / spool.SHEPHERD, {"pid": me, "starttime": spool.proc_starttime(me)})
+        spool.write_json_atomic(self.dir / spool.SHEPHERD, {"pid": me, "starttime": spool.proc_starttime(me)},
+                                durable=False)
         reason = self.read_terminate()
         if reason is not None:  # terminated while we were starting: do not start the job at all
             self.finish(RunStatus.for_spec(spec, state="ended", start_time=self.start_time,
@@ -391,7 +392,7 @@ class Shepherd:
         self.pid = pid
         self.start_time, self.start_mono = time.time(), time.monotonic()
         spool.write_json_atomic(self.dir / spool.JOB, {"pid": pid, "starttime": spool.proc_starttime(pid),
-                                                       "start_time": self.start_time})
+                                                       "start_time": self.start_time}, durable=False)
         if spec.time_limit is not None:
             self.limit_at = self.start_mono + spec.time_limit
             if spec.signal is not None and spec.signal_time > 0:
