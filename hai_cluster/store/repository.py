@@ -17,6 +17,7 @@ from ..core.model import GpuInfo, JobSpec, JobView, NodeView, Placement, Snapsho
 from ..core.outcome import combine, job_state_after
 from ..core.sharing import share_charge, share_of
 from ..core.states import ACTIVE_STATES, FINAL_STATES, JobState
+from . import statements as st
 from .schema import gpus, jobs, nodes, run_ranks, runs
 
 ACTIVE = [s.value for s in ACTIVE_STATES]
@@ -126,7 +127,7 @@ class Repository:
             gpu_mem_mb=spec.gpu_mem_mb, gpu_compute=spec.gpu_compute, gpu_qos=spec.gpu_qos)
         with self.engine.begin() as c:
             if spec.array is None:
-                return int(c.execute(insert(jobs).values(**row)).inserted_primary_key[0])
+                return int(c.execute(jobs.insert(), row).inserted_primary_key[0])
             array = parse_array(spec.array, None)
             first = None
             for task in array.indices:
@@ -330,13 +331,12 @@ class Repository:
         """Record a run of a pending job on `placement`. None if the decision no longer holds.
         `conn`: a transaction under way (start_runs) instead of one of its own."""
         with (self.engine.begin() if conn is None else nullcontext(conn)) as c:
-            job = c.execute(select(jobs).where(jobs.c.id == job_id)).first()
+            job = c.execute(st.JOB_BY_ID, {"p_id": job_id}).first()
             if job is None or job.state != JobState.PENDING.value or job.hold:
                 return None
-            node_rows = {n.name: n for n in c.execute(select(nodes).where(nodes.c.name.in_(placement.nodes)))}
-            live = c.execute(select(run_ranks.c.node, run_ranks.c.gpus, run_ranks.c.gpu_mem_mb,
-                                    run_ranks.c.gpu_compute, run_ranks.c.mig_uuid).where(
-                run_ranks.c.node.in_(placement.nodes), run_ranks.c.state != "ended")).all()
+            names = list(placement.nodes)
+            node_rows = {n.name: n for n in c.execute(st.NODES_NAMED, {"p_names": names})}
+            live = c.execute(st.LIVE_RANKS_ON, {"p_names": names}).all()
             busy = {(r.node, g) for r in live for g in r.gpus}
             for rank, (name, gpu_ids) in enumerate(zip(placement.nodes, placement.gpus)):
                 n = node_rows.get(name)
@@ -353,25 +353,25 @@ class Repository:
             partition = next((p for p in job.partition.split(",")
                               if all(not node_rows[n].partitions or p in node_rows[n].partitions
                                      for n in placement.nodes)), job.partition)
-            res = c.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.version == job.version).values(
+            res = c.execute(*st.update_by_id(jobs, job_id, dict(
                 state=JobState.RUNNING.value, reason="None", start_time=now, end_time=None,
                 attempts=attempt + 1, nodelist=",".join(placement.nodes), version=job.version + 1,
-                partition=partition))
+                partition=partition), version=job.version))
             if res.rowcount != 1:
                 return None
-            run_id = c.execute(insert(runs).values(
+            run_id = c.execute(runs.insert(), dict(
                 job_id=job_id, attempt=attempt, state=JobState.RUNNING.value, start_time=now,
                 # Whole GPUs held: a card share counts none; it is charged its share (gpu_charge).
                 nodelist=",".join(placement.nodes), gpus=0 if placement.shares else sum(len(g) for g in placement.gpus),
                 gpu_charge=self._share_charge(c, job, placement) if placement.shares else None,
             )).inserted_primary_key[0]
-            for rank, (name, gpu_ids) in enumerate(zip(placement.nodes, placement.gpus)):
-                c.execute(insert(run_ranks).values(
-                    run_id=run_id, rank=rank, node=name, gpus=list(gpu_ids), cpus=job.cpus_per_task,
-                    mem_mb=job.mem_mb or 0, state="starting", killed=False,
-                    gpu_mem_mb=placement.shares[rank][0] if placement.shares else None,
-                    gpu_compute=placement.shares[rank][1] if placement.shares else None,
-                    mig_uuid=(placement.mig[rank] or None) if placement.mig else None))
+            c.execute(run_ranks.insert(), [dict(
+                run_id=run_id, rank=rank, node=name, gpus=list(gpu_ids), cpus=job.cpus_per_task,
+                mem_mb=job.mem_mb or 0, state="starting", killed=False,
+                gpu_mem_mb=placement.shares[rank][0] if placement.shares else None,
+                gpu_compute=placement.shares[rank][1] if placement.shares else None,
+                mig_uuid=(placement.mig[rank] or None) if placement.mig else None)
+                for rank, (name, gpu_ids) in enumerate(zip(placement.nodes, placement.gpus))])
             return {**_row(job), "partition": partition, "attempt": attempt, "run_id": run_id,
                     "gpu_mig": list(placement.mig)}
 
@@ -428,12 +428,11 @@ class Repository:
             for job_id, attempt, node in ranks:
                 run_id = self._run_id(c, job_id, attempt)
                 if run_id is not None:
-                    c.execute(update(run_ranks).where(run_ranks.c.run_id == run_id, run_ranks.c.node == node,
-                                                      run_ranks.c.state == "starting").values(state="running"))
+                    c.execute(st.RANK_RUNNING, {"p_run": run_id, "p_node": node})
 
     @staticmethod
     def _run_id(c, job_id: int, attempt: int) -> int | None:
-        return c.execute(select(runs.c.id).where(runs.c.job_id == job_id, runs.c.attempt == attempt)).scalar()
+        return c.execute(st.RUN_ID_OF_ATTEMPT, {"p_job": job_id, "p_attempt": attempt}).scalar()
 
     def rank_ended(self, job_id: int, attempt: int, node: str, status: Mapping[str, Any], now: float) -> RankEnd:
         """Record one rank's final status; when it is the last, finish the run and move the job."""
@@ -446,19 +445,17 @@ class Repository:
 
     def _rank_ended(self, c, job_id: int, attempt: int, node: str, status: Mapping[str, Any], now: float) -> RankEnd:
         """rank_ended on the caller's transaction."""
-        run = c.execute(select(runs).where(runs.c.job_id == job_id, runs.c.attempt == attempt)).first()
+        run = c.execute(st.RUN_OF_ATTEMPT, {"p_job": job_id, "p_attempt": attempt}).first()
         if run is None:
             return RankEnd(False)
-        res = c.execute(update(run_ranks).where(
-            run_ranks.c.run_id == run.id, run_ranks.c.node == node, run_ranks.c.state != "ended").values(
-            state="ended", exit_code=status.get("exit_code"), exit_signal=status.get("signal"),
-            reason=status.get("reason"), killed=bool(status.get("killed")), message=status.get("message"),
-            end_time=status.get("end_time") or now))
+        res = c.execute(st.RANK_ENDED, {
+            "p_run": run.id, "p_node": node, "p_exit_code": status.get("exit_code"), "p_signal": status.get("signal"),
+            "p_reason": status.get("reason"), "p_killed": bool(status.get("killed")),
+            "p_message": status.get("message"), "p_end_time": status.get("end_time") or now})
         if res.rowcount == 0:
             return RankEnd(False)
-        ranks = [_row(r) for r in c.execute(select(run_ranks).where(run_ranks.c.run_id == run.id)
-                                            .order_by(run_ranks.c.rank))]
-        job = c.execute(select(jobs).where(jobs.c.id == job_id)).first()
+        ranks = [_row(r) for r in c.execute(st.RANKS_OF_RUN, {"p_run": run.id})]
+        job = c.execute(st.JOB_BY_ID, {"p_id": job_id}).first()
         alive = [r for r in ranks if r["state"] != "ended"]
         if alive:
             failed = status.get("exit_code") != 0 or status.get("signal") or status.get("reason")
@@ -475,9 +472,9 @@ class Repository:
                 "; did not exit within its grace period, killed" if late else "; exited within its grace period")
         elif outcome.state == JobState.CANCELLED and job.end_request == "cancel":
             why = job.end_reason or "cancelled"
-        c.execute(update(runs).where(runs.c.id == run.id).values(
+        c.execute(*st.update_by_id(runs, run.id, dict(
             state=outcome.state.value, end_time=end, exit_code=outcome.exit_code,
-            exit_signal=outcome.signal, reason=why))
+            exit_signal=outcome.signal, reason=why)))
         spec = JobSpec.from_wire(job.spec)
         new_state = job_state_after(outcome.state, spec.requeue)
         gpu_seconds = max(0.0, end - run.start_time) * (run.gpu_charge or run.gpus)
@@ -492,7 +489,7 @@ class Repository:
                           reason="Preempted" if outcome.state == JobState.PREEMPTED else "Requeued")
         else:
             values.update(end_time=end, reason=why or "None")
-        c.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
+        c.execute(*st.update_by_id(jobs, job_id, values))
         return RankEnd(True, run_state=outcome.state, job_state=new_state)
 
     # ---- nodes ---------------------------------------------------------------------------
