@@ -49,6 +49,9 @@ def submit(argv: list[str], client: ControllerClient) -> None:
     cwd, env = os.getcwd(), dict(os.environ)
     umask = os.umask(0o022)  # reading the umask means setting it: put it back at once
     os.umask(umask)
+    problem = not_utf8(cwd, env, argv)
+    if problem:
+        fail("hsubmit", problem)
     request = {"cwd": cwd, "env": env, "umask": umask}
     reply = _call(client, {**request, "argv": argv})
     if reply.get("need_script"):
@@ -77,18 +80,53 @@ def _call(client: ControllerClient, body: dict) -> dict:
         fail("hsubmit", str(exc))
 
 
+def not_utf8(cwd: str, env: dict[str, str], argv: list[str]) -> str | None:
+    """The error for what of the submission is not valid UTF-8 (the protocol's strings must be;
+    Python reads such bytes as lone surrogates, which the encoder refuses), naming it with the bad
+    bytes as \\xNN; None when all is. The C hsubmit checks the same, in the same order."""
+    def bad(s: str) -> bool:
+        try:
+            s.encode("utf-8")
+            return False
+        except UnicodeEncodeError:
+            return True
+
+    def shown(s: str) -> str:
+        return os.fsencode(s).decode("utf-8", "backslashreplace")
+
+    if bad(cwd):
+        return f"the working directory {shown(cwd)} is not valid UTF-8"
+    for name, value in env.items():
+        if bad(name) or bad(value):
+            return f"environment variable {shown(name)} is not valid UTF-8"
+    for arg in argv:
+        if bad(arg):
+            return f"argument {shown(arg)} is not valid UTF-8"
+    return None
+
+
 def read_script(script_path: str | None) -> tuple[str, str]:
     """The script's text and name: the file's, or standard input's (sbatch's name for it)."""
     if script_path is not None:
         try:
-            with open(script_path, encoding="utf-8") as f:
-                script = f.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            fail("hsubmit", f"Unable to open file {script_path}: {getattr(exc, 'strerror', None) or exc}")
-        return script, os.path.basename(script_path)
+            with open(script_path, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            fail("hsubmit", f"Unable to open file {script_path}: {exc.strerror or exc}")
+        return decoded(data, f"script {script_path}"), os.path.basename(script_path)
     if sys.stdin.isatty():
         fail("hsubmit", "no script given (a file, --wrap, or a script on standard input)")
-    return sys.stdin.read(), "sbatch"
+    return decoded(sys.stdin.buffer.read(), "the script on standard input"), "sbatch"
+
+
+def decoded(data: bytes, what: str) -> str:
+    """Strict UTF-8 with universal newlines (\\r\\n and \\r read as \\n), as text-mode reading
+    gives, but the same whatever the locale, and an error that says where the bad byte is."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        fail("hsubmit", f"{what} is not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}

@@ -31,7 +31,7 @@ ensure_packages() {
 # to execute the venv's python (an interpreter under /root, e.g. from pyenv, is not).
 py_ok() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; }
 ensure_venv() {
-    local spec=$1 python= candidate base stamp want
+    local spec=$1 python= candidate base stamp want installed=0
     if [ -n "${PYTHON:-}" ] && ! py_ok "$PYTHON"; then
         echo "$0: PYTHON=$PYTHON is not a Python >= 3.11" >&2
         exit 1
@@ -58,6 +58,12 @@ ensure_venv() {
         # that every Python process loads at start (~10 ms: each CLI call, each job's shepherd).
         "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$spec" --config-settings editable_mode=compat
         echo "$want" > "$stamp"
+        installed=1
+    fi
+    # The C hsubmit over pip's Python launcher, after an install (which puts the launcher back) or
+    # an edit of its source; without a compiler the Python one stays (docs/OPERATIONS.md).
+    if [ $installed = 1 ] || [ "$repo/hai_cluster/native/hsubmit.c" -nt "$venv/bin/hsubmit" ]; then
+        "$venv/bin/python" -m hai_cluster.native.build >&2
     fi
 }
 

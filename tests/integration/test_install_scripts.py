@@ -79,6 +79,9 @@ def test_install_controller_makes_its_files_and_is_idempotent(wheel, tmp_path):
     for name in ("hai-controller", "hai-agent", "hsubmit", "hqueue"):
         assert os.access(venv / "bin" / name, os.X_OK), name
     assert (venv / "share/hai-cluster/migrations/versions/0001_initial.py").exists()  # a wheel install migrates
+    if shutil.which("cc"):  # scripts/test installs gcc: hsubmit is the C one, built from the wheel's source
+        assert (venv / "bin/hsubmit").read_bytes()[:4] == b"\x7fELF"
+        assert "compiled the C hsubmit" in first.stdout
     cfg = root / "etc/hai/controller.toml"
     parsed = tomllib.loads(cfg.read_text())
     assert parsed.get("nodes", []) == []  # the example nodes are commented out, not live

@@ -1,0 +1,1 @@
+"""Native parts: the C hsubmit (hsubmit.c) and its build (build.py)."""

@@ -1,0 +1,65 @@
+"""Compile the C hsubmit over pip's Python launcher:  python -m hai_cluster.native.build [--bin DIR]
+
+DIR defaults to the directory of this interpreter (a venv's bin). The binary embeds this
+interpreter's path as it is (not resolved: the venv's own python finds the venv's packages), for
+the one thing it hands to Python: --help. $CC (default cc) and $CFLAGS (default -O2) are honoured.
+No compiler: the Python hsubmit stays, which works the same, slower to start (exit 0). A compile
+error leaves the installed hsubmit as it was (exit 1)."""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("hsubmit.c")
+PROG = "hai_cluster.native.build"
+
+
+def c_string(text: str) -> str:
+    """A C string literal of text's bytes (a path may hold any of them)."""
+    return '"' + "".join(chr(b) if 32 <= b < 127 and b not in b'"\\?' else f"\\{b:03o}"
+                         for b in os.fsencode(text)) + '"'
+
+
+def build(bin_dir: Path) -> int:
+    cc = shlex.split(os.environ.get("CC") or "cc")
+    cflags = shlex.split(os.environ.get("CFLAGS") or "-O2")
+    fd, tmp = tempfile.mkstemp(prefix=".hsubmit-", dir=bin_dir)  # same file system: the rename is atomic
+    os.close(fd)
+    try:
+        try:
+            proc = subprocess.run([*cc, *cflags, f"-DHAI_PYTHON={c_string(sys.executable)}", "-o", tmp,
+                                   str(SOURCE)], capture_output=True, text=True)
+        except OSError as exc:  # no compiler (or not runnable): the Python hsubmit stays
+            print(f"{PROG}: no C compiler ({shlex.join(cc)}: {exc.strerror or exc}): "
+                  f"the Python hsubmit in {bin_dir} stays")
+            return 0
+        if proc.returncode != 0:
+            print(f"{PROG}: compiling {SOURCE} failed; {bin_dir / 'hsubmit'} is unchanged:\n"
+                  f"{proc.stdout}{proc.stderr}", file=sys.stderr, end="")
+            return 1
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, bin_dir / "hsubmit")
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    print(f"{PROG}: built {bin_dir / 'hsubmit'} (C)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
+    parser.add_argument("--bin", type=Path, default=Path(sys.executable).parent,
+                        help="where to put hsubmit (default: this interpreter's directory)")
+    args = parser.parse_args(argv)
+    if not args.bin.is_dir():
+        parser.error(f"--bin {args.bin} is not a directory")
+    return build(args.bin)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
