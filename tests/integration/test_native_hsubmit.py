@@ -103,6 +103,9 @@ def same_jobs(cluster, c_id: int, py_id: int, *, wait: bool = True) -> None:
     its environment, arguments, working directory: all the client sent), but for ids and times."""
     if wait:
         wait_for(lambda: all(j["state"] in FINAL for j in jobs(cluster, [c_id, py_id])), 60, what="jobs to end")
+    else:  # pending: the scheduler's next pass gives both their reason (one may have had it already)
+        wait_for(lambda: "None" not in {j["reason"] for j in jobs(cluster, [c_id, py_id])}, 30,
+                 what="pending reasons")
     rows = {j["id"]: {k: v for k, v in j.items() if k != "id" and k not in TIMES} for j in jobs(cluster, [c_id, py_id])}
     assert rows[c_id] == rows[py_id]
     with sqlite3.connect(cluster.workdir / "hai.db") as db:
