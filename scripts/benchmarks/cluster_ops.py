@@ -55,6 +55,16 @@ class DevCluster:
     def submit(self, *args: str) -> int:
         return int(self.cli("hsubmit", "--parsable", "-o", "/dev/null", "-D", str(self.work), *args).strip())
 
+    def submit_python(self, *args: str) -> int:
+        """The Python hsubmit, which is the installed one where no C compiler was (the compiled one
+        runs it for --help)."""
+        p = subprocess.run([sys.executable, "-c", "from hai_cluster.cli.hsubmit import main; raise SystemExit(main())",
+                            "--parsable", "-o", "/dev/null", "-D", str(self.work), *args], env=self.env,
+                           cwd=self.work, capture_output=True, text=True, timeout=600)
+        if p.returncode != 0:
+            raise RuntimeError(f"python hsubmit failed ({p.returncode}): {p.stderr.strip()}")
+        return int(p.stdout.strip())
+
     def queue(self) -> list[str]:
         return self.cli("hqueue", "-h", "-o", "%i").split()
 
@@ -74,6 +84,12 @@ class DevCluster:
     def down(self) -> None:
         subprocess.run([str(BIN / "hai-dev"), "down", "--dir", str(self.dir)], capture_output=True)
         subprocess.run(["rm", "-rf", str(self.dir)])
+
+
+def hsubmit_kind() -> str:
+    """Which hsubmit the benchmark runs: the compiled one (hai_cluster/native) or pip's Python launcher."""
+    with open(BIN / "hsubmit", "rb") as f:
+        return "C" if f.read(4) == b"\x7fELF" else "Python"
 
 
 def _wait_file(path: Path, timeout: float = 180, poll: float = 0.01) -> str:
@@ -152,6 +168,18 @@ def test_latency(c: DevCluster, count: int, idle_count: int, gap: float) -> dict
         res[key] = lat
         res.setdefault("sbatch_call_s", []).extend(call)
     res["idle_gap_s"] = gap
+    res["hsubmit"] = hsubmit_kind()
+    # The Python hsubmit, on held jobs (the submit path is the same), alternating with the installed one.
+    py, installed = [], []
+    for _ in range(count):
+        for submit, into in ((c.submit_python, py), (c.submit, installed)):
+            t0 = time.time()
+            submit("--hold", "--job-name=call", "--wrap=true")
+            into.append(time.time() - t0)
+    c.cancel_all()
+    log(f"hsubmit ({res['hsubmit']}) p50 {statistics.median(installed) * 1000:.1f} ms, "
+        f"Python hsubmit p50 {statistics.median(py) * 1000:.1f} ms (held jobs, alternating)")
+    res["held_call_s"], res["python_call_s"] = installed, py
     return res
 
 

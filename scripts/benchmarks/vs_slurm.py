@@ -49,9 +49,13 @@ def rows(ours: dict, slurm: dict | None, a) -> list[tuple]:
                 theirs = pct(sl[key], q) if sl.get(key) else None
                 mine = pct(lat[key], q)
                 add(f"c. submit → running, {what}, p{q}", "s", mine, theirs, False, GOALS["latency"], mine < 0.5)
-        add("c. the submit command itself (`hsubmit` / `sbatch --parsable`), p50", "ms",
+        kind = lat.get("hsubmit", "C")
+        add(f"c. the submit command itself (`hsubmit` ({kind}) / `sbatch --parsable`), p50", "ms",
             _med(lat["sbatch_call_s"]) * 1000,
             _med(sl["sbatch_call_s"]) * 1000 if sl.get("sbatch_call_s") else None, False)
+        if lat.get("python_call_s"):
+            add(f"c. `hsubmit --hold`: the Python one (where no C compiler is; the {kind} one: "
+                f"{_med(lat['held_call_s']) * 1000:.0f} ms), p50", "ms", _med(lat["python_call_s"]) * 1000, None, False)
     p, sp = ours.get("pending"), s.get("pending", {})
     if p:
         add(f"d. submit {a.pending} held jobs (`--hold`), sequential", "jobs/s", p["held_submit_jobs_per_s"],
