@@ -19,6 +19,12 @@ SOURCE = Path(__file__).with_name("hsubmit.c")
 PROG = "hai_cluster.native.build"
 
 
+def is_compiled(path: Path) -> bool:
+    """Whether the hsubmit at path is the one this module builds (an ELF binary), not pip's launcher."""
+    with open(path, "rb") as f:
+        return f.read(4) == b"\x7fELF"
+
+
 def c_string(text: str) -> str:
     """A C string literal of text's bytes (a path may hold any of them)."""
     return '"' + "".join(chr(b) if 32 <= b < 127 and b not in b'"\\?' else f"\\{b:03o}"

@@ -88,8 +88,9 @@ class DevCluster:
 
 def hsubmit_kind() -> str:
     """Which hsubmit the benchmark runs: the compiled one (hai_cluster/native) or pip's Python launcher."""
-    with open(BIN / "hsubmit", "rb") as f:
-        return "C" if f.read(4) == b"\x7fELF" else "Python"
+    from hai_cluster.native.build import is_compiled
+
+    return "C" if is_compiled(BIN / "hsubmit") else "Python"
 
 
 def _wait_file(path: Path, timeout: float = 180, poll: float = 0.01) -> str:

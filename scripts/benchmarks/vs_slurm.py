@@ -49,7 +49,7 @@ def rows(ours: dict, slurm: dict | None, a) -> list[tuple]:
                 theirs = pct(sl[key], q) if sl.get(key) else None
                 mine = pct(lat[key], q)
                 add(f"c. submit → running, {what}, p{q}", "s", mine, theirs, False, GOALS["latency"], mine < 0.5)
-        kind = lat.get("hsubmit", "C")
+        kind = lat.get("hsubmit", "Python")  # raw values from before the C client do not say
         add(f"c. the submit command itself (`hsubmit` ({kind}) / `sbatch --parsable`), p50", "ms",
             _med(lat["sbatch_call_s"]) * 1000,
             _med(sl["sbatch_call_s"]) * 1000 if sl.get("sbatch_call_s") else None, False)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from hai_cluster.native.build import is_compiled
 from hai_cluster.protocol import minipack
 
 from ..e2e.harness import TEST_USER, ensure_user, start_local_cluster, user_dir, wait_for
@@ -44,17 +45,15 @@ def clients():
     proc = build(d, CFLAGS="-O2 -Wall -Wextra -Werror")
     assert proc.returncode == 0, proc.stderr
     assert "built" in proc.stdout
-    assert (d / "hsubmit").read_bytes()[:4] == b"\x7fELF"
+    assert is_compiled(d / "hsubmit")
     py = d / "hsubmit-py"  # what setup.cfg's bin/hsubmit launcher does
     py.write_text(f"#!{sys.executable}\nfrom hai_cluster.cli.hsubmit import main\nraise SystemExit(main())\n")
     py.chmod(0o755)
-    short = d / "hsubmit-short"  # a 2 s timeout, for the fake server that never answers
-    proc = subprocess.run([os.environ.get("CC") or "cc", "-O2", "-DHAI_TIMEOUT_SECONDS=2",
-                           f'-DHAI_PYTHON="{sys.executable}"', "-o", str(short),
-                           str(Path(__file__).parents[2] / "hai_cluster/native/hsubmit.c")],
-                          capture_output=True, text=True)
+    short = d / "short"  # a 2 s timeout, for the fake server that never answers
+    short.mkdir(mode=0o755)
+    proc = build(short, CFLAGS="-O2 -DHAI_TIMEOUT_SECONDS=2")
     assert proc.returncode == 0, proc.stderr
-    yield {"c": d / "hsubmit", "py": py, "short": short}
+    yield {"c": d / "hsubmit", "py": py, "short": short / "hsubmit"}
     shutil.rmtree(d, ignore_errors=True)
 
 
