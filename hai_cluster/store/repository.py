@@ -206,7 +206,7 @@ class Repository:
     def set_hold(self, job_id: int, hold: bool, *, admin: bool) -> str | None:
         """Hold or release a pending job. Returns an error text, or None when done."""
         with self.engine.begin() as c:
-            job = c.execute(select(jobs).where(jobs.c.id == job_id)).first()
+            job = c.execute(st.JOB_BY_ID, {"p_id": job_id}).first()
             if job is None:
                 return f"Invalid job id specified: {job_id}"
             if job.state != JobState.PENDING.value:
@@ -576,7 +576,7 @@ class Repository:
 
     def job(self, job_id: int) -> dict | None:
         with self.engine.connect() as c:
-            r = c.execute(select(jobs).where(jobs.c.id == job_id)).first()
+            r = c.execute(st.JOB_BY_ID, {"p_id": job_id}).first()
             return _with_shares(c, [_row(r)])[0] if r else None
 
     def runs(self, *, job_ids: Sequence[int] | None = None, users: Sequence[str] | None = None,
