@@ -60,8 +60,16 @@ def _read(path: str) -> str:
 
 
 def _tree(d: str) -> list[str]:
-    """d and the cgroups below it, parents first (none below unless a runtime made them)."""
+    """d and the cgroups below it, parents first (none below unless a runtime made them). A
+    cgroup directory links 2 + its subdirectories (kernfs, v1 and v2): one stat answers for the
+    usual run, which has none, without listing its dozens of control files (the shepherd asks
+    at every wakeup)."""
     out = [d]
+    try:
+        if os.stat(d).st_nlink <= 2:
+            return out
+    except OSError:
+        return out
     for top, dirs, _ in os.walk(d):
         out += [os.path.join(top, x) for x in sorted(dirs)]
     return out

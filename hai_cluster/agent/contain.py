@@ -42,6 +42,7 @@ class Containment:
         self.ctx: runtimes.Context | None = None
         self.launch: runtimes.Launch | None = None
         self.oom_seen = False
+        self.recorded: dict | None = None  # what RECORD holds
 
     def setup(self, groups: list[int], env: dict[str, str], script: str, control: str) -> runtimes.Launch:
         """Make the cgroup (with the limits) and let the runtime build the launch."""
@@ -69,10 +70,12 @@ class Containment:
         return self.launch
 
     def record(self) -> None:
-        spool.write_json_atomic(self.dir / RECORD, {
-            "runtime": self.runtime.name, "cgroup": self.cgroup.record() if self.cgroup else None,
-            "cleanup": self.launch.cleanup if self.launch else [],
-            "signal_main": self.launch.signal_main if self.launch else True}, durable=False)
+        rec = {"runtime": self.runtime.name, "cgroup": self.cgroup.record() if self.cgroup else None,
+               "cleanup": self.launch.cleanup if self.launch else [],
+               "signal_main": self.launch.signal_main if self.launch else True}
+        if rec != self.recorded:  # a runtime without cleanup steps leaves the first record as it was
+            spool.write_json_atomic(self.dir / RECORD, rec, durable=False)
+            self.recorded = rec
 
     def deliver(self, pgid: int, sig: int) -> None:
         deliver(pgid, sig, self.launch is None or self.launch.signal_main, self.cgroup)

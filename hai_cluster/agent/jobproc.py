@@ -4,12 +4,19 @@ Order matters: drop privileges first, then chdir and open the output files, so t
 reach and write what its user could (a runtime that runs as root takes root back only after).
 Any failure is written to the error pipe as "<step> failed: <reason>" and the child exits 127; a
 successful exec closes the pipe (CLOEXEC), which is how the shepherd knows the job started.
+
+start_job runs these steps in hai-jobexec (hai_cluster/native/jobexec.c, built beside hsubmit)
+where it is installed, spawned without a fork of the shepherd (posix_spawn: a vfork), which
+spares ~1.5 ms of CPU per run: the copy of the shepherd's page tables, its copy-on-write faults,
+and an interpreter torn down at the exec. A container launch that assembles an image root, and a
+node without the helper, fork and run exec_job below, the same steps in Python.
 """
 from __future__ import annotations
 
 import errno
 import os
 import signal
+import sys
 from typing import TYPE_CHECKING, NoReturn
 
 from ..core.envfilter import helper_env
@@ -103,10 +110,92 @@ def exec_job(spec: RunSpec, launch: Launch, groups: list[int], errw: int,
     except OSError as exc:
         msg = f"{step} failed: {exc.strerror or exc}"
         if step.startswith("exec of the job script") and exc.errno == errno.ENOENT:
-            msg += f" (interpreter {spec.script.splitlines()[0][2:].strip()!r})"
+            msg += _interpreter_hint(spec)
     except BaseException as exc:  # noqa: BLE001 - the child must never return into the shepherd
         msg = f"{step} failed: {exc}"
     try:
         os.write(errw, msg.encode(errors="replace")[:4000])
     finally:
         os._exit(127)
+
+
+JOBEXEC = os.path.join(os.path.dirname(sys.executable), "hai-jobexec")
+JOBEXEC_PROTOCOL = "1"  # jobexec.c's PROTOCOL
+_DEFAULT_SIGNALS = sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP})
+
+
+def start_job(spec: RunSpec, launch: Launch, groups: list[int], errw: int, cgroup_procs: list[str]) -> int:
+    """Start the job's process (exec_job's steps and messages); its pid. In the shepherd."""
+    if launch.mounts is None and os.access(JOBEXEC, os.X_OK):  # no image root to assemble: the helper
+        block = _env_block(dict(launch.env) if launch.as_user else helper_env(launch.env))
+        if block is not None:
+            pid = _spawn(_jobexec_options(spec, launch, groups, cgroup_procs), block, errw, launch.keep_fds)
+            if pid is not None:
+                return pid
+    pid = os.fork()
+    if pid == 0:
+        exec_job(spec, launch, groups, errw, cgroup_procs)
+    return pid
+
+
+def _interpreter_hint(spec: RunSpec) -> str:
+    return f" (interpreter {spec.script.splitlines()[0][2:].strip()!r})"
+
+
+def _jobexec_options(spec: RunSpec, launch: Launch, groups: list[int], cgroup_procs: list[str]) -> list[str]:
+    """hai-jobexec's arguments after the protocol and the two fds (jobexec.c)."""
+    argv = []
+    for path in cgroup_procs:
+        argv += ["--cgroup", path]
+    for fd in launch.keep_fds:
+        argv += ["--keep", str(fd)]
+    argv += ["--user", spec.user, "--uid", str(spec.uid), "--gid", str(spec.gid),
+             "--groups", ",".join(map(str, groups)), "--umask", str(spec.umask), "--chdir", spec.workdir,
+             "--stdout", spec.stdout, "--label", launch.label or launch.argv[0]]
+    if launch.as_user:
+        argv.append("--as-user")
+    if spec.checkpoint_dir is not None:
+        argv += ["--checkpoint", spec.checkpoint_dir]
+    if spec.attempt == 0:
+        argv.append("--trunc")
+    if spec.stderr is not None:
+        argv += ["--stderr", spec.stderr]
+    if (launch.label or launch.argv[0]).startswith("the job script"):
+        argv += ["--hint", _interpreter_hint(spec)]
+    return [*argv, "--", *launch.argv]
+
+
+def _env_block(env: dict[str, str]) -> bytes | None:
+    """The environment as execve takes it; None for what execve refuses (exec_job reports it)."""
+    out = []
+    for k, v in env.items():
+        key, value = os.fsencode(k), os.fsencode(v)
+        if not key or b"=" in key or b"\0" in key or b"\0" in value:
+            return None
+        out.append(key + b"=" + value + b"\0")
+    return b"".join(out)
+
+
+def _spawn(options: list[str], env_block: bytes, errw: int, keep_fds: tuple[int, ...]) -> int | None:
+    """posix_spawn hai-jobexec with the environment in a memfd; None if it cannot be spawned."""
+    try:
+        envfd = os.memfd_create("hai-job-env")  # close-on-exec: the spawn's child gets it made inheritable
+    except OSError:  # no memfds here (an old kernel, a seccomp filter)
+        return None
+    try:
+        if os.write(envfd, env_block) != len(env_block):
+            return None
+        argv = [JOBEXEC, JOBEXEC_PROTOCOL, str(errw), str(envfd), *options]
+        shared = (errw, envfd, *keep_fds)
+        for fd in shared:
+            os.set_inheritable(fd, True)
+        try:
+            # no environment of its own: it runs as root, and the job's is in the memfd
+            return os.posix_spawn(JOBEXEC, argv, {}, setsigdef=_DEFAULT_SIGNALS, setsigmask=())
+        except OSError:  # gone since the access check (an upgrade): start_job forks instead
+            return None
+        finally:
+            for fd in shared:
+                os.set_inheritable(fd, False)
+    finally:
+        os.close(envfd)

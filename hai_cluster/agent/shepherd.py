@@ -1,9 +1,9 @@
 """One shepherd per job run (like slurmstepd): `python -m hai_cluster.agent.shepherd RUN_DIR`.
 
 The agent starts it (starter.py): forked by the shepherd zygote (zygote.py), which has imported
-this module already and names its child as above, or by exec. It double-forks and calls setsid so
-that it is nobody's child and outlives the agent (SIGKILL, restart, systemd with
-KillMode=process). It forks the job (jobproc.exec_job), tells the agent over the pipe named by
+this module already and names its child as above, or by exec. It calls setsid (and when exec'd,
+forks around it) so that it is not the agent's child and outlives the agent (SIGKILL, restart, systemd with
+KillMode=process). It starts the job (jobproc.start_job), tells the agent over the pipe named by
 $HAI_REPORT_FD (or handed over by the zygote) whether the job started, then supervises it alone:
 time limit, terminate requests, cleanup of the process group, and the final status.json.
 
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import spool
-from .jobproc import exec_job
+from .jobproc import start_job
 from .outputs import output_problem
 from .runspec import TERMINATE_REASONS, RunSpec, RunStatus
 
@@ -61,16 +61,23 @@ OUTPUT_FULL_LOOKS = 2
 CLEANUP_TIMEOUT = 10.0
 LINGER_POLL = 0.1  # how often the process group is checked once the main process ended in a grace
 PR_SET_CHILD_SUBREAPER = 36
+try:  # looked up once: in the zygote, before it forks the shepherds (~0.1 ms each otherwise)
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _PRCTL = None
 
 
 def daemonize(fork_first: bool = True) -> None:
-    # The zygote's child is already a child that exits at once (its zygote reaps it): it need
-    # not fork before setsid (it leads no process group), which saves a fork per launch.
+    """An exec'd shepherd (fork_first) forks twice, around setsid: the agent reaps the first
+    child at once, and the session leader goes, so the shepherd is nobody's child and never gets
+    a terminal. The zygote's child (not fork_first) only calls setsid: it is not the agent's
+    child, its zygote ignores SIGCHLD (the kernel reaps it when it ends), and it opens no
+    terminal. A fork of a Python process costs ~1.5 ms of CPU (page tables, copy-on-write)."""
     if fork_first and os.fork() > 0:
         os._exit(0)  # the agent reaps this one at once
     os.setsid()
-    if os.fork() > 0:
-        os._exit(0)  # the session leader goes: we can never reacquire a terminal
+    if fork_first and os.fork() > 0:
+        os._exit(0)
     os.chdir("/")
     os.umask(0o022)
 
@@ -78,9 +85,7 @@ def daemonize(fork_first: bool = True) -> None:
 def become_subreaper() -> None:
     # Orphans of the job re-parent to us, not to PID 1: we reap them (no zombies where PID 1 does
     # not) and can kill those that left the job's process group.
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
+    if _PRCTL is None or _PRCTL(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         log.warning("could not become a child subreaper; orphans of the job go to PID 1")
 
 
@@ -383,10 +388,7 @@ class Shepherd:
             self.finish(self.status())
             return 0
         exec_r, exec_w = os.pipe()  # both CLOEXEC: exec success closes exec_w in the child
-        pid = os.fork()
-        if pid == 0:
-            os.close(exec_r)
-            exec_job(spec, launch, groups, exec_w, self.box.procs_files())
+        pid = start_job(spec, launch, groups, exec_w, self.box.procs_files())
         os.close(exec_w)
         self.box.after_fork()
         self.pid = pid

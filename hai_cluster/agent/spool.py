@@ -67,12 +67,17 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, mode: int = 0o600, dura
     run's cgroups) that a crash of the machine makes void anyway: with many runs starting,
     their syncs queued on the file system's journal behind one another (5 ms each) and behind
     the controller's commits."""
+    write_bytes_atomic(path, json.dumps(obj, sort_keys=True).encode(), mode, durable)
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, mode: int = 0o600, durable: bool = True) -> None:
+    """write_json_atomic for what is encoded already."""
     path = str(path)
     tmp = f"{path}.tmp.{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         os.fchmod(fd, mode)  # exactly this mode: not narrowed by the umask, nor left from a stale temp
-        os.write(fd, json.dumps(obj, sort_keys=True).encode())
+        os.write(fd, data)
         if durable:
             os.fsync(fd)
     finally:

@@ -21,9 +21,11 @@ The protocol, one request at a time (the agent serializes them):
 The child acknowledges itself, and exits if it cannot: if the agent gave up on the request (shut
 its end down after a timeout) no shepherd comes of it, and the agent may start one another way
 without ever running two. Then the child drops everything of the zygote (its socket, the
-SIGCHLD disposition, stdin and stdout, argv) and runs shepherd.detach_and_run, which daemonizes as
-before (setsid, fork: the first fork of an exec'd shepherd is this child): the shepherd is
-nobody's child, and neither the agent's nor the zygote's death reaches it. The zygote exits when the agent's end closes.
+SIGCHLD disposition, stdin and stdout, argv) and runs shepherd.detach_and_run, which only calls
+setsid here: this child is the shepherd, in a session of its own, never the agent's child (an
+exec'd shepherd forks twice for that), and neither the agent's nor the zygote's death reaches
+it. The zygote ignores SIGCHLD, so the kernel reaps its shepherds as they end. The zygote exits
+when the agent's end closes.
 """
 from __future__ import annotations
 
@@ -90,7 +92,7 @@ class Zygote:
         self.sock = sock
         self.area = area
         # Dispositions the zygote changed, restored in each child. Ignoring SIGCHLD lets the
-        # kernel reap the children (each one exits as soon as it has forked the shepherd).
+        # kernel reap the children (the shepherds) when they end.
         self.saved = {signal.SIGCHLD: signal.signal(signal.SIGCHLD, signal.SIG_IGN)}
 
     def reply(self, msg: dict) -> None:

@@ -1,10 +1,15 @@
-"""Compile the C hsubmit over pip's Python launcher:  python -m hai_cluster.native.build [--bin DIR]
+"""Compile the C programs into a venv's bin:  python -m hai_cluster.native.build [--bin DIR]
 
-DIR defaults to the directory of this interpreter (a venv's bin). The binary embeds this
-interpreter's path as it is (not resolved: the venv's own python finds the venv's packages), for
-the one thing it hands to Python: --help. $CC (default cc) and $CFLAGS (default -O2) are honoured.
-No compiler: the Python hsubmit stays, which works the same, slower to start (exit 0). A compile
-error leaves the installed hsubmit as it was (exit 1)."""
+- hsubmit (hsubmit.c), over pip's Python launcher. It embeds this interpreter's path as it is
+  (not resolved: the venv's own python finds the venv's packages), for the one thing it hands to
+  Python: --help.
+- hai-jobexec (jobexec.c): what a job's process does between the shepherd's spawn and the job's
+  exec (agent/jobproc.py finds it beside the interpreter).
+
+DIR defaults to the directory of this interpreter (a venv's bin). $CC (default cc) and $CFLAGS
+(default -O2) are honoured. No compiler: the Python hsubmit stays and the shepherd forks its job
+in Python, which work the same, slower (exit 0). A compile error leaves that program as it was
+(exit 1)."""
 from __future__ import annotations
 
 import argparse
@@ -16,11 +21,12 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("hsubmit.c")
+PROGRAMS = {"hsubmit": SOURCE, "hai-jobexec": Path(__file__).with_name("jobexec.c")}  # installed name -> source
 PROG = "hai_cluster.native.build"
 
 
 def is_compiled(path: Path) -> bool:
-    """Whether the hsubmit at path is the one this module builds (an ELF binary), not pip's launcher."""
+    """Whether the program at path is one this module builds (an ELF binary), not pip's launcher."""
     with open(path, "rb") as f:
         return f.read(4) == b"\x7fELF"
 
@@ -34,33 +40,36 @@ def c_string(text: str) -> str:
 def build(bin_dir: Path) -> int:
     cc = shlex.split(os.environ.get("CC") or "cc")
     cflags = shlex.split(os.environ.get("CFLAGS") or "-O2")
-    fd, tmp = tempfile.mkstemp(prefix=".hsubmit-", dir=bin_dir)  # same file system: the rename is atomic
-    os.close(fd)
-    try:
+    code = 0
+    for name, source in PROGRAMS.items():
+        defines = [f"-DHAI_PYTHON={c_string(sys.executable)}"] if name == "hsubmit" else []
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}-", dir=bin_dir)  # same file system: the rename is atomic
+        os.close(fd)
         try:
-            proc = subprocess.run([*cc, *cflags, f"-DHAI_PYTHON={c_string(sys.executable)}", "-o", tmp,
-                                   str(SOURCE)], capture_output=True, text=True)
-        except OSError as exc:  # no compiler (or not runnable): the Python hsubmit stays
-            print(f"{PROG}: no C compiler ({shlex.join(cc)}: {exc.strerror or exc}): "
-                  f"the Python hsubmit in {bin_dir} stays")
-            return 0
-        if proc.returncode != 0:
-            print(f"{PROG}: compiling {SOURCE} failed; {bin_dir / 'hsubmit'} is unchanged:\n"
-                  f"{proc.stdout}{proc.stderr}", file=sys.stderr, end="")
-            return 1
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, bin_dir / "hsubmit")
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    print(f"{PROG}: built {bin_dir / 'hsubmit'} (C)")
-    return 0
+            try:
+                proc = subprocess.run([*cc, *cflags, *defines, "-o", tmp, str(source)], capture_output=True, text=True)
+            except OSError as exc:  # no compiler (or not runnable): the Python ways stay
+                print(f"{PROG}: no C compiler ({shlex.join(cc)}: {exc.strerror or exc}): "
+                      f"the Python hsubmit in {bin_dir} stays, and shepherds fork their jobs in Python")
+                return 0
+            if proc.returncode != 0:
+                print(f"{PROG}: compiling {source} failed; {bin_dir / name} is unchanged:\n"
+                      f"{proc.stdout}{proc.stderr}", file=sys.stderr, end="")
+                code = 1
+                continue
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, bin_dir / name)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        print(f"{PROG}: built {bin_dir / name} (C)")
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
     parser.add_argument("--bin", type=Path, default=Path(sys.executable).parent,
-                        help="where to put hsubmit (default: this interpreter's directory)")
+                        help="where to put the programs (default: this interpreter's directory)")
     args = parser.parse_args(argv)
     if not args.bin.is_dir():
         parser.error(f"--bin {args.bin} is not a directory")

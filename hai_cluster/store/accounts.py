@@ -19,10 +19,13 @@ def _account():
     return func.coalesce(jobs.c.account, literal_column(f"'{DEFAULT_ACCOUNT}'"))
 
 
+_ALL_LIMITS = select(limits)  # built once: read at every submission
+
+
 def overrides(engine: Engine) -> dict[tuple[str, str], dict[str, Any]]:
     """(kind, name) -> the limits an admin set (a None value: the config's applies)."""
     with engine.connect() as c:
-        return {(r.kind, r.name): {k: getattr(r, k) for k in LIMIT_FIELDS} for r in c.execute(select(limits))}
+        return {(r.kind, r.name): {k: getattr(r, k) for k in LIMIT_FIELDS} for r in c.execute(_ALL_LIMITS)}
 
 
 def set_override(engine: Engine, kind: str, name: str, values: Mapping[str, int], by: str, now: float) -> None:

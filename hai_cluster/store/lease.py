@@ -40,6 +40,12 @@ LEASE = "controller"
 MIGRATION_LOCK = 0x68616901  # pg_advisory_xact_lock key: two controllers starting at once migrate in turn
 
 
+# Built once: the fence runs in every write transaction, and building a statement (and its cache
+# key) costs more than running this one on SQLite.
+_FENCE = select(controller_lease.c.epoch, controller_lease.c.holder).where(controller_lease.c.name == LEASE)
+_FENCE_SHARED = _FENCE.with_for_update(read=True)  # FOR SHARE, held to commit: a takeover waits for us
+
+
 class Fenced(Exception):
     """A write refused: this controller's epoch is no longer the current one."""
 
@@ -153,10 +159,7 @@ class LeaseStore:
 
     def check_epoch(self, c, epoch: int) -> None:
         """The fence, run first in every write transaction of the active controller."""
-        q = select(controller_lease.c.epoch, controller_lease.c.holder).where(controller_lease.c.name == LEASE)
-        if self.postgres:
-            q = q.with_for_update(read=True)  # FOR SHARE, held to commit: a takeover waits for us
-        row = c.execute(q).first()
+        row = c.execute(_FENCE_SHARED if self.postgres else _FENCE).first()
         if row is None or row.epoch != epoch:
             active = row.holder if row is not None else "none"
             raise Fenced(f"not the active controller (active: {active}); this controller's epoch {epoch} "

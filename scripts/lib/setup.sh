@@ -60,9 +60,11 @@ ensure_venv() {
         echo "$want" > "$stamp"
         installed=1
     fi
-    # The C hsubmit over pip's Python launcher, after an install (which puts the launcher back) or
-    # an edit of its source; without a compiler the Python one stays (docs/OPERATIONS.md).
-    if [ $installed = 1 ] || [ "$repo/hai_cluster/native/hsubmit.c" -nt "$venv/bin/hsubmit" ]; then
+    # The C programs (hsubmit over pip's Python launcher, hai-jobexec), after an install (which
+    # puts the launcher back) or an edit of a source; without a compiler the Python ways stay
+    # (docs/OPERATIONS.md).
+    if [ $installed = 1 ] || [ "$repo/hai_cluster/native/hsubmit.c" -nt "$venv/bin/hsubmit" ] \
+            || [ "$repo/hai_cluster/native/jobexec.c" -nt "$venv/bin/hai-jobexec" ]; then
         "$venv/bin/python" -m hai_cluster.native.build >&2
     fi
 }

@@ -81,8 +81,8 @@ def test_install_controller_makes_its_files_and_is_idempotent(wheel, tmp_path):
         assert os.access(venv / "bin" / name, os.X_OK), name
     assert (venv / "share/hai-cluster/migrations/versions/0001_initial.py").exists()  # a wheel install migrates
     if shutil.which("cc"):  # scripts/test installs gcc: hsubmit is the C one, built from the wheel's source
-        assert is_compiled(venv / "bin/hsubmit")
-        assert "compiled the C hsubmit" in first.stdout
+        assert is_compiled(venv / "bin/hsubmit") and is_compiled(venv / "bin/hai-jobexec")
+        assert "compiled the C hsubmit and hai-jobexec" in first.stdout
     cfg = root / "etc/hai/controller.toml"
     parsed = tomllib.loads(cfg.read_text())
     assert parsed.get("nodes", []) == []  # the example nodes are commented out, not live

@@ -321,8 +321,8 @@ def test_build_that_fails_to_compile_leaves_hsubmit_alone(tmp_path):
         pytest.skip("no C compiler")
     launcher = tmp_path / "hsubmit"
     launcher.write_text("#!/usr/bin/python3\n")
-    proc = build(tmp_path, CC="cc", CFLAGS="-DHAI_TIMEOUT_SECONDS=(")
+    proc = build(tmp_path, CC="cc", CFLAGS="-DHAI_TIMEOUT_SECONDS=(")  # breaks hsubmit.c alone
     assert proc.returncode == 1
     assert "failed" in proc.stderr and "unchanged" in proc.stderr
     assert launcher.read_text() == "#!/usr/bin/python3\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["hsubmit"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hai-jobexec", "hsubmit"]  # each program alone
