@@ -128,7 +128,7 @@ class Agent:
                     log.info("job %s.%s ended: exit_code=%s signal=%s reason=%s", status.job_id,
                              status.attempt, status.exit_code, status.signal, status.reason)
                     await self.push("run_exited", status.to_wire())
-                if ended:  # MPS daemons no live sharing run needs any more
+                if ended and self.shares.any_daemon():  # MPS daemons no live sharing run needs any more
                     live = [r.spec for r in self.runs.runs.values() if not r.status.ended and r.spec]
                     await asyncio.to_thread(self.shares.release_idle, live)
             except Exception:  # a broken spool entry must not stop the watch for all the others

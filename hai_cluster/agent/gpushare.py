@@ -81,6 +81,15 @@ class Shares:
         return {"CUDA_VISIBLE_DEVICES": instance, "HAI_GPU_SHARE_MB": str(mem), "HAI_GPU_SHARE_COMPUTE": str(compute),
                 "HAI_GPU_ISOLATION": "mig", "HAI_GPU_MIG_PROFILE": profile, "HAI_GPU_QOS": share.qos}
 
+    def any_daemon(self) -> bool:
+        """Whether an MPS daemon may be left to stop: without one, release_idle has nothing to do
+        (the agent skips its hop to a thread, once per burst of ends)."""
+        try:
+            with os.scandir(self.mps.run_dir) as entries:
+                return any(True for _ in entries)
+        except OSError:
+            return False
+
     def release_idle(self, live: Iterable[RunSpec]) -> None:
         """Stop the MPS daemons that no live sharing run uses any more."""
         wanted = {(s.gpus[0], s.uid) for s in live if s.gpu_share is not None and s.gpus}

@@ -36,9 +36,10 @@ def _encoded(node: NodeIsolation) -> bytes:
 def prepare(run_dir: Path, spec: RunSpec, node: NodeIsolation | None = None) -> None:
     os.mkdir(run_dir, 0o711)
     os.chmod(run_dir, 0o711)  # mkdir's mode went through the umask; the user must reach the script
-    spool.write_json_atomic(run_dir / spool.SPEC, spec.to_wire())
-    if node is not None:  # the node's runtimes and cgroups, as the shepherd will use them; not
-        # synced: the agent's detection at start, and a machine crash ends the run anyway
+    # Not synced (each sync held up the agent's event loop): only a crash of the machine loses
+    # them, and it ends the run too; rebuild() then declares the run lost with or without them.
+    spool.write_json_atomic(run_dir / spool.SPEC, spec.to_wire(), durable=False)
+    if node is not None:  # the node's runtimes and cgroups, as the shepherd will use them
         spool.write_bytes_atomic(run_dir / contain.NODE, _encoded(node), durable=False)
     fd = os.open(run_dir / spool.SCRIPT, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o500)
     try:

@@ -26,7 +26,7 @@ from ..store.repository import LISTING_COLUMNS, required_runtime
 from ..transport.rpc import RequestError, RpcTable
 from . import membership
 from .access import Caller, deny, may_act_on
-from .outputcheck import outputs_problem
+from .outputcheck import RecentlyWritable, outputs_problem
 from .partitions import PartitionRefused, admit, groups_of
 from .service import Controller
 from .telemetry_view import job_telemetry, nodes_telemetry
@@ -98,6 +98,7 @@ def _public(job: dict, mlfq, now: float) -> dict:
 
 def build_api(ctl: Controller) -> RpcTable:
     api = RpcTable()
+    writable = RecentlyWritable()
     repo = lambda: ctl.repo  # noqa: E731  (the store opens after the table is built)
     mlfq = ctl.cfg.scheduler.mlfq
 
@@ -155,10 +156,12 @@ def build_api(ctl: Controller) -> RpcTable:
                                     admin=caller.admin)
         except PartitionRefused as exc:
             raise RequestError(str(exc)) from None
-        problem = await asyncio.to_thread(outputs_problem, spec.stdout, spec.stderr, spec.workdir, caller.user,
-                                          caller.uid, caller.gid)  # a hung mount must not stall the loop
-        if problem:
-            raise RequestError(problem)
+        outputs = (spec.stdout, spec.stderr, spec.workdir, caller.user, caller.uid, caller.gid)
+        if not writable.fresh(outputs, time.monotonic()):
+            problem = await asyncio.to_thread(outputs_problem, *outputs)  # a hung mount must not stall the loop
+            if problem:
+                raise RequestError(problem)
+            writable.note(outputs, time.monotonic())
         view = JobView(id=0, user=caller.user, state=JobState.PENDING, submit_time=0, nodes=spec.nodes,
                        gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
                        mem_mb=spec.mem_mb, partition=partition, runtime=required_runtime(spec),
@@ -185,7 +188,12 @@ def build_api(ctl: Controller) -> RpcTable:
         ctl.events.record("submitted", job_id, user=caller.user, partition=partition, nodes=spec.nodes,
                           gpus_per_node=spec.gpus_per_node, priority=spec.priority, hold=spec.hold or None,
                           array=spec.array, account=account)
-        ctl.wake()
+        if spec.hold and spec.array is None:
+            # It cannot start, and its reason is stored with it: a pass would only load the whole
+            # queue again (a burst of held submissions woke one per 50 ms, each reading them all).
+            ctl.events.record("waiting", job_id, reason="JobHeldUser")
+        else:
+            ctl.wake()
         return {"job_id": job_id, "parsable": sub.parsable, "wait": sub.wait}  # directives may set them
 
     def split_submission(body) -> dict:

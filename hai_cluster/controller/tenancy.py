@@ -21,6 +21,10 @@ from ..transport.rpc import RequestError
 from .access import Caller, deny, group_names, matches
 
 FAIRSHARE_REFRESH = 10.0  # seconds between recomputations of the decayed usage
+# Seconds the live limits are kept between reads: every submission and every pass wants them, and
+# only `update` (which forgets them at once) changes them, unless another controller did before
+# a takeover.
+OVERRIDES_REFRESH = 2.0
 USAGE_HORIZON = 20  # half-lives: older runs weigh less than 1e-6 and are not read
 
 
@@ -31,6 +35,8 @@ class Tenancy:
         self._factors: dict[tuple[str, str], float] = {}
         self._rows: list[fairshare.ShareRow] = []
         self._computed_at = -1e18
+        self._overrides: dict | None = None
+        self._overrides_at = 0.0
 
     # ---- accounts and their users -----------------------------------------------------
     @property
@@ -76,7 +82,7 @@ class Tenancy:
     def check_submission(self, engine, caller: Caller, account: str, adding: int = 1) -> None:
         """Runs on the store thread, right before the insert: the counts cannot move in between.
         `adding` is how many jobs the submission makes (every task of an array counts)."""
-        over = store.overrides(engine)
+        over = self._live_overrides(engine)
         user_lim, acct_lim = self._limits("user", caller.user, over), self._limits("account", account, over)
         if not (user_lim.max_pending or user_lim.max_jobs or acct_lim.max_pending or acct_lim.max_jobs):
             return
@@ -89,6 +95,12 @@ class Tenancy:
                 raise RequestError(f"Job violates accounting/QOS policy (job submit limit, {what} "
                                    f"{count} of at most {limit}); wait for some to end")
 
+    def _live_overrides(self, engine) -> dict:
+        """store.overrides, read at most every OVERRIDES_REFRESH seconds (on the store thread)."""
+        if self._overrides is None or time.monotonic() - self._overrides_at >= OVERRIDES_REFRESH:
+            self._overrides, self._overrides_at = store.overrides(engine), time.monotonic()
+        return self._overrides
+
     def update(self, engine, caller: Caller, kind: str, name: str, values: dict[str, Any]) -> dict:
         if not caller.admin:
             raise deny(caller, f"only administrators may change the limits of {kind} {name}")
@@ -98,7 +110,8 @@ class Tenancy:
         if kind == "user" and "shares" in values:
             raise RequestError("Shares are set per account (users in an account weigh the same)")
         store.set_override(engine, kind, name, values, caller.user, time.time())
-        over = store.overrides(engine)
+        self._overrides = None
+        over = self._live_overrides(engine)
         self._computed_at = -1e18  # shares may have changed
         lim = self._limits(kind, name, over)
         out = {"kind": kind, "name": name, "max_gpus": lim.max_gpus, "max_pending": lim.max_pending,
@@ -123,7 +136,7 @@ class Tenancy:
     # ---- the snapshot ------------------------------------------------------------------
     def extras(self, engine, now: float) -> tuple[Quotas, dict[tuple[str, str], float]]:
         """Quotas and fair-share factors for a snapshot taken at `now` (store thread)."""
-        over = store.overrides(engine)
+        over = self._live_overrides(engine)
         users = {name: self._limits("user", name, over).max_gpus for kind, name in over if kind == "user"}
         quotas = Quotas(user_gpus=users, default_user_gpus=self.cfg.user_limits.max_gpus,
                         account_gpus={a: self._limits("account", a, over).max_gpus for a in self.account_names},

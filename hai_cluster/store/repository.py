@@ -118,7 +118,9 @@ class Repository:
         """Record a job, or every task of an array in one transaction. Returns the (array) job id."""
         row = dict(
             name=spec.name, user=user, uid=uid, gid=gid, partition=partition,
-            state=JobState.PENDING.value, reason="None", priority=spec.priority, submit_time=now,
+            # a held job's reason is known now (the pass that would set it is not woken: api.submit)
+            state=JobState.PENDING.value, reason="JobHeldUser" if spec.hold and spec.array is None else "None",
+            priority=spec.priority, submit_time=now,
             nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
             mem_mb=spec.mem_mb, time_limit=spec.time_limit, hold=spec.hold, spec=spec.to_wire(),
             restart_count=0, attempts=0, nodelist="", attained_gpu_seconds=0.0, version=1,

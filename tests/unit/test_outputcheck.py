@@ -83,3 +83,17 @@ def test_a_directory_granted_by_an_acl_is_left_to_the_run(tmp_path):
     except OSError as exc:
         pytest.skip(f"this file system takes no POSIX ACLs: {exc}")
     assert output_problem("-o", str(shared / "x.out"), "/", UID, {GID}) is None
+
+
+def test_recently_writable_remembers_a_yes_for_its_ttl_and_no_more():
+    from hai_cluster.controller.outputcheck import RecentlyWritable
+
+    seen = RecentlyWritable(ttl=1.0, size=2)
+    a, b, c = ("a.out", None, "/w", "u", 1, 1), ("b.out", None, "/w", "u", 1, 1), ("a.out", None, "/w", "v", 2, 2)
+    assert not seen.fresh(a, 100.0)  # never checked: check it
+    seen.note(a, 100.0)
+    assert seen.fresh(a, 100.9) and not seen.fresh(a, 101.0)  # stale after ttl: checked again
+    assert not seen.fresh(c, 100.5)  # another user's yes is not this one's
+    seen.note(b, 100.1)
+    seen.note(c, 100.2)  # size 2: the oldest goes
+    assert not seen.fresh(a, 100.3) and seen.fresh(b, 100.3) and seen.fresh(c, 100.3)
