@@ -165,8 +165,8 @@ static void close_others(const int *keep, int nkeep) {
 
 int main(int argc, char **argv) {
     const char *cgroups[MAX_LIST];
-    int keep[MAX_LIST];
-    gid_t groups[NGROUPS_MAX > MAX_LIST ? MAX_LIST : NGROUPS_MAX];
+    int keep[MAX_LIST + 1];  /* and the error pipe */
+    gid_t *groups = NULL;
     int ncg = 0, nkeep = 0, ngroups = -1, as_user = 0, trunc = 0;
     const char *user = NULL, *chdir_to = NULL, *checkpoint = NULL, *out_path = NULL, *err_path = NULL;
     const char *label = NULL, *hint = NULL;
@@ -202,13 +202,16 @@ int main(int argc, char **argv) {
         else if (strcmp(opt, "--label") == 0) label = val;
         else if (strcmp(opt, "--hint") == 0) hint = val;
         else if (strcmp(opt, "--groups") == 0) {
+            size_t most = 1;
+            for (const char *p = val; *p; p++) most += *p == ',';
+            groups = calloc(most, sizeof *groups);
+            if (!groups) usage("out of memory");
             ngroups = 0;
             for (const char *p = val; *p;) {
                 char *end;
                 errno = 0;
                 unsigned long g = strtoul(p, &end, 10);
                 if (errno || end == p || (*end && *end != ',')) usage("bad --groups");
-                if (ngroups == (int)(sizeof groups / sizeof *groups)) usage("too many groups");
                 groups[ngroups++] = (gid_t)g;
                 p = *end ? end + 1 : end;
             }
@@ -228,9 +231,12 @@ int main(int argc, char **argv) {
     int nclose_keep = nkeep + 1;
 
     default_libc_signals();
-    gid_t root_groups[MAX_LIST];
-    int nroot = getgroups(MAX_LIST, root_groups);
-    if (nroot < 0) nroot = 0;
+    int nroot = getgroups(0, NULL);  /* ours (root's), taken back for a root runtime */
+    gid_t *root_groups = calloc(nroot > 0 ? (size_t)nroot : 1, sizeof *root_groups);
+    if (!root_groups || (nroot = getgroups(nroot, root_groups)) < 0) {
+        snprintf(step, sizeof step, "preparing the job process (reading its groups)");
+        fail();
+    }
 
     for (int c = 0; c < ncg; c++) {
         const char *slash = strrchr(cgroups[c], '/');
