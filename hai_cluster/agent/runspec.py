@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import signal as _signal
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 REASONS = ("cancel", "preempt", "requeue", "node_fail", "timeout", "launch_failed", "lost", "oom",
@@ -238,7 +238,7 @@ class RunStatus:
         return self.state == "ended"
 
     def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}  # all scalars: no asdict copies
 
     @classmethod
     def from_disk(cls, d: Any) -> "RunStatus":
