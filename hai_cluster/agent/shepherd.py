@@ -2,10 +2,11 @@
 
 The agent starts it (starter.py): forked by the shepherd zygote (zygote.py), which has imported
 this module already and names its child as above, or by exec. It calls setsid (and when exec'd,
-forks around it) so that it is not the agent's child and outlives the agent (SIGKILL, restart, systemd with
-KillMode=process). It starts the job (jobproc.start_job), tells the agent over the pipe named by
-$HAI_REPORT_FD (or handed over by the zygote) whether the job started, then supervises it alone:
-time limit, terminate requests, cleanup of the process group, and the final status.json.
+forks around it) so that it is not the agent's child and outlives the agent (SIGKILL, restart,
+systemd with KillMode=process). It starts the job (jobproc.start_job), tells the agent over the
+pipe named by $HAI_REPORT_FD (or handed over by the zygote) whether the job started, then
+supervises it alone: time limit, terminate requests, cleanup of the process group, and the final
+status.json.
 
 Terminate requests: the agent writes terminate.json and sends SIGUSR1. The signal only wakes us;
 the file is the request, and it is re-read every CONTROL_RECHECK seconds, so a signal lost in an

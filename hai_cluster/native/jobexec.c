@@ -2,9 +2,10 @@
 
 The shepherd (hai_cluster/agent/jobproc.py, start_job) starts this with posix_spawn, which on
 Linux is a vfork: no copy of the shepherd's page tables, no copy-on-write faults while the
-child runs, no Python interpreter torn down at the exec. The spawn already reset every signal to
-its default (the C library's own two: below) and emptied the mask. Then, in the order of jobproc.exec_job (the Python path, which
-stays for container launches and where this is not built), and with the same messages:
+child runs, no Python interpreter torn down at the exec. The spawn already reset every signal
+to its default (the C library's own two: below) and emptied the mask. Then, in the order of
+jobproc.exec_job (the Python path, which stays for container launches and where this is not
+built), and with the same messages:
 
   join the run's cgroups; setsid; as the user: groups, gid, uid, umask, chdir, the checkpoint
   dir, stdout and stderr opened, stdin from /dev/null; a root runtime takes root back; every fd
