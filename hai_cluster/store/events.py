@@ -8,12 +8,15 @@ from sqlalchemy import Engine, delete, insert, or_, select
 from .schema import events
 
 
+_ADD = insert(events)  # built once: every scheduling pass writes events
+
+
 def add_events(engine: Engine, rows: Iterable[Mapping]) -> None:
     """Append events (dicts with time, kind, job_id, node, detail) in one transaction."""
     rows = list(rows)
     if rows:
         with engine.begin() as c:
-            c.execute(insert(events), rows)
+            c.execute(_ADD, rows)
 
 
 def read_events(engine: Engine, *, job_id: int | None = None, node: str | None = None,

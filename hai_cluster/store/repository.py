@@ -129,7 +129,7 @@ class Repository:
             gpu_mem_mb=spec.gpu_mem_mb, gpu_compute=spec.gpu_compute, gpu_qos=spec.gpu_qos)
         with self.engine.begin() as c:
             if spec.array is None:
-                return int(c.execute(jobs.insert(), row).inserted_primary_key[0])
+                return int(c.execute(st.JOB_INSERT, row).inserted_primary_key[0])
             array = parse_array(spec.array, None)
             first = None
             for task in array.indices:
@@ -361,13 +361,13 @@ class Repository:
                 partition=partition), version=job.version))
             if res.rowcount != 1:
                 return None
-            run_id = c.execute(runs.insert(), dict(
+            run_id = c.execute(st.RUN_INSERT, dict(
                 job_id=job_id, attempt=attempt, state=JobState.RUNNING.value, start_time=now,
                 # Whole GPUs held: a card share counts none; it is charged its share (gpu_charge).
                 nodelist=",".join(placement.nodes), gpus=0 if placement.shares else sum(len(g) for g in placement.gpus),
                 gpu_charge=self._share_charge(c, job, placement) if placement.shares else None,
             )).inserted_primary_key[0]
-            c.execute(run_ranks.insert(), [dict(
+            c.execute(st.RANK_INSERT, [dict(
                 run_id=run_id, rank=rank, node=name, gpus=list(gpu_ids), cpus=job.cpus_per_task,
                 mem_mb=job.mem_mb or 0, state="starting", killed=False,
                 gpu_mem_mb=placement.shares[rank][0] if placement.shares else None,

@@ -12,6 +12,7 @@ from sqlalchemy import Table, bindparam, select, update
 
 from .schema import jobs, nodes, run_ranks, runs
 
+JOB_INSERT, RUN_INSERT, RANK_INSERT = jobs.insert(), runs.insert(), run_ranks.insert()
 JOB_BY_ID = select(jobs).where(jobs.c.id == bindparam("p_id"))
 RUN_OF_ATTEMPT = select(runs).where(runs.c.job_id == bindparam("p_job"), runs.c.attempt == bindparam("p_attempt"))
 RUN_ID_OF_ATTEMPT = select(runs.c.id).where(runs.c.job_id == bindparam("p_job"),
