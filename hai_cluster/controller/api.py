@@ -333,7 +333,7 @@ def build_api(ctl: Controller) -> RpcTable:
                 errors.append(f"Invalid job id specified: {label}")
             else:
                 errors.append(f"Kill job error on job id {label}: Job/step already completing or completed")
-        done = []
+        done, pending = [], []
         for job in rows:
             if not may_act_on(caller, job, operators=False):
                 what = "signal" if signum is not None else "cancel"
@@ -348,14 +348,17 @@ def build_api(ctl: Controller) -> RpcTable:
                     await ctl.signal_job(job["id"], signum)
                     done.append(job["id"])
             elif state == JobState.PENDING:
-                if await ctl.db(repo().cancel_pending, job["id"], time.time(), caller.uid):
-                    ctl.events.record("cancel_requested", job["id"], by=caller.user, state=state.value)
-                    done.append(job["id"])
+                pending.append(job["id"])  # all in one transaction, below
             elif state.holds_resources:
                 await ctl.db(repo().request_end, job["id"], "cancel", f"cancelled by {caller.uid}")
                 ctl.events.record("cancel_requested", job["id"], by=caller.user, state=state.value)
                 await ctl.end_job(job["id"], "cancel")
                 done.append(job["id"])
+        if pending:  # one that started meanwhile is no longer pending: left as it is, as before
+            cancelled = set(await ctl.db(repo().cancel_pendings, pending, time.time(), caller.uid))
+            for job_id in (j for j in pending if j in cancelled):
+                ctl.events.record("cancel_requested", job_id, by=caller.user, state=JobState.PENDING.value)
+                done.append(job_id)
         ctl.wake()
         return {"done": done, "errors": errors}
 

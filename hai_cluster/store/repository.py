@@ -22,6 +22,7 @@ from .schema import gpus, jobs, nodes, run_ranks, runs
 
 ACTIVE = [s.value for s in ACTIVE_STATES]
 NOT_RESPONDING = "Not responding"
+CANCEL_CHUNK = 500  # ids per IN (...): SQLite before 3.32 takes at most 999 parameters
 SNAPSHOT_COLUMNS = [jobs.c[name] for name in (
     "id", "user", "state", "submit_time", "nodes", "gpus_per_node", "cpus_per_task", "mem_mb", "partition",
     "priority", "hold", "hold_admin", "restart_count", "attained_gpu_seconds", "start_time", "nodelist",
@@ -185,11 +186,24 @@ class Repository:
                 for j in job_rows if j.id in deps}
 
     def cancel_pending(self, job_id: int, now: float, by_uid: int | None = None, why: str | None = None) -> bool:
+        return self.cancel_pendings([job_id], now, by_uid, why) == [job_id]
+
+    def cancel_pendings(self, job_ids: Sequence[int], now: float, by_uid: int | None = None,
+                        why: str | None = None) -> list[int]:
+        """Cancel those of the jobs that are pending, in one transaction (an hcancel of a thousand
+        waited for a thousand commits); the ids it cancelled."""
+        done: list[int] = []
         with self.engine.begin() as c:
-            res = c.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.state == JobState.PENDING.value)
-                            .values(state=JobState.CANCELLED.value, end_time=now, version=jobs.c.version + 1,
-                                    reason=why or (f"cancelled by {by_uid}" if by_uid is not None else "None")))
-            return res.rowcount == 1
+            for i in range(0, len(job_ids), CANCEL_CHUNK):
+                chunk = list(job_ids[i:i + CANCEL_CHUNK])
+                pending = (jobs.c.id.in_(chunk), jobs.c.state == JobState.PENDING.value)
+                ids = [r.id for r in c.execute(select(jobs.c.id).where(*pending).with_for_update())]
+                if ids:
+                    c.execute(update(jobs).where(jobs.c.id.in_(ids), jobs.c.state == JobState.PENDING.value).values(
+                        state=JobState.CANCELLED.value, end_time=now, version=jobs.c.version + 1,
+                        reason=why or (f"cancelled by {by_uid}" if by_uid is not None else "None")))
+                done += ids
+        return done
 
     def request_end(self, job_id: int, request: str, why: str | None = None) -> bool:
         """Ask a running job to end: cancel, or preempt/requeue (it comes back to the queue).

@@ -5,6 +5,7 @@ from sqlalchemy import inspect
 from hai_cluster.core.model import JobSpec, Placement
 from hai_cluster.core.states import JobState
 from hai_cluster.store.engine import current_revision, downgrade, head_revision, make_engine, upgrade
+from hai_cluster.store import repository
 from hai_cluster.store.repository import RankRef, Repository
 from hai_cluster.store.schema import metadata
 
@@ -107,6 +108,19 @@ def test_cancel_paths(repo):
     assert repo.request_end(r, "cancel") and repo.job(r)["state"] == "COMPLETING"
     res = repo.rank_ended(r, 0, "a", {"exit_code": 0}, now=4)  # even a clean exit after cancel
     assert res.job_state == JobState.CANCELLED
+
+
+def test_cancel_pendings_cancels_only_pending_jobs_in_one_go(repo, monkeypatch):
+    monkeypatch.setattr(repository, "CANCEL_CHUNK", 2)  # several IN (...) chunks in one transaction
+    ids = [repo.submit(spec(), user="u", uid=1, gid=1, partition="gpu", now=1) for _ in range(5)]
+    repo.start_run(ids[1], Placement(("a",), ((),)), now=2)
+    assert repo.cancel_pending(ids[4], now=2)
+    done = repo.cancel_pendings([ids[0], ids[1], ids[2], 9999, ids[3], ids[4]], now=3, by_uid=7)
+    assert sorted(done) == [ids[0], ids[2], ids[3]]  # not the running one, the unknown, the cancelled
+    assert [repo.job(j)["state"] for j in ids] == ["CANCELLED", "RUNNING", "CANCELLED", "CANCELLED", "CANCELLED"]
+    assert repo.job(ids[0])["reason"] == "cancelled by 7" and repo.job(ids[0])["end_time"] == 3
+    assert repo.job(ids[4])["end_time"] == 2  # cancelled before: untouched
+    assert repo.cancel_pendings([], now=4) == []
 
 
 def test_migration_0002_keeps_jobs_and_fills_pending_since(engine):
