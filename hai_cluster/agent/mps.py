@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,9 @@ class MpsError(Exception):
 class MpsControl:
     def __init__(self, executable: str, run_dir: str) -> None:
         self.executable, self.run_dir = executable, Path(run_dir)
+        # Runs start on the agent's thread pool: two sharing runs of one user starting at once on
+        # one card must not both find no daemon and start two (nor one stop what one starts).
+        self._lock = threading.Lock()
 
     def dirs(self, card: int, uid: int) -> tuple[Path, Path]:
         base = self.run_dir / f"gpu{card}-{uid}"
@@ -50,22 +54,24 @@ class MpsControl:
     def ensure(self, card: int, card_uuid: str, uid: int, gid: int) -> Path:
         """Start the card's control daemon for `uid` unless it runs; returns its pipe directory."""
         pipe, logs = self.dirs(card, uid)
-        if self.running(card, uid):
-            return pipe
-        self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-        for d in (pipe.parent, pipe, logs):
-            d.mkdir(exist_ok=True, mode=0o700)
-            os.chown(d, uid, gid)
-        self._call(["-d"], self._env(card_uuid, card, uid), uid, gid, f"start MPS on GPU {card} for uid {uid}")
+        with self._lock:
+            if self.running(card, uid):
+                return pipe
+            self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+            for d in (pipe.parent, pipe, logs):
+                d.mkdir(exist_ok=True, mode=0o700)
+                os.chown(d, uid, gid)
+            self._call(["-d"], self._env(card_uuid, card, uid), uid, gid, f"start MPS on GPU {card} for uid {uid}")
         log.info("MPS control daemon started on GPU %d for uid %d (%s)", card, uid, pipe)
         return pipe
 
     def quit(self, card: int, card_uuid: str, uid: int, gid: int) -> None:
         """Ask the card's control daemon for `uid` to shut down (MPS's `quit` command)."""
-        if not self.running(card, uid):
-            return
-        self._call([], self._env(card_uuid, card, uid), uid, gid, f"stop MPS on GPU {card} for uid {uid}",
-                   stdin="quit\n")
+        with self._lock:
+            if not self.running(card, uid):
+                return
+            self._call([], self._env(card_uuid, card, uid), uid, gid, f"stop MPS on GPU {card} for uid {uid}",
+                       stdin="quit\n")
         log.info("MPS control daemon on GPU %d for uid %d told to quit", card, uid)
 
     def _call(self, args: list[str], env: dict[str, str], uid: int, gid: int, what: str, stdin: str = "") -> None:

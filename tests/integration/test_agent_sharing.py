@@ -1,6 +1,7 @@
 """The agent's side of fractional GPUs: the share in a RunSpec, and the environment it becomes."""
 from __future__ import annotations
 
+import concurrent.futures
 import os
 
 import pytest
@@ -68,6 +69,22 @@ def test_a_stale_control_pipe_does_not_count(tmp_path):
     assert not mps.running(0, 1000)  # that process is gone
     (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")
     assert mps.running(0, 1000)
+
+
+def test_two_runs_starting_at_once_start_one_mps_daemon(tmp_path):
+    """Runs start on the agent's thread pool: two sharing runs of one user on one card, prepared
+    at the same moment, must find one daemon between them, not start two."""
+    tool = tmp_path / "mps-tool"  # slow to start, like the real one: both would look before it is up
+    tool.write_text('#!/bin/sh\necho start >> "$CUDA_MPS_LOG_DIRECTORY/../calls"\nsleep 0.3\n'
+                    'touch "$CUDA_MPS_PIPE_DIRECTORY/control"\n')
+    tool.chmod(0o755)
+    cfg = AgentConfig(name="n", spool=str(tmp_path), sharing=SharingConfig(gpus=(0,), mps_control=str(tool)))
+    shares = Shares(cfg, [GpuInfo(0, "GPU-a", "sim", 40960, shareable=True, isolation="mps")])
+    spec = RunSpec.from_wire({**BASE, "uid": 0, "gid": 0, "gpus": [0], "gpu_share": SHARE})
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        envs = [f.result().environment for f in [pool.submit(shares.prepare, spec) for _ in range(2)]]
+    assert envs[0]["CUDA_MPS_PIPE_DIRECTORY"] == envs[1]["CUDA_MPS_PIPE_DIRECTORY"]
+    assert (shares.mps.dirs(0, 0)[0].parent / "calls").read_text() == "start\n"
 
 
 def test_a_mig_share_sees_its_instance_alone(tmp_path):

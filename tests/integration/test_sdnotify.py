@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hai_cluster.cli.client import ControllerClient
+from hai_cluster.cli.client import ClientError, ControllerClient
 
 from ..e2e.harness import wait_for
 
@@ -101,10 +101,16 @@ def test_daemons_notify_ready_status_watchdog_and_stopping(base):
 
         ctl = spawn("hai_cluster.controller.daemon", base / "controller.toml", base / "ctl.log",
                     str(base / "notify.sock"))
-        ctl_notify.wait("READY=1")
+        ctl_notify.wait("READY=1")  # it serves (a standby too): the lease may come a moment later
         client = ControllerClient(str(base / "ctl.sock"), timeout=10)
         try:
-            assert client.call("ping", {})["uid"] == 0  # the store is migrated and the socket serves
+            def active_ping():  # the socket serves at once; the store is migrated once active
+                try:
+                    return client.call("ping", {})
+                except ClientError as exc:
+                    assert "not the active controller (active: not known yet)" in str(exc), exc
+                    return None
+            assert wait_for(active_ping, 20, what="the lease")["uid"] == 0
         finally:
             client.close()
 
