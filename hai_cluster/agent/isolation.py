@@ -6,9 +6,11 @@ the agent's config file nor a second detection. Light imports only (the shepherd
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Mapping
 
 from . import cgroups
@@ -115,6 +117,11 @@ class NodeIsolation:
         summary = self.cgroups.summary() if self.cgroups else dict.fromkeys(cgroups.FEATURES)
         return {"isolation": summary, "runtimes": self.runtimes(), "default_runtime": self.default_runtime,
                 "default_container_runtime": self.default_container_runtime}
+
+    @cached_property
+    def wire_json(self) -> bytes:
+        """node.json's content, encoded once: the same for every run of an agent."""
+        return json.dumps(self.to_wire(), sort_keys=True).encode()
 
     def to_wire(self) -> dict:
         d = asdict(self)

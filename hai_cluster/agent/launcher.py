@@ -22,17 +22,6 @@ log = logging.getLogger(__name__)
 _EXEC = ShepherdStarter("exec")
 
 
-_node_json: tuple[NodeIsolation | None, bytes] = (None, b"")
-
-
-def _encoded(node: NodeIsolation) -> bytes:
-    """node.json's content: the same for every run of an agent (encoded once, not per run)."""
-    global _node_json
-    if _node_json[0] is not node:
-        _node_json = (node, json.dumps(node.to_wire(), sort_keys=True).encode())
-    return _node_json[1]
-
-
 def prepare(run_dir: Path, spec: RunSpec, node: NodeIsolation | None = None) -> None:
     os.mkdir(run_dir, 0o711)
     os.chmod(run_dir, 0o711)  # mkdir's mode went through the umask; the user must reach the script
@@ -40,7 +29,7 @@ def prepare(run_dir: Path, spec: RunSpec, node: NodeIsolation | None = None) -> 
     # them, and it ends the run too; rebuild() then declares the run lost with or without them.
     spool.write_json_atomic(run_dir / spool.SPEC, spec.to_wire(), durable=False)
     if node is not None:  # the node's runtimes and cgroups, as the shepherd will use them
-        spool.write_bytes_atomic(run_dir / contain.NODE, _encoded(node), durable=False)
+        spool.write_bytes_atomic(run_dir / contain.NODE, node.wire_json, durable=False)
     fd = os.open(run_dir / spool.SCRIPT, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o500)
     try:
         os.write(fd, spec.script.encode())
