@@ -139,11 +139,12 @@ class Cluster:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def shepherd_start_toml() -> str:
+def shepherd_start_toml(agent_toml: str = "") -> str:
     """`shepherd_start` for test agents' [agent] tables: HAI_TEST_SHEPHERD_START=exec runs the tests
-    with shepherds started as fresh interpreters; unset, the agent's default (fork, the zygote)."""
+    with shepherds started as fresh interpreters; unset, the agent's default (fork, the zygote).
+    Nothing where the test's own agent_toml sets it (a key may appear only once)."""
     mode = os.environ.get("HAI_TEST_SHEPHERD_START")
-    return f'shepherd_start = "{mode}"\n' if mode else ""
+    return f'shepherd_start = "{mode}"\n' if mode and "shepherd_start" not in agent_toml else ""
 
 
 def python_daemon(module: str, config: Path) -> list[str]:
@@ -165,7 +166,7 @@ def start_ssh_cluster(ssh_nodes, *, gpus_per_node: int, scheduler_toml: str = ""
         nd.mkdir()
         sock = base / f"{node.name}.sock"
         (nd / "agent.toml").write_text(
-            f'[agent]\nname = "{node.name}"\nsocket = "{sock}"\nspool = "{nd}/spool"\n{shepherd_start_toml()}'
+            f'[agent]\nname = "{node.name}"\nsocket = "{sock}"\nspool = "{nd}/spool"\n{shepherd_start_toml(agent_toml)}'
             f'[gpus]\nbackend = "simulated"\nsimulated_count = {gpus_per_node}\n{agent_toml}\n')
         agents[node.name] = Daemon(python_daemon("hai_cluster.agent.daemon", nd / "agent.toml"),
                                    nd / "agent.log", spawn=node.popen)
@@ -201,7 +202,7 @@ def start_local_cluster(*, database: str | None = None, gpus: int = 2, tick: flo
     os.chmod(base, 0o755)
     url = database or f"sqlite:///{base}/hai.db"
     (base / "agent.toml").write_text(f'[agent]\nname = "{node}"\nsocket = "{base}/agent.sock"\n'
-                                     f'spool = "{base}/spool"\n{shepherd_start_toml()}{agent_toml}\n'
+                                     f'spool = "{base}/spool"\n{shepherd_start_toml(agent_toml)}{agent_toml}\n'
                                      f'[gpus]\nbackend = "simulated"\nsimulated_count = {gpus}\n{gpus_toml}\n')
     (base / "controller.toml").write_text(
         f'[controller]\nsocket = "{base}/ctl.sock"\ndatabase = "{url}"\ntick_seconds = {tick}\n{controller_toml}\n'

@@ -118,7 +118,7 @@ class AgentProcess:
         self.config.write_text(
             f'[agent]\nname = "{name}"\nsocket = "{box.socket}"\nspool = "{box.spool}"\n'
             f'poll_interval = {poll_interval}\nlaunch_timeout = {launch_timeout}\nlog_level = "DEBUG"\n'
-            f'{"" if "shepherd_start" in agent_toml else shepherd_start_toml()}{agent_toml}'
+            f'{shepherd_start_toml(agent_toml)}{agent_toml}'
             f'[gpus]\nbackend = "simulated"\nsimulated_count = 4\n'
             f'simulated_model = "Simulated H100 80GB"\nsimulated_memory_mb = 81920\n')
         self.log = box.base / f"agent-{name}.log"
