@@ -75,7 +75,8 @@ class ShepherdStarter:
             self._spawn()
 
     def close(self) -> None:
-        """The zygote exits when its socket closes; the shepherds it started are not its own."""
+        """The zygote exits when its socket closes; the shepherds it forked outlive it (their own
+        sessions, nothing waits for them)."""
         self._drop(kill=False)
 
     def _drop(self, kill: bool) -> None:
