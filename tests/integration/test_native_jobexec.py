@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from hai_cluster.agent.runspec import RunSpec
 from hai_cluster.agent.runtimes import Launch
 
 from .agent_helpers import Sandbox, need_root
+from .test_native_hsubmit import build
 
 PROBE = """#!/bin/bash
 echo "ids $(id -u) $(id -g) $(id -G)"
@@ -39,8 +38,7 @@ def helper():
     if not shutil.which(os.environ.get("CC") or "cc"):
         pytest.skip("no C compiler")
     d = Path(tempfile.mkdtemp(prefix="hai-jobexec-", dir="/tmp"))
-    proc = subprocess.run([sys.executable, "-m", "hai_cluster.native.build", "--bin", str(d)], capture_output=True,
-                          text=True, env={**os.environ, "CFLAGS": "-O2 -Wall -Wextra -Werror"})
+    proc = build(d, CFLAGS="-O2 -Wall -Wextra -Werror")
     assert proc.returncode == 0, proc.stderr
     yield str(d / "hai-jobexec")
     shutil.rmtree(d, ignore_errors=True)
