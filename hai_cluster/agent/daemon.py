@@ -130,7 +130,7 @@ class Agent:
                     await self.push("run_exited", status.to_wire())
                 if ended and self.shares.any_daemon():  # MPS daemons no live sharing run needs any more
                     live = [r.spec for r in self.runs.runs.values() if not r.status.ended and r.spec]
-                    await asyncio.to_thread(self.shares.release_idle, live)
+                    await asyncio.to_thread(self.shares.release_idle, live, self.shares.prepared)
             except Exception:  # a broken spool entry must not stop the watch for all the others
                 log.exception("spool poll failed")
             try:  # the next poll: after poll_interval, or as soon as a shepherd exits

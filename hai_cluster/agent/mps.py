@@ -12,11 +12,13 @@ import logging
 import os
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 TIMEOUT = 30.0
+QUIT_WAIT = 10.0  # seconds a quitting daemon is given to go before a new one may be started
 
 
 class MpsError(Exception):
@@ -72,6 +74,11 @@ class MpsControl:
                 return
             self._call([], self._env(card_uuid, card, uid), uid, gid, f"stop MPS on GPU {card} for uid {uid}",
                        stdin="quit\n")
+            # `quit` is only delivered when the call returns: until the daemon is gone, a run
+            # starting (ensure waits on the lock) would find it and be handed a dying daemon.
+            deadline = time.monotonic() + QUIT_WAIT
+            while self.running(card, uid) and time.monotonic() < deadline:
+                time.sleep(0.05)
         log.info("MPS control daemon on GPU %d for uid %d told to quit", card, uid)
 
     def _call(self, args: list[str], env: dict[str, str], uid: int, gid: int, what: str, stdin: str = "") -> None:

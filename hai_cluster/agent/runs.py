@@ -14,6 +14,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from . import launcher, spool
 from .isolation import NodeIsolation
@@ -44,6 +45,12 @@ def _read_spec(run_dir: Path) -> RunSpec | None:
     except (ValueError, OSError) as exc:
         log.error("%s: unreadable spec: %s", run_dir, exc)
         return None
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    """Mark a start's error as seen: its caller may have hung up and left it unawaited."""
+    if not task.cancelled():
+        task.exception()
 
 
 class RunTable:
@@ -98,26 +105,43 @@ class RunTable:
     def get(self, key: Key) -> Run | None:
         return self.runs.get(key)
 
-    async def start(self, spec: RunSpec) -> tuple[bool, RunStatus]:
+    async def start(self, spec: RunSpec,
+                    prepare: Callable[[RunSpec], RunSpec] | None = None) -> tuple[bool, RunStatus]:
+        """Start the run unless the table has it. `prepare` (run on a thread) completes the spec
+        first: the GPU share's MPS daemon and environment. The run is in the table before it
+        runs, so the agent's idle-daemon cleanup, which spares the daemons of the runs in the
+        table, counts it as a user of its daemon from then on."""
         run = self.runs.get(spec.key)
         if run is not None:  # idempotent: the same (job, attempt) is never started twice
             if run.launching is not None:
-                await asyncio.shield(run.launching)
+                await asyncio.shield(run.launching)  # the first call's error, if it failed, is ours too
             return False, run.status
         run_dir = self.root / spool.run_dir_name(spec.job_id, spec.attempt)
         run = Run(run_dir, spec, RunStatus.for_spec(spec, state="running", start_time=time.time()))
         self.runs[spec.key] = run  # before any await: a concurrent duplicate finds it
-        try:
-            launcher.prepare(run_dir, spec, self.node)
-        except OSError as exc:
-            if not isinstance(exc, FileExistsError):  # never delete a dir this call did not make
-                shutil.rmtree(run_dir, ignore_errors=True)
-            del self.runs[spec.key]
-            raise RunError(f"cannot prepare the run directory {run_dir}: {exc}") from None
         # a task of its own: a controller that hangs up mid-call must not abort the bookkeeping
-        run.launching = asyncio.ensure_future(self._launch(run))
+        run.launching = asyncio.ensure_future(self._start(run, prepare))
+        run.launching.add_done_callback(_retrieved)
         await asyncio.shield(run.launching)
         return True, run.status
+
+    async def _start(self, run: Run, prepare: Callable[[RunSpec], RunSpec] | None) -> None:
+        """Prepare the run and launch its shepherd; a run that cannot be prepared leaves the
+        table with the error (its caller's), one whose shepherd fails ends as launch_failed."""
+        try:
+            if prepare is not None:
+                run.spec = await asyncio.to_thread(prepare, run.spec)
+            try:
+                launcher.prepare(run.dir, run.spec, self.node)
+            except OSError as exc:
+                if not isinstance(exc, FileExistsError):  # never delete a dir this call did not make
+                    shutil.rmtree(run.dir, ignore_errors=True)
+                raise RunError(f"cannot prepare the run directory {run.dir}: {exc}") from None
+        except BaseException:
+            del self.runs[run.spec.key]
+            run.launching = None
+            raise
+        await self._launch(run)
 
     async def _launch(self, run: Run) -> None:
         try:

@@ -3,7 +3,6 @@ agent is root, and a malformed request must end as a RequestError, never as a ha
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import pwd
 import socket
@@ -76,13 +75,14 @@ def build_table(agent: "Agent") -> RpcTable:
         check_keys("start_run body", body, ("spec",))
         spec = RunSpec.from_wire(body["spec"])
         check_user(agent, spec)
-        try:
-            spec = await asyncio.to_thread(agent.shares.prepare, spec)  # fractional GPUs: MPS daemon, limits
-        except ShareError as exc:
-            raise RequestError(f"job {spec.job_id}: {exc}") from None
         log.info("start_run job %s.%s rank %d as %s (uid %d), runtime %s", spec.job_id, spec.attempt,
                  spec.rank, spec.user, spec.uid, agent.isolation.runtime_for(spec))
-        started, status = await runs.start(spec)
+        # a fractional GPU's run is completed by the shares first: its MPS daemon, its limits
+        prepare = agent.shares.prepare if spec.gpu_share is not None else None
+        try:
+            started, status = await runs.start(spec, prepare)
+        except ShareError as exc:
+            raise RequestError(f"job {spec.job_id}: {exc}") from None
         log.info("job %s.%s: %s, state %s%s", spec.job_id, spec.attempt,
                  "started" if started else "already known", status.state,
                  f" ({status.reason}: {status.message})" if status.reason else "")

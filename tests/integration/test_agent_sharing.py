@@ -1,13 +1,16 @@
 """The agent's side of fractional GPUs: the share in a RunSpec, and the environment it becomes."""
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import os
+import time
 
 import pytest
 
 from hai_cluster.agent.gpushare import ShareError, Shares
 from hai_cluster.agent.mps import MpsControl
+from hai_cluster.agent.runs import RunTable
 from hai_cluster.agent.runspec import RunSpec, SpecError
 from hai_cluster.config import AgentConfig, SharingConfig
 from hai_cluster.core.model import GpuInfo
@@ -85,6 +88,55 @@ def test_two_runs_starting_at_once_start_one_mps_daemon(tmp_path):
         envs = [f.result().environment for f in [pool.submit(shares.prepare, spec) for _ in range(2)]]
     assert envs[0]["CUDA_MPS_PIPE_DIRECTORY"] == envs[1]["CUDA_MPS_PIPE_DIRECTORY"]
     assert (shares.mps.dirs(0, 0)[0].parent / "calls").read_text() == "start\n"
+
+
+def _recording_mps(tmp_path):
+    """An MPS control stand-in: `-d` creates the control pipe, `quit` removes it; both recorded."""
+    tool = tmp_path / "mps-tool"
+    tool.write_text('#!/bin/sh\ncalls="$CUDA_MPS_LOG_DIRECTORY/../calls"\n'
+                    'if [ "$1" = -d ]; then echo start >> "$calls"; touch "$CUDA_MPS_PIPE_DIRECTORY/control"; exit; fi\n'
+                    'read cmd; echo "$cmd" >> "$calls"; [ "$cmd" = quit ] && rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"\n')
+    tool.chmod(0o755)
+    cfg = AgentConfig(name="n", spool=str(tmp_path), sharing=SharingConfig(gpus=(0,), mps_control=str(tool)))
+    return Shares(cfg, [GpuInfo(0, "GPU-a", "sim", 40960, shareable=True, isolation="mps")])
+
+
+def test_idle_cleanup_spares_a_daemon_that_a_run_got_after_the_live_list_was_taken(tmp_path):
+    """The agent takes its list of live runs, then stops idle daemons on a thread. A run prepared
+    in between got its daemon without being in that list: the cleanup must not stop it."""
+    shares = _recording_mps(tmp_path)
+    spec = RunSpec.from_wire({**BASE, "uid": 0, "gid": 0, "gpus": [0], "gpu_share": SHARE})
+    before = shares.prepared  # the live list (empty) is taken now
+    shares.prepare(spec)
+    shares.release_idle([], before)
+    assert shares.mps.running(0, 0)
+    shares.release_idle([spec], shares.prepared)  # a live user
+    assert shares.mps.running(0, 0)
+    shares.release_idle([], shares.prepared)  # none: stopped
+    assert not shares.mps.running(0, 0)
+    assert (shares.mps.dirs(0, 0)[0].parent / "calls").read_text() == "start\nquit\n"
+
+
+def test_a_run_is_in_the_table_while_its_share_is_prepared(tmp_path):
+    """The cleanup spares the daemons of the runs in the table, so a run must be there before
+    its prepare can get a daemon. A prepare that fails takes the run out again, with its error
+    for every caller (a duplicate start included), and leaves no run dir."""
+    async def scenario():
+        table = RunTable(str(tmp_path), 5.0)
+        table.setup()
+        spec = RunSpec.from_wire({**BASE, "gpus": [0], "gpu_share": SHARE})
+        seen = []
+
+        def prepare(s):
+            seen.append(s.key in table.runs)
+            time.sleep(0.1)  # the duplicate arrives meanwhile
+            raise ShareError("cannot start MPS")
+        results = await asyncio.gather(table.start(spec, prepare), table.start(spec, prepare),
+                                       return_exceptions=True)
+        assert seen == [True]  # prepared once, while in the table
+        assert all(isinstance(r, ShareError) for r in results), results
+        assert table.runs == {} and list((tmp_path / "runs").iterdir()) == []
+    asyncio.run(scenario())
 
 
 def test_a_mig_share_sees_its_instance_alone(tmp_path):
