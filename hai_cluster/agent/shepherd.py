@@ -425,11 +425,17 @@ def main(argv: list[str] | None = None) -> int:
     return detach_and_run(Path(args[0]), report_fd)
 
 
+def configure_logging() -> None:
+    """The shepherd's log lines, to its stderr (shepherd.log). A no-op where it was done already:
+    the zygote does it once, before it forks (zygote.warm)."""
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s shepherd[%(process)d] %(levelname)s %(message)s")
+
+
 def detach_and_run(run_dir: Path, report_fd: int | None, fork_first: bool = True) -> int:
     """Daemonize, then supervise the run: for main(), and in a child of the zygote (zygote.py)."""
     daemonize(fork_first)
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s shepherd[%(process)d] %(levelname)s %(message)s")
+    configure_logging()
     try:
         shepherd = Shepherd(run_dir, report_fd)
     except Exception as exc:  # no usable spec: leave a status so the run is not a mystery

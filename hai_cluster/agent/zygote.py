@@ -32,6 +32,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
+import logging
 import os
 import select
 import signal
@@ -50,8 +51,8 @@ REQUEST_FDS = 2  # the report pipe and the shepherd log
 
 
 def _say(level: str, message: str) -> None:
-    """The zygote's own few lines, to the agent's stderr (the log). No logging module here: the
-    shepherd configures logging itself, and must find it as a fresh interpreter would."""
+    """The zygote's own few lines, to the agent's stderr (the log). Not through the logging module:
+    that is configured here for the shepherds (warm), in their format."""
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     print(f"{stamp} zygote[{os.getpid()}] {level} {message}", file=sys.stderr, flush=True)
 
@@ -198,6 +199,19 @@ class Zygote:
                 os._exit(code)
 
 
+def warm() -> None:
+    """Do once, here, what every shepherd would otherwise do first on its own copy of this
+    process: each first time writes memory that a child then copies page by page (~80 pages
+    for the logging setup, ~20 for loading the NSS modules of its group lookup)."""
+    shepherd.configure_logging()  # to sys.stderr, which each child points at its shepherd.log
+    for handler in logging.getLogger().handlers:  # a line formatted: the time zone is read on first use
+        handler.format(logging.makeLogRecord({"msg": "warm"}))
+    try:
+        os.getgrouplist("root", 0)
+    except (KeyError, OSError):
+        pass
+
+
 def main() -> int:
     try:
         sock = socket.socket(fileno=os.dup(0))  # the agent's socketpair end came as stdin
@@ -212,6 +226,7 @@ def main() -> int:
     except (OSError, ValueError, IndexError) as exc:
         sock.send(json.dumps({"error": f"zygote: cannot rewrite its command line: {exc}"}).encode())
         return 1
+    warm()
     gc.freeze()  # the imports stay in the permanent generation: children do not copy them to collect
     return Zygote(sock, area).serve()
 
