@@ -16,7 +16,7 @@ from ..core.dependency import parse_dependency
 from ..core.envfilter import submitted_env
 from ..core.jobids import JobRef, job_label, parse_array
 from ..core.jobscript import JobScriptError, parse_submission, split_command_line
-from ..core.model import JobSpec, JobView
+from ..core.model import JobSpec, JobView, held_reason
 from ..core.resources import could_ever_fit
 from ..core.sharing import spec_share
 from ..core.states import FINAL_STATES, JobState, parse_state
@@ -191,7 +191,7 @@ def build_api(ctl: Controller) -> RpcTable:
         if spec.hold and spec.array is None:
             # It cannot start, and its reason is stored with it: a pass would only load the whole
             # queue again (a burst of held submissions woke one per 50 ms, each reading them all).
-            ctl.events.record("waiting", job_id, reason="JobHeldUser")
+            ctl.events.record("waiting", job_id, reason=held_reason(False))
         else:
             ctl.wake()
         return {"job_id": job_id, "parsable": sub.parsable, "wait": sub.wait}  # directives may set them

@@ -117,6 +117,11 @@ class NodeView:
         return tuple(g.index for g in self.gpus if g.index not in self.used_gpus)
 
 
+def held_reason(by_admin: bool) -> str:
+    """A held job's pending reason (Slurm's names)."""
+    return "JobHeldAdmin" if by_admin else "JobHeldUser"
+
+
 @dataclass(frozen=True)
 class JobView:
     """A job as the scheduler sees it (pending or holding resources)."""
@@ -175,7 +180,7 @@ class JobView:
 
     @property
     def hold_reason(self) -> str:
-        return "JobHeldAdmin" if self.held_by_admin else "JobHeldUser"
+        return held_reason(self.held_by_admin)
 
     def ineligible(self, now: float) -> str | None:
         """Why the job may not start at all now, whatever the resources (a pending reason)."""

@@ -24,6 +24,7 @@ reach its loader; nor in the arguments, which every user on the node can read in
 shepherd runs this (not a user command: it needs root, and trusts its arguments as the shepherd
 built them). */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -136,6 +137,27 @@ static int is_dir(const char *path) {
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+/* Without close_range (Linux < 5.9): the fds in [low, high) that are open, as /proc lists them
+   (a loop up to the fd limit would make a million calls where the limit is raised), else that loop. */
+static void close_listed(unsigned int low, unsigned int high) {
+    DIR *dir = opendir("/proc/self/fd");
+    if (dir == NULL) {
+        long max = sysconf(_SC_OPEN_MAX);
+        unsigned int top = high == ~0U ? (unsigned int)(max > 0 ? max : 1 << 20) : high;
+        for (unsigned int fd = low; fd < top; fd++) close((int)fd);
+        return;
+    }
+    int self = dirfd(dir);
+    struct dirent *entry;
+    while ((entry = readdir(dir)) != NULL) {
+        char *end;
+        unsigned long fd = strtoul(entry->d_name, &end, 10);
+        if (end == entry->d_name || *end != '\0' || (long)fd == self) continue;
+        if (fd >= low && (high == ~0U || fd < high)) close((int)fd);
+    }
+    closedir(dir);
+}
+
 static void close_others(const int *keep, int nkeep) {
     /* close_range over the gaps between the fds kept (they are few and sorted below) */
     int sorted[MAX_LIST + 1], n = 0;
@@ -151,14 +173,10 @@ static void close_others(const int *keep, int nkeep) {
         unsigned int high = i < n ? (unsigned int)sorted[i] : ~0U;
         if (i < n && (unsigned int)sorted[i] < low) continue;
         if (high > low) {
-#ifdef SYS_close_range
+#if defined(SYS_close_range) && !defined(HAI_NO_CLOSE_RANGE)
             if (syscall(SYS_close_range, low, high == ~0U ? ~0U : high - 1, 0) != 0)
 #endif
-            {
-                long max = sysconf(_SC_OPEN_MAX);
-                unsigned int top = high == ~0U ? (unsigned int)(max > 0 ? max : 1 << 20) : high;
-                for (unsigned int fd = low; fd < top; fd++) close((int)fd);
-            }
+                close_listed(low, high);
         }
         if (i < n) low = (unsigned int)sorted[i] + 1;
     }

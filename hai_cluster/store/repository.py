@@ -13,7 +13,7 @@ from sqlalchemy import Engine, and_, bindparam, delete, func, insert, or_, selec
 
 from ..core.dependency import Target, evaluate, parse_dependency
 from ..core.jobids import parse_array
-from ..core.model import GpuInfo, JobSpec, JobView, NodeView, Placement, Snapshot
+from ..core.model import GpuInfo, JobSpec, JobView, NodeView, Placement, Snapshot, held_reason
 from ..core.outcome import combine, job_state_after
 from ..core.sharing import share_charge, share_of
 from ..core.states import ACTIVE_STATES, FINAL_STATES, JobState
@@ -120,7 +120,7 @@ class Repository:
         row = dict(
             name=spec.name, user=user, uid=uid, gid=gid, partition=partition,
             # a held job's reason is known now (the pass that would set it is not woken: api.submit)
-            state=JobState.PENDING.value, reason="JobHeldUser" if spec.hold and spec.array is None else "None",
+            state=JobState.PENDING.value, reason=held_reason(False) if spec.hold and spec.array is None else "None",
             priority=spec.priority, submit_time=now,
             nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
             mem_mb=spec.mem_mb, time_limit=spec.time_limit, hold=spec.hold, spec=spec.to_wire(),
@@ -231,7 +231,7 @@ class Repository:
                 return f"Access/permission denied: job {job_id} was held by an administrator"
             c.execute(update(jobs).where(jobs.c.id == job_id).values(
                 hold=hold, hold_admin=hold and admin, version=jobs.c.version + 1,
-                reason=("JobHeldAdmin" if admin else "JobHeldUser") if hold else "None"))
+                reason=held_reason(admin) if hold else "None"))
             return None
 
     def hold_running(self, job_id: int, *, admin: bool) -> bool:
