@@ -117,6 +117,20 @@ def test_idle_cleanup_spares_a_daemon_that_a_run_got_after_the_live_list_was_tak
     assert (shares.mps.dirs(0, 0)[0].parent / "calls").read_text() == "start\nquit\n"
 
 
+def test_quit_returns_once_the_daemon_is_gone(tmp_path):
+    """`quit` is only delivered when the control command returns; a run starting right after
+    must not be handed the dying daemon, so quit waits until it is gone."""
+    tool = tmp_path / "mps-tool"
+    tool.write_text('#!/bin/sh\nif [ "$1" = -d ]; then touch "$CUDA_MPS_PIPE_DIRECTORY/control"; exit; fi\n'
+                    'read cmd; (sleep 0.5; rm -f "$CUDA_MPS_PIPE_DIRECTORY/control") >/dev/null 2>&1 &\n')
+    tool.chmod(0o755)
+    mps = MpsControl(str(tool), str(tmp_path / "mps"))
+    mps.ensure(0, "GPU-a", 0, 0)
+    assert mps.running(0, 0)
+    mps.quit(0, "GPU-a", 0, 0)
+    assert not mps.running(0, 0)  # the tool removed it half a second after it returned
+
+
 def test_a_run_is_in_the_table_while_its_share_is_prepared(tmp_path):
     """The cleanup spares the daemons of the runs in the table, so a run must be there before
     its prepare can get a daemon. A prepare that fails takes the run out again, with its error
