@@ -158,6 +158,11 @@ def drain_round(mode: str, n: int) -> tuple[float, float]:
         c.close()
 
 
+def _modes(rep: int) -> tuple[str, str]:
+    """The two modes in the order of round `rep`: alternating, so that neither always goes first."""
+    return ("fork", "exec") if rep % 2 == 0 else ("exec", "fork")
+
+
 def _ms(x: float) -> str:
     return f"{x * 1000:.0f}"
 
@@ -171,7 +176,7 @@ def section(jobs: int = 40, reps: int = 3, drain_tasks: int = 100) -> str:
                       "(`scripts/benchmarks/shepherd_start.py`).\n"]
     res: dict[str, dict[str, list]] = {m: {"times": [], "cpu": [], "launch": []} for m in ("fork", "exec")}
     for rep in range(reps):
-        for mode in (("fork", "exec") if rep % 2 == 0 else ("exec", "fork")):
+        for mode in _modes(rep):
             times, cpu, launch = round_(mode, jobs, f"{mode}{rep}")
             res[mode]["times"] += times
             res[mode]["cpu"].append(cpu)
@@ -194,7 +199,7 @@ def section(jobs: int = 40, reps: int = 3, drain_tasks: int = 100) -> str:
     if drain_tasks:
         drain: dict[str, list[tuple[float, float]]] = {"fork": [], "exec": []}
         for rep in range(reps):
-            for mode in (("fork", "exec") if rep % 2 == 0 else ("exec", "fork")):
+            for mode in _modes(rep):
                 drain[mode].append(drain_round(mode, drain_tasks))
                 print(f"# {mode} drain {rep}: {drain[mode][-1][0]:.1f} jobs/s, slot held "
                       f"{_ms(drain[mode][-1][1])} ms", file=sys.stderr, flush=True)
