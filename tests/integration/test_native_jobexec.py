@@ -33,29 +33,27 @@ echo to-stderr >&2
 """
 
 
-@pytest.fixture(scope="module")
-def helper():
+def _built(cflags: str):
+    """hai-jobexec built with these flags, in a directory of its own (removed after)."""
     need_root()
     if not shutil.which(os.environ.get("CC") or "cc"):
         pytest.skip("no C compiler")
     d = Path(tempfile.mkdtemp(prefix="hai-jobexec-", dir="/tmp"))
-    proc = build(d, CFLAGS="-O2 -Wall -Wextra -Werror")
+    proc = build(d, CFLAGS=cflags)
     assert proc.returncode == 0, proc.stderr
     yield str(d / "hai-jobexec")
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def helper():
+    yield from _built("-O2 -Wall -Wextra -Werror")
 
 
 @pytest.fixture(scope="module")
 def helper_without_close_range():
     """The helper as built where the kernel headers lack close_range (Linux < 5.9)."""
-    need_root()
-    if not shutil.which(os.environ.get("CC") or "cc"):
-        pytest.skip("no C compiler")
-    d = Path(tempfile.mkdtemp(prefix="hai-jobexec-", dir="/tmp"))
-    proc = build(d, CFLAGS="-O2 -Wall -Wextra -Werror -DHAI_NO_CLOSE_RANGE")
-    assert proc.returncode == 0, proc.stderr
-    yield str(d / "hai-jobexec")
-    shutil.rmtree(d, ignore_errors=True)
+    yield from _built("-O2 -Wall -Wextra -Werror -DHAI_NO_CLOSE_RANGE")
 
 
 @pytest.fixture()
