@@ -1,6 +1,11 @@
-# The helpers install-controller and install-node share (sourced by both, from this checkout).
-# They expect: say and die; R (the --root, "" for /), live (1: this very system), changes (a
-# count that changed() raises), here (the checkout), python, source_path, pip_args.
+# The helpers install-controller and install-node share (sourced by both, from this checkout,
+# before they read their arguments). They expect, by the time they are called: me (the script's
+# name), R (the --root, "" for /), live (1: this very system), changes (a count that changed()
+# raises), here (the checkout), python, source_path, pip_args.
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }  # the script's header
+die() { echo "$me: $*" >&2; exit 1; }
+say() { echo "$me: $*"; }
 
 changed() { changes=$((changes + 1)); say "$*"; }
 
