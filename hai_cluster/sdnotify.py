@@ -18,6 +18,8 @@ import os
 import socket
 from typing import Awaitable, Callable, Mapping, MutableMapping
 
+from . import timeouts
+
 log = logging.getLogger(__name__)
 
 ENV_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
@@ -119,7 +121,7 @@ class Notifier:
     async def _status_loop(self, status: Callable[[], Awaitable[str]], every: float) -> None:
         while True:
             try:
-                self.status(await asyncio.wait_for(status(), timeout=max(every, 1.0)))
+                self.status(await timeouts.wait_for(status(), timeout=max(every, 1.0)))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a status line must never take the daemon down

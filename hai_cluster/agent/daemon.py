@@ -14,6 +14,7 @@ import sys
 import click
 import psutil
 
+from .. import timeouts
 from ..config import AgentConfig, ConfigError, load_agent_config
 from ..sdnotify import Notifier
 from ..transport.rpc import ConnectionLost, RpcConnection
@@ -85,7 +86,7 @@ class Agent:
         delivered = False
         for conn in list(self.connections):
             try:
-                await asyncio.wait_for(conn.push("telemetry", batch), PUSH_TIMEOUT)
+                await timeouts.wait_for(conn.push("telemetry", batch), PUSH_TIMEOUT)
                 delivered = True
             except (ConnectionLost, asyncio.TimeoutError) as exc:
                 log.debug("telemetry not delivered to %s: %s", conn.name, exc)
@@ -113,7 +114,7 @@ class Agent:
         """To every controller connected; whether at least one got it."""
         async def one(conn: RpcConnection) -> bool:
             try:
-                await asyncio.wait_for(conn.push(name, body), PUSH_TIMEOUT)
+                await timeouts.wait_for(conn.push(name, body), PUSH_TIMEOUT)
                 return True
             except (ConnectionLost, asyncio.TimeoutError) as exc:
                 log.warning("could not push %s to %s: %s", name, conn.name, exc)
@@ -134,7 +135,7 @@ class Agent:
             except Exception:  # a broken spool entry must not stop the watch for all the others
                 log.exception("spool poll failed")
             try:  # the next poll: after poll_interval, or as soon as a shepherd exits
-                await asyncio.wait_for(self.runs.exited.wait(), self.cfg.poll_interval)
+                await timeouts.wait_for(self.runs.exited.wait(), self.cfg.poll_interval)
             except asyncio.TimeoutError:
                 pass
             self.runs.exited.clear()

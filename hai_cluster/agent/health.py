@@ -27,6 +27,7 @@ import threading
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+from .. import timeouts
 from ..config import AgentConfig
 from .gpus import inventory
 
@@ -89,7 +90,7 @@ async def run_program(program: str, timeout: float) -> str | None:
     except OSError as exc:
         return f"cannot run health check program {program}: {exc.strerror or exc}"
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+        out, _ = await timeouts.wait_for(proc.communicate(), timeout)
     except asyncio.TimeoutError:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # the program and whatever it started
@@ -181,6 +182,6 @@ class HealthChecker:
             except Exception:
                 log.exception("health check failed to run")
             try:
-                await asyncio.wait_for(self._wake.wait(), self.cfg.health_check_interval)
+                await timeouts.wait_for(self._wake.wait(), self.cfg.health_check_interval)
             except asyncio.TimeoutError:
                 pass

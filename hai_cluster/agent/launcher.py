@@ -12,6 +12,7 @@ import signal
 import time
 from pathlib import Path
 
+from .. import timeouts
 from . import contain, spool
 from .isolation import NodeIsolation
 from .runspec import RunSpec, RunStatus
@@ -54,7 +55,7 @@ async def _read_report(fd: int, timeout: float) -> dict | None:
     transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
                                                 os.fdopen(fd, "rb", buffering=0))
     try:
-        line = await asyncio.wait_for(reader.readline(), timeout)
+        line = await timeouts.wait_for(reader.readline(), timeout)
     finally:
         transport.close()
     if not line:
@@ -94,7 +95,7 @@ async def launch(run_dir: Path, spec: RunSpec, timeout: float,
     finally:
         try:  # an exec'd shepherd's first fork exits at once; reap it (bounded, never hang start_run on it)
             if proc is not None:
-                await asyncio.wait_for(proc.wait(), max(deadline - time.monotonic(), 1.0))
+                await timeouts.wait_for(proc.wait(), max(deadline - time.monotonic(), 1.0))
         except asyncio.TimeoutError:
             pass
     if report is not None and report.get("event") == "started":

@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from .. import timeouts
 from ..core.envfilter import helper_env
 from . import spool
 
@@ -166,7 +167,7 @@ class ShepherdStarter:
         """The next message; `acked`: it may come from a child, which must not go on once we gave up."""
         loop = asyncio.get_running_loop()
         try:
-            data = await asyncio.wait_for(loop.sock_recv(self.sock, 65536), timeout)
+            data = await timeouts.wait_for(loop.sock_recv(self.sock, 65536), timeout)
         except asyncio.TimeoutError:
             data = self._give_up() if acked else None
             if data is None:

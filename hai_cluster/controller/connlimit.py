@@ -9,6 +9,7 @@ import asyncio
 import logging
 from typing import Any
 
+from .. import timeouts
 from ..transport.rpc import RequestError, RpcConnection
 
 log = logging.getLogger("hai.access")
@@ -49,7 +50,7 @@ class ConnectionCounter:
                    f"per user); close some and try again")
         conn = RpcConnection(reader, writer, table=_Refuse(message), name=f"refused client uid={uid} pid={pid}")
         try:
-            await asyncio.wait_for(conn.run(), REFUSED_LINGER)
+            await timeouts.wait_for(conn.run(), REFUSED_LINGER)
         except asyncio.TimeoutError:
             pass
         finally:

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from sqlalchemy.exc import DBAPIError
 
+from .. import timeouts
 from ..config import ControllerConfig
 from ..store.lease import Fenced, FencedEngine, LeaseState, LeaseStore
 from ..transport.rpc import ConnectionLost, RequestError, RpcTable
@@ -95,7 +96,7 @@ class Leader:
                              other.expires_in, self.duration)
                 said = other.holder
             try:
-                await asyncio.wait_for(stop.wait(), poll)
+                await timeouts.wait_for(stop.wait(), poll)
             except asyncio.TimeoutError:
                 pass
         return False

@@ -11,6 +11,7 @@ import logging
 import math
 from typing import Callable
 
+from .. import timeouts
 from .telemetry import TelemetryHub
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ def _response(status: str, body: str, content_type: str = "text/plain; charset=u
 async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, page: Callable[[], str]) -> None:
     try:
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT)
+            head = await timeouts.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ConnectionError):
             writer.write(_response("400 Bad Request", "bad request\n"))
             return

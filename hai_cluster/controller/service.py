@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from sqlalchemy.exc import DBAPIError
 
+from .. import timeouts
 from ..config import ControllerConfig, NodeConfig, SshConfig
 from ..core.dependency import NEVER
 from ..core.states import JobState
@@ -175,7 +176,7 @@ class Controller:
         last_pass = 0.0
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.cfg.tick_seconds)
+                await timeouts.wait_for(self._wake.wait(), timeout=self.cfg.tick_seconds)
             except asyncio.TimeoutError:
                 pass
             gap = min(self.cfg.min_pass_interval, self.cfg.tick_seconds)

@@ -18,6 +18,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable
 
+from .. import timeouts
 from ..protocol import messages
 from ..protocol.codec import FrameDecoder, ProtocolError, encode_frame
 
@@ -103,7 +104,7 @@ class RpcConnection:
         async with self._write_lock:
             try:
                 self._writer.write(frame)
-                await asyncio.wait_for(self._writer.drain(), self._frame_timeout)
+                await timeouts.wait_for(self._writer.drain(), self._frame_timeout)
             except asyncio.TimeoutError:
                 reason = f"peer read nothing for {self._frame_timeout:g} s"
                 log.warning("closing connection to %s: %s", self.name, reason)
@@ -119,7 +120,7 @@ class RpcConnection:
         self._pending[rid] = fut
         try:
             await self._send(messages.request(rid, method, body))
-            return await asyncio.wait_for(fut, timeout)
+            return await timeouts.wait_for(fut, timeout)
         finally:
             self._pending.pop(rid, None)
 
@@ -135,7 +136,7 @@ class RpcConnection:
             while True:
                 timeout = self._read_timeout(frame_started)
                 try:
-                    data = await asyncio.wait_for(self._reader.read(READ_CHUNK), timeout)
+                    data = await timeouts.wait_for(self._reader.read(READ_CHUNK), timeout)
                 except asyncio.TimeoutError:
                     stalled = self._stalled(frame_started)
                     if stalled is None:
