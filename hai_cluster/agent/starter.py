@@ -165,9 +165,8 @@ class ShepherdStarter:
 
     async def _reply(self, timeout: float, what: str, acked: bool) -> dict:
         """The next message; `acked`: it may come from a child, which must not go on once we gave up."""
-        loop = asyncio.get_running_loop()
         try:
-            data = await timeouts.wait_for(loop.sock_recv(self.sock, 65536), timeout)
+            data = await timeouts.wait_for(self._recv(), timeout)
         except asyncio.TimeoutError:
             data = self._give_up() if acked else None
             if data is None:
@@ -185,6 +184,25 @@ class ShepherdStarter:
         if not isinstance(reply, dict):
             raise ZygoteFailed(f"unreadable reply {data[:200]!r}")
         return reply
+
+    async def _recv(self) -> bytes:
+        """The next message, taken off the socket only when this task runs: a timeout that
+        cancels the wait never drops a message already read (loop.sock_recv reads in a callback,
+        and a cancel between that and our turn lost it: a child that had acknowledged then ran
+        beside the shepherd started in its place). _give_up finds such a message queued."""
+        loop = asyncio.get_running_loop()
+        fd = self.sock.fileno()
+        while True:
+            try:
+                return self.sock.recv(65536)
+            except BlockingIOError:
+                pass
+            readable = loop.create_future()
+            loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+            try:
+                await readable
+            finally:
+                loop.remove_reader(fd)
 
     def _give_up(self) -> bytes | None:
         """After a timeout: shut our end, so that no child can acknowledge from now on, then take
