@@ -96,8 +96,9 @@ def test_the_runs_cgroup_holds_its_limits_and_all_its_processes(agent):
             return pid, members, commands, values, cg, ended
 
     pid, members, commands, values, cg, ended = run(body())
-    # the script and its background sleep (the loop's short sleeps come and go)
-    assert pid in members and "sleep 300" in commands, (members, commands)
+    # the script and its background child, forked before "ready" (which may not have exec'd its
+    # sleep yet); the loop's short sleeps come and go
+    assert pid in members and len(members) >= 2, (members, commands)
     assert values["memory"] == str(256 * 1024 * 1024)
     assert values["cpu"] in ("200000", "200000 100000")  # 2 CPUs: v1 quota or v2 "quota period"
     assert values["pids"] == str(PIDS_LIMIT)
