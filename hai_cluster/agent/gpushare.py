@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from dataclasses import replace
 from typing import Iterable
 
@@ -39,11 +38,6 @@ class Shares:
         self.cards = {g.index: g for g in gpus}
         run_dir = cfg.sharing.run_dir or os.path.join(cfg.spool, "mps")
         self.mps = MpsControl(cfg.sharing.mps_control, run_dir)
-        # release_idle decides from a list of live runs taken before it runs. A run prepared in
-        # between may use a daemon that list does not name: the count of prepared runs tells it
-        # (the lock orders a prepare's daemon check against the cleanup's quit).
-        self._lock = threading.Lock()
-        self.prepared = 0
 
     def prepare(self, spec: RunSpec) -> RunSpec:
         """The spec with the share's environment added (unchanged for whole-GPU runs)."""
@@ -64,12 +58,10 @@ class Shares:
                    HAI_GPU_SHARE_COMPUTE=str(share.compute_percent), HAI_GPU_ISOLATION=card.isolation,
                    HAI_GPU_QOS=share.qos)
         if card.isolation == "mps":
-            with self._lock:
-                try:
-                    pipe = self.mps.ensure(card.index, card.uuid, spec.uid, spec.gid)
-                except (MpsError, OSError) as exc:
-                    raise ShareError(str(exc)) from None
-                self.prepared += 1
+            try:
+                pipe = self.mps.ensure(card.index, card.uuid, spec.uid, spec.gid)
+            except (MpsError, OSError) as exc:
+                raise ShareError(str(exc)) from None
             env["CUDA_MPS_PIPE_DIRECTORY"] = str(pipe)
             env["CUDA_MPS_LOG_DIRECTORY"] = str(self.mps.dirs(card.index, spec.uid)[1])
             env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mem}M"  # the job sees one device: ordinal 0
@@ -98,26 +90,29 @@ class Shares:
         except OSError:
             return False
 
+    @property
+    def prepared(self) -> int:
+        """How many sharing runs got their MPS daemon so far (what release_idle is given)."""
+        return self.mps.ensured
+
     def release_idle(self, live: Iterable[RunSpec], prepared_before: int) -> None:
         """Stop the MPS daemons that no live sharing run uses any more. `live` are the specs of
         the agent's unended runs, taken when `prepared` read `prepared_before`; a run registers
-        before it is prepared, so a newer prepare means `live` may miss a user: skip this round
-        (the next run's end tries again)."""
+        before it is prepared, so a newer prepare means `live` may miss a user: then nothing is
+        stopped (MpsControl checks that under the lock of its starts; the next run's end tries
+        again)."""
         wanted = {(s.gpus[0], s.uid) for s in live if s.gpu_share is not None and s.gpus}
         if not self.mps.run_dir.is_dir():
             return
-        with self._lock:
-            if self.prepared != prepared_before:
-                return
-            for entry in self.mps.run_dir.iterdir():
-                name, _, uid = entry.name.partition("-")
-                if not (name.startswith("gpu") and name[3:].isdigit() and uid.isdigit()):
-                    continue
-                card, uid_n = int(name[3:]), int(uid)
-                if (card, uid_n) in wanted or card not in self.cards or not self.mps.running(card, uid_n):
-                    continue
-                try:
-                    st = entry.stat()
-                    self.mps.quit(card, self.cards[card].uuid, uid_n, st.st_gid)
-                except (OSError, MpsError) as exc:
-                    log.warning("MPS daemon on GPU %d for uid %d: %s", card, uid_n, exc)
+        for entry in self.mps.run_dir.iterdir():
+            name, _, uid = entry.name.partition("-")
+            if not (name.startswith("gpu") and name[3:].isdigit() and uid.isdigit()):
+                continue
+            card, uid_n = int(name[3:]), int(uid)
+            if (card, uid_n) in wanted or card not in self.cards or not self.mps.running(card, uid_n):
+                continue
+            try:
+                st = entry.stat()
+                self.mps.quit(card, self.cards[card].uuid, uid_n, st.st_gid, unless_ensured_since=prepared_before)
+            except (OSError, MpsError) as exc:
+                log.warning("MPS daemon on GPU %d for uid %d: %s", card, uid_n, exc)

@@ -31,6 +31,7 @@ class MpsControl:
         # Runs start on the agent's thread pool: two sharing runs of one user starting at once on
         # one card must not both find no daemon and start two (nor one stop what one starts).
         self._lock = threading.Lock()
+        self.ensured = 0  # daemons handed out so far (ensure): what quit's `unless_ensured_since` compares
 
     def dirs(self, card: int, uid: int) -> tuple[Path, Path]:
         base = self.run_dir / f"gpu{card}-{uid}"
@@ -58,18 +59,24 @@ class MpsControl:
         pipe, logs = self.dirs(card, uid)
         with self._lock:
             if self.running(card, uid):
+                self.ensured += 1
                 return pipe
             self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
             for d in (pipe.parent, pipe, logs):
                 d.mkdir(exist_ok=True, mode=0o700)
                 os.chown(d, uid, gid)
             self._call(["-d"], self._env(card_uuid, card, uid), uid, gid, f"start MPS on GPU {card} for uid {uid}")
+            self.ensured += 1
         log.info("MPS control daemon started on GPU %d for uid %d (%s)", card, uid, pipe)
         return pipe
 
-    def quit(self, card: int, card_uuid: str, uid: int, gid: int) -> None:
-        """Ask the card's control daemon for `uid` to shut down (MPS's `quit` command)."""
+    def quit(self, card: int, card_uuid: str, uid: int, gid: int, unless_ensured_since: int | None = None) -> None:
+        """Ask the card's control daemon for `uid` to shut down (MPS's `quit` command); not when
+        a daemon was handed out since `ensured` read `unless_ensured_since` (its user may be a
+        run that the caller's decision did not know of)."""
         with self._lock:
+            if unless_ensured_since is not None and self.ensured != unless_ensured_since:
+                return
             if not self.running(card, uid):
                 return
             self._call([], self._env(card_uuid, card, uid), uid, gid, f"stop MPS on GPU {card} for uid {uid}",
