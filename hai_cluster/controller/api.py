@@ -16,7 +16,7 @@ from ..core.dependency import parse_dependency
 from ..core.envfilter import submitted_env
 from ..core.jobids import JobRef, job_label, parse_array
 from ..core.jobscript import JobScriptError, parse_submission, split_command_line
-from ..core.model import JobSpec, JobView, held_reason
+from ..core.model import JobSpec, JobView
 from ..core.resources import could_ever_fit
 from ..core.sharing import spec_share
 from ..core.states import FINAL_STATES, JobState, parse_state
@@ -188,10 +188,10 @@ def build_api(ctl: Controller) -> RpcTable:
         ctl.events.record("submitted", job_id, user=caller.user, partition=partition, nodes=spec.nodes,
                           gpus_per_node=spec.gpus_per_node, priority=spec.priority, hold=spec.hold or None,
                           array=spec.array, account=account)
-        if spec.hold and spec.array is None:
+        if spec.reason_at_submission is not None:
             # It cannot start, and its reason is stored with it: a pass would only load the whole
             # queue again (a burst of held submissions woke one per 50 ms, each reading them all).
-            ctl.events.record("waiting", job_id, reason=held_reason(False))
+            ctl.events.record("waiting", job_id, reason=spec.reason_at_submission)
         else:
             ctl.wake()
         return {"job_id": job_id, "parsable": sub.parsable, "wait": sub.wait}  # directives may set them

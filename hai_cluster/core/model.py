@@ -56,6 +56,12 @@ class JobSpec:
     gpu_compute: int | None = None  # --gpu-compute, percent
     gpu_qos: str | None = None  # --gpu-qos: guaranteed | burstable | best-effort
 
+    @property
+    def reason_at_submission(self) -> str | None:
+        """A job held as a whole (--hold, no array) waits for that from its submission on, so its
+        reason is stored with it; an array's tasks get theirs from a pass."""
+        return held_reason(False) if self.hold and self.array is None else None
+
     def to_wire(self) -> dict[str, Any]:
         d = asdict(self)
         d["script_args"] = list(self.script_args)

@@ -120,7 +120,7 @@ class Repository:
         row = dict(
             name=spec.name, user=user, uid=uid, gid=gid, partition=partition,
             # a held job's reason is known now (the pass that would set it is not woken: api.submit)
-            state=JobState.PENDING.value, reason=held_reason(False) if spec.hold and spec.array is None else "None",
+            state=JobState.PENDING.value, reason=spec.reason_at_submission or "None",
             priority=spec.priority, submit_time=now,
             nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
             mem_mb=spec.mem_mb, time_limit=spec.time_limit, hold=spec.hold, spec=spec.to_wire(),
