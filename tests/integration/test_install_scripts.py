@@ -1,6 +1,8 @@
 """scripts/install-controller and scripts/install-node, run for real under --root (nothing outside
 the temp root is touched): the files they make, idempotence (a second run changes no byte, no
-mode, no mtime), --add-node scanning a real sshd's host key, and a login with what they made.
+mode, no mtime), --add-node taking host keys only from --host-keys or an explicit
+--scan-host-keys of a real sshd, and a login with what they made, whose key reaches the agent's
+socket and nothing else (no command, shell, pty, TCP forward or other socket).
 
 The package is installed from a wheel built from this checkout, with --no-deps (the tests make no
 network use beyond what building that wheel needs, as scripts/test's own install does)."""
@@ -45,7 +47,7 @@ def wheel(tmp_path_factory):
 
 def run(script: Path, root: Path, wheel: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run([str(script), "--root", str(root), "--source", str(wheel), "--pip-args", "--no-deps",
-                           *args], capture_output=True, text=True, timeout=300)
+                           *args], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     if check and proc.returncode != 0:
         raise AssertionError(f"{script.name} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -70,6 +72,12 @@ def tree(root: Path) -> dict[str, tuple]:
 
 def mode(p: Path) -> int:
     return stat.S_IMODE(p.stat().st_mode)
+
+
+def restricted(pub: str, socket: str = "/run/hai/agent.sock") -> str:
+    """The authorized_keys line install-node writes for the controller's key."""
+    return (f'restrict,port-forwarding,permitopen="[{socket}]:*",'
+            f'command="echo \'hai-cluster: this key only reaches {socket}\' >&2; exit 1" {pub}')
 
 
 def test_install_controller_makes_its_files_and_is_idempotent(wheel, tmp_path):
@@ -139,13 +147,16 @@ def test_install_node_makes_its_files_and_is_idempotent(wheel, tmp_path):
     assert agent["agent"]["name"] == "gpu07"
     assert mode(root / "var/spool/hai") == 0o711
     ak = root / "root/.ssh/authorized_keys"
-    assert ak.read_text().splitlines() == [pub]
+    assert ak.read_text().splitlines() == [restricted(pub)]
     assert mode(ak) == 0o600 and mode(root / "root/.ssh") == 0o700
     wants = root / "etc/systemd/system/multi-user.target.wants/hai-agent.service"
     assert os.readlink(wants) == "/etc/systemd/system/hai-agent.service"
     algo, blob = Path(f"{host_key}.pub").read_text().split()[:2]
     assert f"10.1.2.3 {algo} {blob}" in first.stdout.splitlines()  # the known_hosts line
-    assert "--add-node gpu07 10.1.2.3" in first.stdout
+    assert "--add-node gpu07 10.1.2.3 --host-keys FILE" in first.stdout
+    fingerprint = subprocess.run(["ssh-keygen", "-lf", f"{host_key}.pub"], capture_output=True, text=True,
+                                 check=True).stdout.split()[1]
+    assert f"its fingerprint (what install-controller --scan-host-keys shows): {fingerprint}" in first.stdout
 
     # What sshd really makes of it: the drop-in, read through a copy whose Include points here.
     dropin = root / "etc/ssh/sshd_config.d/00-hai-cluster.conf"
@@ -181,22 +192,33 @@ def test_sshd_without_dropin_directory_gets_a_block_on_top(wheel, tmp_path):
     assert tree(root) == before
 
 
-def test_add_node_scans_host_keys_and_the_controller_can_log_in(wheel, tmp_path):
+def test_add_node_scans_host_keys_only_when_asked_and_the_controller_can_log_in(wheel, tmp_path):
     import asyncssh
 
     ctl_root, node_root = tmp_path / "ctl", tmp_path / "node"
     run(CONTROLLER, ctl_root, wheel)
     sshd = start_sshd(None, "local", tmp_path / "sshd")
     try:
-        out = run(CONTROLLER, ctl_root, wheel, "--add-node", "n1", "127.0.0.1", "--port", str(sshd.port)).stdout
+        # No host key to go by: refused (a scan would trust whoever answers), nothing changed.
+        before = tree(ctl_root)
+        blind = run(CONTROLLER, ctl_root, wheel, "--add-node", "n1", "127.0.0.1", "--port", str(sshd.port),
+                    check=False)
+        assert blind.returncode != 0 and "give --host-keys FILE" in blind.stderr and "--scan-host-keys" in blind.stderr
+        assert tree(ctl_root) == before
+
+        out = run(CONTROLLER, ctl_root, wheel, "--add-node", "n1", "127.0.0.1", "--port", str(sshd.port),
+                  "--scan-host-keys").stdout
         assert "added node n1" in out
+        fingerprint = subprocess.run(["ssh-keygen", "-lf", f"{sshd.host_key}.pub"], capture_output=True, text=True,
+                                     check=True).stdout.split()[1]
+        assert f"  {fingerprint} (ED25519)" in out and "compare them with the fingerprint install-node" in out
         known = (ctl_root / "etc/hai/known_hosts").read_text()
         assert sshd.known_hosts_line() in known
         nodes = tomllib.loads((ctl_root / "etc/hai/controller.toml").read_text())["nodes"]
         assert nodes == [{"name": "n1", "address": "127.0.0.1", "port": sshd.port}]
         before = tree(ctl_root)
         again = run(CONTROLLER, ctl_root, wheel, "--add-node", "n1", "127.0.0.1", "--port", str(sshd.port))
-        assert "nothing to do" in again.stdout
+        assert "nothing to do" in again.stdout  # its key is known now: no flag needed
         assert tree(ctl_root) == before
 
         # install-node authorizes the controller's key; this sshd reads its own authorized_keys.
@@ -224,6 +246,77 @@ def test_add_node_scans_host_keys_and_the_controller_can_log_in(wheel, tmp_path)
         sshd.stop()
 
 
+def test_controller_key_reaches_only_the_agent_socket(wheel, tmp_path):
+    """What install-node authorizes, against the real sshd: the controller's own transport reaches
+    the agent's socket (from agent.toml); a command, a shell, a pty, a TCP forward and any other
+    socket are refused. An earlier, unrestricted line for the key is replaced; others stay."""
+    import asyncssh
+
+    from hai_cluster.config import NodeConfig, SshConfig
+    from hai_cluster.transport.ssh import open_ssh_stream
+
+    root = tmp_path / "node"
+    (root / "etc/hai").mkdir(parents=True)
+    sock, other_sock, marker = tmp_path / "agent.sock", tmp_path / "other.sock", tmp_path / "ran"
+    (root / "etc/hai/agent.toml").write_text(f'[agent]\nname = "n1"\nsocket = "{sock}"\n')
+    ctl_key, admin_key = keygen(tmp_path / "ctl_key"), keygen(tmp_path / "admin_key", comment="admin")
+    ctl_pub, admin_pub = (Path(f"{k}.pub").read_text().strip() for k in (ctl_key, admin_key))
+    ak = root / "root/.ssh/authorized_keys"
+    ak.parent.mkdir(parents=True, mode=0o700)
+    ak.write_text(f"{admin_pub}\n{ctl_pub}\n")  # an install from before the restriction
+    ak.chmod(0o600)
+    out = run(NODE, root, wheel, "--name", "n1", "--no-start", "--controller-key", f"{ctl_key}.pub").stdout
+    assert f"restricted the controller's key in {ak} to the agent socket {sock}" in out
+    assert ak.read_text().splitlines() == [admin_pub, restricted(ctl_pub, str(sock))]
+    assert mode(ak) == 0o600
+    before = tree(root)
+    run(NODE, root, wheel, "--name", "n1", "--no-start", "--controller-key", f"{ctl_key}.pub")
+    assert tree(root) == before
+
+    sshd = start_sshd(None, "local", tmp_path / "sshd")
+    sshd.authorize(ak.read_text())
+    known_hosts = sshd.write_known_hosts(tmp_path / "known_hosts")
+
+    async def echo(reader, writer) -> None:
+        writer.write(b"echo:" + await reader.read(100))
+        await writer.drain()
+        writer.close()
+
+    async def scenario() -> None:
+        servers = [await asyncio.start_unix_server(echo, path=str(sock)),
+                   await asyncio.start_unix_server(echo, path=str(other_sock)),
+                   tcp := await asyncio.start_server(echo, "127.0.0.1", 0)]
+        try:
+            node = NodeConfig(name="n1", address="127.0.0.1", port=sshd.port, agent_socket=str(sock))
+            stream = await open_ssh_stream(node, SshConfig(key=str(ctl_key), known_hosts=str(known_hosts)))
+            stream.writer.write(b"hello")
+            await stream.writer.drain()
+            assert await stream.reader.read(100) == b"echo:hello"
+            await stream.close()
+
+            async with asyncssh.connect("127.0.0.1", port=sshd.port, username="root", client_keys=[str(ctl_key)],
+                                        known_hosts=str(known_hosts), config=[], agent_path=None) as conn:
+                command = await conn.run(f"touch {marker}", check=False)
+                shell = await conn.run(input=f"touch {marker}\nexit 0\n", check=False)
+                for r in (command, shell):
+                    assert r.exit_status == 1 and "this key only reaches" in r.stderr, r
+                with pytest.raises(asyncssh.ChannelOpenError):
+                    await conn.run(f"touch {marker}", term_type="xterm")
+                with pytest.raises(asyncssh.ChannelOpenError):
+                    await conn.open_connection("127.0.0.1", tcp.sockets[0].getsockname()[1])
+                with pytest.raises(asyncssh.ChannelOpenError):
+                    await conn.open_unix_connection(str(other_sock))
+        finally:
+            for server in servers:
+                server.close()
+    try:
+        asyncio.run(scenario())
+        assert not marker.exists()
+        assert "but the request was denied" in sshd.log.read_text()
+    finally:
+        sshd.stop()
+
+
 def test_add_node_from_the_line_install_node_printed(wheel, tmp_path):
     root = tmp_path / "ctl"
     key = keygen(tmp_path / "host_key")
@@ -236,6 +329,10 @@ def test_add_node_from_the_line_install_node_printed(wheel, tmp_path):
         {"name": "gpu07", "address": "10.1.2.3"}]
     missing = run(CONTROLLER, root, wheel, "--add-node", "gpu08", "10.1.2.4", "--host-keys", str(lines), check=False)
     assert missing.returncode != 0 and "no line for 10.1.2.4" in missing.stderr
+    # On another SSH port, the same line (install-node prints the bare address) is stored as [ADDR]:PORT.
+    lines.write_text(f"10.1.2.9 {algo} {blob}\n")
+    run(CONTROLLER, root, wheel, "--add-node", "gpu09", "10.1.2.9", "--port", "2222", "--host-keys", str(lines))
+    assert f"[10.1.2.9]:2222 {algo} {blob}\n" in (root / "etc/hai/known_hosts").read_text()
 
 
 def test_db_commands_for_operators(tmp_path):
