@@ -47,16 +47,8 @@ def _open_dir(directory: str, create: bool) -> tuple[int, str]:
         raise click.ClickException(f"no dev cluster in {directory} (no such directory)") from None
 
 
-def _exists(dir_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        return True
-    except FileNotFoundError:
-        return False
-
-
 def _spawn(argv: list[str], dir_fd: int, log: str) -> tuple[subprocess.Popen, dict]:
-    if _exists(dir_fd, log):  # the previous cluster's log stays, as LOG.1
+    if safefs.exists(dir_fd, log):  # the previous cluster's log stays, as LOG.1
         os.replace(log, f"{log}.1", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     out = safefs.create_file(dir_fd, log)
     try:
@@ -104,7 +96,7 @@ def up(directory: str, nodes: int, gpus_per_node: int, cpus_per_node: int, gpu_b
     dfd, d = _open_dir(directory, create=True)
     procs: dict[str, subprocess.Popen] = {}
     try:
-        if _exists(dfd, CLUSTER):
+        if safefs.exists(dfd, CLUSTER):
             raise click.ClickException(f"a dev cluster is already set up in {d}; run `hai-dev down --dir {d}` first")
         _start(dfd, d, procs, nodes, gpus_per_node, cpus_per_node, gpu_backend, tick, scheduler)
         _wait_up(d, procs, nodes, timeout)
@@ -208,7 +200,7 @@ def down(directory: str, remove: bool) -> None:
             os.unlink(CLUSTER, dir_fd=dfd)
             click.echo(f"stopped the dev cluster in {d}" + (f" ({left})" if left else ""))
         if remove:
-            if not _exists(dfd, "controller.toml"):
+            if not safefs.exists(dfd, "controller.toml"):
                 raise click.ClickException(f"{d} does not look like a hai-dev directory (no controller.toml); "
                                            f"not removed")
             shutil.rmtree(d)  # symlink-safe (fd-based); its ancestors were proven stable

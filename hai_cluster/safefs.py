@@ -1,4 +1,5 @@
-"""Files in directories that other users might reach, for tools that may run as root (hai-dev).
+"""Files in directories that other users might reach, for code that may run as root (hai-dev, the
+agent's MPS directories).
 
 A path is never trusted twice: a directory is opened component by component from `/` with
 O_NOFOLLOW, and everything after that is done relative to its fd, so a symlink or a directory
@@ -21,7 +22,7 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_LIMIT = 1 << 20
 
 
-class UnsafePath(Exception):
+class UnsafePath(OSError):
     """A path that is not safe to use; the message says which and why."""
 
 
@@ -145,8 +146,9 @@ def write_file(dir_fd: int, name: str, data: bytes, mode: int = 0o600, replace: 
     os.close(create_file(dir_fd, name, data, mode, replace))
 
 
-def read_file(dir_fd: int, name: str, path: str, limit: int = READ_LIMIT) -> bytes | None:
-    """The content of a regular file of the caller's, at most `limit` bytes; None if it is missing."""
+def read_file(dir_fd: int, name: str, path: str, limit: int = READ_LIMIT, owner: int | None = None) -> bytes | None:
+    """The content of a regular file of the caller's (or of `owner`), at most `limit` bytes; None
+    if it is missing."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
                      dir_fd=dir_fd)
@@ -158,8 +160,9 @@ def read_file(dir_fd: int, name: str, path: str, limit: int = READ_LIMIT) -> byt
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise UnsafePath(f"{path} is not a regular file")
-        if st.st_uid != os.geteuid():
-            raise UnsafePath(f"{path} is owned by {_owner(st.st_uid)}, not by you")
+        if st.st_uid != (os.geteuid() if owner is None else owner):
+            raise UnsafePath(f"{path} is owned by {_owner(st.st_uid)}, not by "
+                             f"{'you' if owner is None else _owner(owner)}")
         if st.st_size > limit:
             raise UnsafePath(f"{path} is larger than {limit} bytes")
         data = b""
@@ -172,3 +175,53 @@ def read_file(dir_fd: int, name: str, path: str, limit: int = READ_LIMIT) -> byt
         return data
     finally:
         os.close(fd)
+
+
+# ---- root below a directory of its own, in which users own subdirectories (the agent) ------------
+
+def open_dir(dir_fd: int, name: str, path: str) -> int:
+    """`name` in the directory `dir_fd`, a real directory (not a symlink), as an fd."""
+    return _open_dir_at(dir_fd, name, path)
+
+
+def ensure_dir(dir_fd: int, name: str, path: str, *, mode: int, uid: int, gid: int, adopt: int | None = None) -> int:
+    """The directory `name` in `dir_fd` (a directory only the caller writes), made if missing,
+    owned by uid:gid with `mode` (set with fchown/fchmod on its fd); its fd.
+
+    An entry that is not a directory (a symlink, a FIFO, a file) is removed and made again: only
+    whoever could write `dir_fd` put it there. An existing directory owned by someone other than
+    root, the caller, uid or `adopt` (whose it was before) is refused: it is not ours to give."""
+    for _ in range(3):
+        try:
+            os.mkdir(name, mode, dir_fd=dir_fd)
+        except FileExistsError:
+            pass
+        try:
+            fd = _open_dir_at(dir_fd, name, path)
+        except FileNotFoundError:
+            continue  # removed in between: make it again
+        except UnsafePath:
+            os.unlink(name, dir_fd=dir_fd)
+            continue
+        try:
+            st = os.fstat(fd)
+            if st.st_uid not in (0, os.geteuid(), uid, adopt):
+                raise UnsafePath(f"{path} is owned by {_owner(st.st_uid)}, not by {_owner(uid)}")
+            if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (uid, gid):
+                os.fchown(fd, uid, gid)
+            if stat.S_IMODE(st.st_mode) != mode:
+                os.fchmod(fd, mode)
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+    raise UnsafePath(f"{path} keeps changing")
+
+
+def exists(dir_fd: int, name: str) -> bool:
+    """Whether `name` is in `dir_fd`, whatever it is (the link itself, not its target)."""
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False

@@ -112,7 +112,8 @@ class Shares:
             if (card, uid_n) in wanted or card not in self.cards or not self.mps.running(card, uid_n):
                 continue
             try:
-                st = entry.stat()
-                self.mps.quit(card, self.cards[card].uuid, uid_n, st.st_gid, unless_ensured_since=prepared_before)
+                gid = self.mps.owner_gid(card, uid_n)
+                if gid is not None:
+                    self.mps.quit(card, self.cards[card].uuid, uid_n, gid, unless_ensured_since=prepared_before)
             except (OSError, MpsError) as exc:
                 log.warning("MPS daemon on GPU %d for uid %d: %s", card, uid_n, exc)

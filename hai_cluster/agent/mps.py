@@ -1,24 +1,37 @@
 """The one place that calls NVIDIA's MPS control executable (`nvidia-cuda-mps-control`).
 
-One control daemon per (card, user): its pipe and log directories are <run_dir>/gpu<N>-<uid>/,
-owned by the user, and it runs as the user (an MPS server serves one user at a time). The daemon
-creates `control` (and nvidia-cuda-mps-control.pid) in its pipe directory; they tell the agent,
-across its own restarts, whether the daemon runs. The executable's path comes from the agent config ([sharing]
-mps_control), so tests point it at a script that records what it was asked.
+One control daemon per (card, user): its pipe and log directories are <run_dir>/gpu<N>-<uid>/pipe
+and .../log, owned by the user, and it runs as the user (an MPS server serves one user at a time).
+The daemon creates `control` (and nvidia-cuda-mps-control.pid) in its pipe directory; they tell
+the agent, across its own restarts, whether the daemon runs. The executable's path comes from the
+agent config ([sharing] mps_control), so tests point it at a script that records what it was asked.
+
+The user's jobs can write pipe/ and log/, so root never uses a path through them: run_dir and
+gpu<N>-<uid>/ are root's (0755, the user cannot rename or replace what is in them), everything
+below is opened relative to their fds without following links (hai_cluster.safefs), ownership is
+set with fchown on the opened directory, and the pid file is read non-blocking, a regular file of
+the user's only, a few bytes at most.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import stat
 import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
+
+from .. import safefs
+from ..safefs import UnsafePath
 
 log = logging.getLogger(__name__)
 
 TIMEOUT = 30.0
 QUIT_WAIT = 10.0  # seconds a quitting daemon is given to go before a new one may be started
+PIPE, LOG, PID_FILE = "pipe", "log", "nvidia-cuda-mps-control.pid"
 
 
 class MpsError(Exception):
@@ -33,21 +46,83 @@ class MpsControl:
         self._lock = threading.Lock()
         self.ensured = 0  # daemons handed out so far (ensure): what quit's `unless_ensured_since` compares
 
+    def base(self, card: int, uid: int) -> Path:
+        return self.run_dir / f"gpu{card}-{uid}"
+
     def dirs(self, card: int, uid: int) -> tuple[Path, Path]:
-        base = self.run_dir / f"gpu{card}-{uid}"
-        return base / "pipe", base / "log"
+        """The pipe and log directories, as the daemon and the jobs are told them (never opened
+        by path here)."""
+        base = self.base(card, uid)
+        return base / PIPE, base / LOG
+
+    @contextlib.contextmanager
+    def _pipe_fd(self, card: int, uid: int) -> Iterator[int | None]:
+        """The daemon's pipe directory as an fd (None: there is none), through root's directories."""
+        try:
+            run = os.open(self.run_dir, safefs.DIR_FLAGS & ~os.O_NOFOLLOW)  # the operator's path
+        except FileNotFoundError:
+            yield None
+            return
+        fds = [run]
+        base = self.base(card, uid)
+        try:
+            try:
+                fds.append(safefs.open_dir(run, base.name, str(base)))
+                fds.append(safefs.open_dir(fds[-1], PIPE, str(base / PIPE)))
+            except FileNotFoundError:
+                yield None
+                return
+            yield fds[-1]
+        finally:
+            for fd in reversed(fds):
+                os.close(fd)
 
     def running(self, card: int, uid: int) -> bool:
         """The daemon's control pipe exists and, where it left a pid file, that process lives (a
         pipe left behind by a crash or a reboot does not count)."""
-        pipe = self.dirs(card, uid)[0]
-        if not (pipe / "control").exists():
-            return False
         try:
-            pid = int((pipe / "nvidia-cuda-mps-control.pid").read_text().strip())
-        except (OSError, ValueError):
-            return True  # no pid file (older drivers): the pipe is all there is
-        return os.path.exists(f"/proc/{pid}")
+            with self._pipe_fd(card, uid) as pipe:
+                if pipe is None or not safefs.exists(pipe, "control"):
+                    return False
+                text = safefs.read_file(pipe, PID_FILE, f"{self.base(card, uid)}/{PIPE}/{PID_FILE}", limit=32,
+                                        owner=self._owner(uid))
+                if text is None:
+                    return True  # no pid file (older drivers): the pipe is all there is
+                pid = int(text)
+        except (OSError, ValueError) as exc:
+            log.warning("MPS daemon on GPU %d for uid %d: %s; taken as not running", card, uid, exc)
+            return False
+        return pid > 0 and os.path.exists(f"/proc/{pid}")
+
+    @staticmethod
+    def _owner(uid: int) -> int:
+        """Whose files the daemon's are: the user's (when the agent runs as root, it runs as them)."""
+        return uid if os.geteuid() == 0 else os.geteuid()
+
+    def owner_gid(self, card: int, uid: int) -> int | None:
+        """The group the daemon runs with: its pipe directory's (given it by ensure)."""
+        with self._pipe_fd(card, uid) as pipe:
+            return None if pipe is None else os.fstat(pipe).st_gid
+
+    def _make_dirs(self, card: int, uid: int, gid: int) -> None:
+        """run_dir and gpu<N>-<uid>/ root's and 0755, pipe/ and log/ the user's and 0700, all by fd."""
+        self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        run = os.open(self.run_dir, safefs.DIR_FLAGS & ~os.O_NOFOLLOW)
+        fds = [run]
+        base = self.base(card, uid)
+        try:
+            st = os.fstat(run)
+            me = os.geteuid()
+            if st.st_uid != me or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                raise UnsafePath(f"{self.run_dir} must be owned by uid {me} and writable by it alone")
+            # An older agent gave gpu<N>-<uid>/ to the user: it becomes root's (ensure_dir's fchown)
+            # before anything below it is looked at.
+            fds.append(safefs.ensure_dir(run, base.name, str(base), mode=0o755, uid=me, gid=os.getegid(), adopt=uid))
+            for name in (PIPE, LOG):
+                fds.append(safefs.ensure_dir(fds[1], name, f"{base}/{name}", mode=0o700, uid=uid, gid=gid))
+        finally:
+            for fd in reversed(fds):
+                os.close(fd)
 
     def _env(self, card_uuid: str, card: int, uid: int) -> dict[str, str]:
         pipe, logs = self.dirs(card, uid)
@@ -56,15 +131,15 @@ class MpsControl:
 
     def ensure(self, card: int, card_uuid: str, uid: int, gid: int) -> Path:
         """Start the card's control daemon for `uid` unless it runs; returns its pipe directory."""
-        pipe, logs = self.dirs(card, uid)
+        pipe = self.dirs(card, uid)[0]
         with self._lock:
             if self.running(card, uid):
                 self.ensured += 1
                 return pipe
-            self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-            for d in (pipe.parent, pipe, logs):
-                d.mkdir(exist_ok=True, mode=0o700)
-                os.chown(d, uid, gid)
+            try:
+                self._make_dirs(card, uid, gid)
+            except OSError as exc:
+                raise MpsError(f"cannot set up MPS on GPU {card} for uid {uid}: {exc}") from None
             self._call(["-d"], self._env(card_uuid, card, uid), uid, gid, f"start MPS on GPU {card} for uid {uid}")
             self.ensured += 1
         log.info("MPS control daemon started on GPU %d for uid %d (%s)", card, uid, pipe)

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from .harness import TEST_USER, start_local_cluster, user_dir, wait_for
+from .harness import OTHER_USER, TEST_USER, start_local_cluster, user_dir, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
 FAKE_MPS = """#!/bin/sh
 # Records each call (as which uid, for which card, with which arguments and input); with -d it
 # "starts" the daemon by creating the control pipe, and `quit` on standard input removes it.
-calls="$CUDA_MPS_LOG_DIRECTORY/../calls"
+calls="$CUDA_MPS_LOG_DIRECTORY/calls"  # the log dir is the user's
 if [ "$1" = "-d" ]; then
     echo "start uid=$(id -u) card=$CUDA_VISIBLE_DEVICES pipe=$CUDA_MPS_PIPE_DIRECTORY" >> "$calls"
     touch "$CUDA_MPS_PIPE_DIRECTORY/control"
@@ -69,7 +69,7 @@ def test_sharing_jobs_share_one_card_under_mps(cluster):
     assert e["CUDA_VISIBLE_DEVICES"] == "GPU-sim-local1-0" and e["CUDA_MPS_PIPE_DIRECTORY"] == pipe
     assert e["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M" and e["CUDA_MPS_CLIENT_PRIORITY"] == "1"
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in e  # best-effort: idle compute, no cap
-    calls = (mps_dir / "calls").read_text().splitlines()
+    calls = (mps_dir / "log" / "calls").read_text().splitlines()
     assert calls == [f"start uid={uid} card=GPU-sim-local1-0 pipe={pipe}"]  # one daemon for the card
 
     rows = cluster.cli("hqueue", "-h", "-o", "%i %b").stdout.split("\n")
@@ -90,9 +90,9 @@ def test_sharing_jobs_share_one_card_under_mps(cluster):
     flag.touch()
     for j in (quarter, best_effort):
         assert cluster.wait_state(j, "COMPLETED", "FAILED")["state"] == "COMPLETED"
-    wait_for(lambda: len((mps_dir / "calls").read_text().splitlines()) == 2, 30,
+    wait_for(lambda: len((mps_dir / "log" / "calls").read_text().splitlines()) == 2, 30,
              what="the MPS daemon to be told to quit")
-    assert (mps_dir / "calls").read_text().splitlines()[1] == f"quit uid={uid} card=GPU-sim-local1-0"
+    assert (mps_dir / "log" / "calls").read_text().splitlines()[1] == f"quit uid={uid} card=GPU-sim-local1-0"
 
     whole = cluster.submit("--gpus-per-node=1", "--wrap", f"env > {home}/env.$HAI_JOB_ID")
     assert cluster.wait_state(whole, "COMPLETED", "FAILED")["state"] == "COMPLETED"
@@ -165,6 +165,60 @@ def test_sharing_jobs_get_mig_instances_by_uuid():
         flag.touch()
         for j in (quarter, big, third):
             assert c.wait_state(j, "COMPLETED", "FAILED")["state"] == "COMPLETED"
-        assert "CUDA_VISIBLE_DEVICES=MIG-sim-local1-0-1\n" in (home / f"env.{third}").read_text()
+        # The third takes whichever instance freed first (both jobs end together): one by UUID.
+        third_env = (home / f"env.{third}").read_text()
+        assert any(f"CUDA_VISIBLE_DEVICES=MIG-sim-local1-0-{i}\n" in third_env for i in (0, 1)), third_env
     finally:
         c.close()
+
+
+# ---- the MPS directories against a hostile user (issue 18, finding 1) ---------------------------
+
+def _victim() -> Path:
+    """A root-owned directory, the stand-in for /etc: nothing of a job's may ever own or write it."""
+    d = Path(tempfile.mkdtemp(prefix="hai-victim-", dir="/tmp"))
+    os.chmod(d, 0o755)
+    return d
+
+
+def test_a_job_cannot_make_root_chown_a_directory_through_the_mps_dirs(cluster):
+    """Job A swaps its MPS log directory for a symlink to a root-owned directory (or renames it
+    away); job B of the same user then gets the card's daemon. Before the fix, root's chown by
+    path followed the link and gave the directory to the user."""
+    victim = _victim()
+    try:
+        home = user_dir(cluster.workdir, TEST_USER)
+        attack = (f'base=$(dirname "$CUDA_MPS_PIPE_DIRECTORY"); '
+                  f'(rm -rf "$base/log" && ln -s {victim} "$base/log") 2>>{home}/attack.err; '
+                  f'(mv "$base/pipe" "$base/pipe.old" && ln -s {victim} "$base/pipe") 2>>{home}/attack.err; '
+                  f'ls -ld "$base" > {home}/base.txt')
+        a = cluster.submit("--gpus-per-node=0.25", "--wrap", attack)
+        assert cluster.wait_state(a, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+        b = cluster.submit("--gpus-per-node=0.25", f"--dependency=afterany:{a}", "--wrap",
+                           f"touch {victim}/owned 2>/dev/null; echo b-ran > {home}/b.out")
+        assert cluster.wait_state(b, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+        assert (home / "b.out").read_text() == "b-ran\n"
+        st = victim.stat()
+        assert (st.st_uid, st.st_gid) == (0, 0) and list(victim.iterdir()) == []
+        assert "Permission denied" in (home / "attack.err").read_text()  # the user could not swap them
+        assert (home / "base.txt").read_text().split()[2] == "root"
+    finally:
+        shutil.rmtree(victim)
+
+
+def test_a_fifo_or_device_for_the_mps_pid_file_stalls_no_one(cluster):
+    """The pid file is in the user's pipe directory. Made a FIFO (or a symlink to /dev/zero),
+    root's read of it blocked (or never ended) in the idle-daemon cleanup, and every other
+    user's finished jobs stayed RUNNING. Now root reads it non-blocking, as a regular file only."""
+    home = user_dir(cluster.workdir, TEST_USER)
+    for swap in ('mkfifo "$p"', 'ln -s /dev/zero "$p"'):
+        a = cluster.submit("--gpus-per-node=0.25", "--wrap",
+                           f'p="$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"; rm -f "$p"; {swap}')
+        assert cluster.wait_state(a, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+        # another user's jobs, started and ended after A's end ran the cleanup
+        for _ in range(2):
+            c = cluster.submit("--gpus-per-node=1", "--wrap", "true", user=OTHER_USER)
+            assert cluster.wait_state(c, "COMPLETED", "FAILED", timeout=30)["state"] == "COMPLETED"
+    # the owner's next sharing job still gets a daemon (a new one: the broken one is not trusted)
+    b = cluster.submit("--gpus-per-node=0.25", "--wrap", f"echo ok > {home}/after.out")
+    assert cluster.wait_state(b, "COMPLETED", "FAILED")["state"] == "COMPLETED"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import stat
 import time
 
 import pytest
@@ -68,10 +69,51 @@ def test_a_stale_control_pipe_does_not_count(tmp_path):
     assert not mps.running(0, 1000)
     (pipe / "control").touch()
     assert mps.running(0, 1000)  # no pid file: the pipe decides
-    (pipe / "nvidia-cuda-mps-control.pid").write_text("999999999\n")
+    pid_file = pipe / "nvidia-cuda-mps-control.pid"
+    pid_file.write_text("999999999\n")
+    os.chown(pid_file, 1000, 1000)  # the daemon runs as the user
     assert not mps.running(0, 1000)  # that process is gone
-    (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")
+    pid_file.write_text(f"{os.getpid()}\n")
     assert mps.running(0, 1000)
+    os.chown(pid_file, 0, 0)
+    assert not mps.running(0, 1000)  # not the user's: not the daemon's
+
+
+@pytest.mark.parametrize("swap", ["fifo", "symlink"])
+def test_the_pid_file_is_read_without_following_or_blocking(tmp_path, swap):
+    """The pipe directory is the user's: a FIFO there would block root's read forever, a symlink
+    to /dev/zero would never end. Both count as no daemon, at once."""
+    mps = MpsControl("true", str(tmp_path))
+    pipe, _ = mps.dirs(0, 1000)
+    pipe.mkdir(parents=True)
+    (pipe / "control").touch()
+    pid_file = pipe / "nvidia-cuda-mps-control.pid"
+    if swap == "fifo":
+        os.mkfifo(pid_file)
+    else:
+        pid_file.symlink_to("/dev/zero")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        assert pool.submit(mps.running, 0, 1000).result(timeout=5) is False
+
+
+def test_mps_dirs_are_made_by_fd_and_an_old_users_base_becomes_roots(tmp_path):
+    """An older agent left gpu0-1000/ owned by the user, who replaced log/ with a symlink:
+    ensure takes the base back for root, replaces the link with a directory and gives pipe/ and
+    log/ to the user; the symlink's target is untouched."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    mps = MpsControl("true", str(tmp_path / "mps"))  # runs as uid 1000, which cannot reach tmp_path
+    pipe, logs = mps.dirs(0, 1000)
+    pipe.mkdir(parents=True)
+    os.chown(pipe.parent, 1000, 1000)
+    logs.symlink_to(victim)
+    mps.ensure(0, "GPU-a", 1000, 1000)
+    base = os.stat(pipe.parent)
+    assert (base.st_uid, base.st_mode & 0o777) == (0, 0o755)
+    for d in (pipe, logs):
+        st = os.lstat(d)
+        assert stat.S_ISDIR(st.st_mode) and (st.st_uid, st.st_gid, st.st_mode & 0o777) == (1000, 1000, 0o700)
+    assert os.stat(victim).st_uid == 0
 
 
 def test_two_runs_starting_at_once_start_one_mps_daemon(tmp_path):
