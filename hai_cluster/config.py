@@ -183,6 +183,11 @@ class LimitsConfig:
     max_gpus: int = 0  # GPUs held by running jobs (beyond it jobs wait with QuotaLimit)
     max_pending: int = 0  # pending jobs (beyond it submissions are refused)
     max_jobs: int = 0  # pending + running jobs (beyond it submissions are refused)
+    max_pending_bytes: int = 0  # bytes the pending jobs' specs (script, environment) take in the store
+
+
+# [limits] for every user, unless the config says otherwise: one user cannot fill the store.
+USER_LIMIT_DEFAULTS = LimitsConfig(max_pending=10000, max_pending_bytes=256 * 2**20)
 
 
 @dataclass(frozen=True)
@@ -226,6 +231,8 @@ class ControllerConfig:
     default_partition: str = "gpu"
     partition_limits: tuple[PartitionConfig, ...] = ()  # from [[partitions]] tables
     max_array_size: int = 1001  # --array task indices must be below this (Slurm's MaxArraySize)
+    max_script_bytes: int = 4 * 2**20  # a job script (Slurm's max_script_size)
+    max_env_bytes: int = 2**20  # a submission's environment, names and values together
     kill_invalid_depend: bool = False  # cancel a job whose dependency can never be satisfied
     ssh: SshConfig = field(default_factory=SshConfig)
     nodes: tuple[NodeConfig, ...] = ()
@@ -236,7 +243,7 @@ class ControllerConfig:
     def partition(self, name: str) -> PartitionConfig:
         return next((p for p in self.partition_limits if p.name == name), PartitionConfig(name))
     access: AccessConfig = field(default_factory=AccessConfig)
-    user_limits: LimitsConfig = field(default_factory=LimitsConfig)  # [limits]: for every user
+    user_limits: LimitsConfig = USER_LIMIT_DEFAULTS  # [limits]: for every user
     accounts: tuple[AccountConfig, ...] = ()
     fairshare: FairShareConfig = field(default_factory=FairShareConfig)
     # [limits.classes]: most GPUs one user's running jobs of a priority class may hold ((class, GPUs))
@@ -580,6 +587,8 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         default_partition=table_default or c.get("default_partition", str, partitions[0]),
         partition_limits=tables,
         max_array_size=c.get("max_array_size", int, 1001),
+        max_script_bytes=c.get("max_script_bytes", int, 4 * 2**20),
+        max_env_bytes=c.get("max_env_bytes", int, 2**20),
         kill_invalid_depend=c.get("kill_invalid_depend", bool, False),
         log_level=c.get("log_level", str, "INFO"),
         events_max_age_days=c.get("events_max_age_days", float, 30.0),
@@ -606,6 +615,8 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     if cfg.min_pass_interval < 0:
         raise ConfigError(f"{path}: controller.min_pass_interval must be >= 0, got {cfg.min_pass_interval:g}")
     _positive(path, "controller.max_array_size", cfg.max_array_size)
+    _positive(path, "controller.max_script_bytes", cfg.max_script_bytes)
+    _positive(path, "controller.max_env_bytes", cfg.max_env_bytes)
     _positive(path, "controller.node_down_after", cfg.node_down_after)
     _positive(path, "controller.lease_duration", cfg.lease_duration)
     _positive(path, "controller.ping_interval", cfg.ping_interval)
@@ -650,10 +661,12 @@ def _node_partitions(node: str, explicit: tuple[str, ...] | None, partitions: tu
     named = {p.name for p in tables if p.nodes is not None and node in p.nodes}
     known = [p.name for p in tables if p.name in own | named]
     return tuple(known + sorted(own - set(known)))  # unknown names stay, to be reported
-def _limits(sec: _Section) -> LimitsConfig:
-    lim = LimitsConfig(max_gpus=sec.get("max_gpus", int, 0), max_pending=sec.get("max_pending", int, 0),
-                       max_jobs=sec.get("max_jobs", int, 0))
-    for key in ("max_gpus", "max_pending", "max_jobs"):
+def _limits(sec: _Section, d: LimitsConfig = LimitsConfig()) -> LimitsConfig:
+    lim = LimitsConfig(max_gpus=sec.get("max_gpus", int, d.max_gpus),
+                       max_pending=sec.get("max_pending", int, d.max_pending),
+                       max_jobs=sec.get("max_jobs", int, d.max_jobs),
+                       max_pending_bytes=sec.get("max_pending_bytes", int, d.max_pending_bytes))
+    for key in ("max_gpus", "max_pending", "max_jobs", "max_pending_bytes"):
         if getattr(lim, key) < 0:
             raise ConfigError(f"{sec.path}: {sec.where}.{key} must be >= 0 (0: no limit)")
     return lim
@@ -678,7 +691,7 @@ def _tenancy(path: str, doc: _Section):
                 raise ConfigError(f"{path}: access.{key} has an empty entry")
     lim = _Section(path, "limits", doc.get("limits", dict, {}))
     class_limits = _class_limits(path, lim.get("classes", dict, {}))
-    user_limits = _limits(lim)
+    user_limits = _limits(lim, USER_LIMIT_DEFAULTS)
     lim.done()
     accounts = []
     for i, raw in enumerate(doc.get("accounts", list, [])):

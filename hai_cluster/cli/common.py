@@ -8,18 +8,33 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any, NoReturn
 
+from ..core.usertext import printable
 from .client import ClientError, ControllerClient
 
 
 def fail(prog: str, message: str, code: int = 1) -> NoReturn:
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    print(f"{prog}: error: {printable(message)}", file=sys.stderr)
     sys.exit(code)
 
 
+def shown(reply: Any) -> Any:
+    """A reply made safe to print: every string in it one line of printable characters. Names,
+    reasons and messages come from other users and from jobs; a job named with ESC sequences or a
+    newline must not rewrite the terminal of whoever lists it, nor forge a line in its table."""
+    if isinstance(reply, str):
+        return printable(reply)
+    if isinstance(reply, list):
+        return [shown(v) for v in reply]
+    if isinstance(reply, dict):
+        return {shown(k): shown(v) for k, v in reply.items()}
+    return reply
+
+
 def call(prog: str, method: str, body: Any = None) -> Any:
+    """The controller's reply to `method`, made safe to print (shown); failures end the command."""
     client = ControllerClient()
     try:
-        return client.call(method, body)
+        return shown(client.call(method, body))
     except ClientError as exc:
         fail(prog, str(exc))
     finally:

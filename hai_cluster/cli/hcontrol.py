@@ -11,6 +11,7 @@ from ..controller.events import format_line
 from ..core.timefmt import format_duration, format_limit
 from ..core.jobids import ArrayError, job_label, parse_job_ref
 from .client import ClientError, ControllerClient
+from ..core.usertext import printable
 from .common import call, fail
 from .hinfo import node_state
 from .jobfields import elapsed, gres, nodelist
@@ -139,7 +140,7 @@ def _job_action(method: str, job_id: str) -> None:
     finally:
         client.close()
     for e in errors:
-        print(f"hcontrol: error: {e}", file=sys.stderr)
+        print(f"hcontrol: error: {printable(e)}", file=sys.stderr)
     if errors:
         sys.exit(1)
 

@@ -11,7 +11,7 @@ import time
 import click
 
 from .client import ClientError, ControllerClient
-from .common import call, fail, print_table
+from .common import call, fail, print_table, shown
 from .gpuview import (GPU_HEADERS, GPU_RIGHT, JOB_HEADERS, JOB_RIGHT, NODE_HEADERS, NODE_RIGHT, clock, gpu_rows,
                       job_rows, node_rows)
 from .telemetry_fmt import energy, mib, num, pct, sparkline, used_of_share
@@ -52,10 +52,10 @@ def live(interval: float) -> None:
     def view():
         try:
             try:
-                reply = client.call("telemetry", {})
+                reply = shown(client.call("telemetry", {}))
             except ClientError:  # e.g. dropped as idle (a long -i): a read, so ask again at once
                 client.close()
-                reply = client.call("telemetry", {})
+                reply = shown(client.call("telemetry", {}))
         except ClientError as exc:
             client.close()
             return Text(f"hstat: {exc} (retrying)", style="red")

@@ -9,7 +9,7 @@ import asyncio
 import signal as signals
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Mapping
 
 from ..config import PRIORITY_CLASSES
 from ..core.dependency import parse_dependency
@@ -21,8 +21,9 @@ from ..core.resources import could_ever_fit
 from ..core.sharing import spec_share
 from ..core.states import FINAL_STATES, JobState, parse_state
 from ..core.timefmt import format_limit, parse_time_limit
+from ..core.usertext import TextError, checked
 from ..store.events import read_events
-from ..store.repository import LISTING_COLUMNS, required_runtime
+from ..store.repository import LISTING_COLUMNS, required_runtime, spec_size
 from ..transport.rpc import RequestError, RpcTable
 from . import membership
 from .access import Caller, deny, may_act_on
@@ -48,8 +49,18 @@ def _expect(body: Any, key: str, typ: type | tuple, *, required: bool = False, d
     return value
 
 
-def _int_list(body: Any, key: str) -> list[int] | None:
+MAX_LIST = 10_000  # entries of one list in a request (ids, tasks, users, ...): every id costs a lookup
+
+
+def _list(body: Any, key: str) -> list | None:
     values = _expect(body, key, list)
+    if values is not None and len(values) > MAX_LIST:
+        raise RequestError(f"field {key!r} has too many entries ({len(values)}; at most {MAX_LIST} per request)")
+    return values
+
+
+def _int_list(body: Any, key: str) -> list[int] | None:
+    values = _list(body, key)
     if values is not None and not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise RequestError(f"field {key!r} must be a list of job ids")
     return values
@@ -57,7 +68,7 @@ def _int_list(body: Any, key: str) -> list[int] | None:
 
 def _task_list(body: Any) -> list[tuple[int, int]] | None:
     """'tasks': [[array job id, task id], ...] (hcancel 12_4, hqueue -j 12_[1-3])."""
-    values = _expect(body, "tasks", list)
+    values = _list(body, "tasks")
     if values is not None and not all(
             isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
             for v in values):
@@ -66,7 +77,7 @@ def _task_list(body: Any) -> list[tuple[int, int]] | None:
 
 
 def _str_list(body: Any, key: str) -> list[str] | None:
-    values = _expect(body, key, list)
+    values = _list(body, key)
     if values is not None and not all(isinstance(v, str) for v in values):
         raise RequestError(f"field {key!r} must be a list of strings")
     return values
@@ -105,13 +116,14 @@ def build_api(ctl: Controller) -> RpcTable:
     def public(job: dict) -> dict:
         return _public(job, mlfq, time.time())
 
-    async def own_job(body: Any, caller: Caller, action: str) -> dict:
-        """The job (or array task) named in the body, if the caller may `action` it (owner, operator or admin)."""
+    async def own_job(body: Any, caller: Caller, action: str, *, operators: bool = True) -> dict:
+        """The job (or array task) named in the body, if the caller may `action` it (owner or
+        admin, and operators unless `operators` is false)."""
         job_id = await task_job_id(body)
         job = await ctl.db(repo().job, job_id)
         if job is None:
             raise RequestError(f"Invalid job id specified: {job_id}")
-        if not may_act_on(caller, job, operators=True):
+        if not may_act_on(caller, job, operators=operators):
             raise deny(caller, f"{action} of job {job_id} (owned by {job['user']})")
         return job
 
@@ -140,6 +152,9 @@ def build_api(ctl: Controller) -> RpcTable:
         if umask is not None and not 0 <= umask <= 0o777:
             raise RequestError(f"field 'umask' must be between 0 and 0777, got {umask}")
         script_name = _expect(body, "script_name", str)
+        too_big = script_too_big(script, option_args, script_args)
+        if too_big:
+            raise RequestError(too_big)
         try:
             sub = parse_submission(script, option_args, cwd=cwd, env=env, script_args=script_args,
                                    script_name=script_name, now=time.time(),
@@ -147,6 +162,9 @@ def build_api(ctl: Controller) -> RpcTable:
         except (JobScriptError, ValueError) as exc:
             raise RequestError(str(exc)) from None
         spec = replace(sub.spec, umask=umask)
+        too_big = env_too_big(spec.environment)  # what --export keeps of it, as it is stored
+        if too_big:
+            raise RequestError(too_big)
         allowed = PRIORITY_CLASSES.index(ctl.cfg.scheduler.max_user_priority)
         if not caller.admin and PRIORITY_CLASSES.index(spec.priority) < allowed:
             raise deny(caller, f"--priority={spec.priority} is above what users may ask for "
@@ -181,7 +199,7 @@ def build_api(ctl: Controller) -> RpcTable:
             return {"test_only": await would_start(spec, partition, caller)}
         def record() -> int:  # on the store thread: no other submission counts in between
             tasks = len(parse_array(spec.array, None).indices) if spec.array else 1
-            ctl.tenancy.check_submission(repo().engine, caller, account, tasks)
+            ctl.tenancy.check_submission(repo().engine, caller, account, tasks, spec_size(spec.to_wire()))
             return repo().submit(spec, user=caller.user, uid=caller.uid, gid=caller.gid, partition=partition,
                                  now=time.time(), account=account)
         job_id = await ctl.db(record)
@@ -195,6 +213,22 @@ def build_api(ctl: Controller) -> RpcTable:
         else:
             ctl.wake()
         return {"job_id": job_id, "parsable": sub.parsable, "wait": sub.wait}  # directives may set them
+
+    def script_too_big(script: str | None, option_args: list[str], script_args: list[str]) -> str | None:
+        """Why a submission's script is refused for its size, before it is parsed (None: it is not)."""
+        size = sum(len(a.encode()) for a in (script or "", *option_args, *script_args))
+        if size > ctl.cfg.max_script_bytes:
+            return (f"Batch job submission failed: the batch script and its arguments are too large "
+                    f"({size} bytes; at most {ctl.cfg.max_script_bytes}, the controller's max_script_bytes)")
+        return None
+
+    def env_too_big(env: Mapping[str, str]) -> str | None:
+        size = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in env.items())
+        if size > ctl.cfg.max_env_bytes:
+            return (f"Batch job submission failed: the job's environment is too large ({size} bytes in "
+                    f"{len(env)} variables; at most {ctl.cfg.max_env_bytes}, the controller's max_env_bytes; "
+                    f"export fewer with --export)")
+        return None
 
     def split_submission(body) -> dict:
         """hsubmit's arguments -> options, script path, script arguments: the client need not
@@ -286,7 +320,11 @@ def build_api(ctl: Controller) -> RpcTable:
         if job is None:
             raise RequestError(f"Invalid job id specified: {job_id}")
         out = public(job)
-        out["spec"] = {k: v for k, v in job["spec"].items() if k not in ("environment", "script")}
+        # A job's arguments may hold secrets (--api-key=...), as its environment and script may:
+        # its owner and admins see them, nobody else.
+        hidden = ("environment", "script") if may_act_on(caller, job, operators=False) else (
+            "environment", "script", "script_args")
+        out["spec"] = {k: v for k, v in job["spec"].items() if k not in hidden}
         out["runs"] = await ctl.db(repo().runs, job_ids=[job_id])
         return {"now": time.time(), "job": out}
 
@@ -323,16 +361,20 @@ def build_api(ctl: Controller) -> RpcTable:
         errors = []
         found = {j["id"] for j in rows} | {j["array_job_id"] for j in rows}
         found_tasks = {(j["array_job_id"], j["array_task_id"]) for j in rows}
-        missing_refs = [(i, None) for i in sorted(set(ids or ()) - found)]
-        missing_refs += [t for t in sorted(set(tasks or ())) if t not in found_tasks]
-        for job_id, task in missing_refs:
+        missing_ids = sorted(set(ids or ()) - found)
+        missing_tasks = [t for t in sorted(set(tasks or ())) if t not in found_tasks]
+        known_ids, known_tasks = set(), set()
+        if missing_ids or missing_tasks:  # ended, or never were: one query for all of them
+            for j in await ctl.db(repo().jobs, ids=missing_ids or None, tasks=missing_tasks or None,
+                                  columns=["id", "array_job_id", "array_task_id"]):
+                known_ids.update((j["id"], j["array_job_id"]))
+                known_tasks.add((j["array_job_id"], j["array_task_id"]))
+        for job_id, task in [(i, None) for i in missing_ids] + missing_tasks:
             label = str(JobRef(job_id, (task,) if task is not None else None))
-            known = await ctl.db(repo().jobs, ids=[job_id] if task is None else None,
-                                 tasks=[(job_id, task)] if task is not None else None)
-            if not known:
-                errors.append(f"Invalid job id specified: {label}")
-            else:
+            if (job_id in known_ids) if task is None else ((job_id, task) in known_tasks):
                 errors.append(f"Kill job error on job id {label}: Job/step already completing or completed")
+            else:
+                errors.append(f"Invalid job id specified: {label}")
         done, pending = [], []
         for job in rows:
             if not may_act_on(caller, job, operators=False):
@@ -426,6 +468,11 @@ def build_api(ctl: Controller) -> RpcTable:
             raise deny(caller, f"only administrators may set node {name} down")
         if target != "up" and not reason:
             raise RequestError(f"A reason is required to set node {name} {target} (reason=...)")
+        if reason:
+            try:  # every user sees it (hinfo -R, hcontrol show node)
+                checked("the reason", reason, max_len=150)
+            except TextError as exc:
+                raise RequestError(str(exc)) from None
         if not await ctl.db(repo().set_node_state, name, target, reason and f"{reason} [{caller.user}]"):
             raise RequestError(f"Invalid node name specified: {name}")
         ctl.events.record("node_state", None, name, state=target, by=caller.user, reason=reason)
@@ -453,7 +500,7 @@ def build_api(ctl: Controller) -> RpcTable:
     async def update_job(body, caller: Caller):
         """scontrol update JobId=N TimeLimit= Partition= Dependency= (pending jobs; owner or admin;
         a user may only lower the time limit)."""
-        job = await own_job(body, caller, "update")
+        job = await own_job(body, caller, "update", operators=False)
         fields = _expect(body, "fields", dict, required=True)
         if not fields or not all(isinstance(k, str) and isinstance(v, str) for k, v in fields.items()):
             raise RequestError("field 'fields' must map job fields to values")

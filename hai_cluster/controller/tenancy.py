@@ -79,19 +79,24 @@ class Tenancy:
             out[name] = set_live if set_live is not None else (acct.shares if acct else 1)
         return out
 
-    def check_submission(self, engine, caller: Caller, account: str, adding: int = 1) -> None:
+    def check_submission(self, engine, caller: Caller, account: str, adding: int = 1, adding_bytes: int = 0) -> None:
         """Runs on the store thread, right before the insert: the counts cannot move in between.
-        `adding` is how many jobs the submission makes (every task of an array counts)."""
+        `adding` is how many jobs the submission makes (every task of an array counts),
+        `adding_bytes` what its spec takes in the store (an array's once)."""
         over = self._live_overrides(engine)
         user_lim, acct_lim = self._limits("user", caller.user, over), self._limits("account", account, over)
-        if not (user_lim.max_pending or user_lim.max_jobs or acct_lim.max_pending or acct_lim.max_jobs):
+        if not (user_lim.max_pending or user_lim.max_jobs or user_lim.max_pending_bytes
+                or acct_lim.max_pending or acct_lim.max_jobs):
             return
         n = store.job_counts(engine, caller.user, account)
-        for limit, count, what in ((user_lim.max_pending, n["user_pending"], f"user {caller.user}: pending jobs"),
-                                   (user_lim.max_jobs, n["user_jobs"], f"user {caller.user}: jobs"),
-                                   (acct_lim.max_pending, n["account_pending"], f"account {account}: pending jobs"),
-                                   (acct_lim.max_jobs, n["account_jobs"], f"account {account}: jobs")):
-            if limit and count + adding > limit:
+        for limit, count, add, what in (
+                (user_lim.max_pending, n["user_pending"], adding, f"user {caller.user}: pending jobs"),
+                (user_lim.max_jobs, n["user_jobs"], adding, f"user {caller.user}: jobs"),
+                (user_lim.max_pending_bytes, n["user_pending_bytes"], adding_bytes,
+                 f"user {caller.user}: bytes of pending job scripts and environments"),
+                (acct_lim.max_pending, n["account_pending"], adding, f"account {account}: pending jobs"),
+                (acct_lim.max_jobs, n["account_jobs"], adding, f"account {account}: jobs")):
+            if limit and count + add > limit:
                 raise RequestError(f"Job violates accounting/QOS policy (job submit limit, {what} "
                                    f"{count} of at most {limit}); wait for some to end")
 

@@ -21,6 +21,7 @@ from .jobids import DEFAULT_MAX_ARRAY_SIZE, ArrayError, parse_array
 from .model import DEFAULT_GRACE_SECONDS, JobSpec
 from .sharing import QOS_CLASSES, GpuShare
 from .timefmt import parse_datetime, parse_size_mb, parse_time_limit
+from .usertext import MAX_ARG, MAX_NAME, MAX_PATH, TextError, checked
 
 NOT_A_SCRIPT = ("This does not look like a batch script. The first line must start with #! "
                 "followed by the path to an interpreter. For instance: #!/bin/sh")
@@ -193,6 +194,12 @@ def _nonempty(text: str) -> str:
         raise _Bad("must not be empty")
     if any(ord(c) < 32 or ord(c) == 127 for c in text):
         raise _Bad("must not contain control characters")
+    return text
+
+
+def _job_name(text: str) -> str:
+    if len(_nonempty(text)) > MAX_NAME:
+        raise _Bad(f"at most {MAX_NAME} characters")
     return text
 
 
@@ -449,6 +456,10 @@ def _container(values: Mapping[str, Any], origin: Mapping[str, _Given],
         raise JobScriptError(f"{g.where}{g.spelled}: this runtime needs --container-image")
     if image is not None and runtime not in REFERENCE_RUNTIMES:
         image = posixpath.normpath(posixpath.join(workdir, image))
+    elif image is not None and not image.startswith("/") and not IMAGE_REFERENCE.fullmatch(image):
+        g = origin["container_image"]
+        raise JobScriptError(f"{g.where}{g.spelled}: expected an absolute path (a rootfs directory or "
+                             f"tarball) or a local image name such as localhost/torch:2.3, got {image!r}")
     return image, runtime
 
 
@@ -497,6 +508,19 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
     `option_args` the command-line options, `env` the submitter's environment, `cwd` the
     absolute directory hsubmit ran in, `script_name` the script file's name (default name),
     `max_array_size` the bound on --array task indices (None: the controller checks it)."""
+    try:
+        checked("the submit directory", cwd, max_len=MAX_PATH)
+        for i, arg in enumerate(option_args):
+            checked(f"option {i + 1}", arg, max_len=MAX_ARG, line=False)
+        for i, arg in enumerate(script_args):
+            checked(f"script argument {i + 1}", arg, max_len=MAX_ARG, line=False)
+        for key, value in env.items():
+            checked("an environment variable name", key, max_len=MAX_ARG)
+            checked(f"environment variable {key}", value, max_len=MAX_ARG, line=False)
+            if not key or "=" in key:
+                raise TextError(f"invalid environment variable name {key!r}")
+    except TextError as exc:
+        raise JobScriptError(str(exc)) from None
     if not posixpath.isabs(cwd):
         raise JobScriptError(f"the submit directory must be an absolute path, got {cwd!r}")
     cli, _, operand = _scan(option_args)
@@ -549,6 +573,12 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
     else:
         text = script
         default_name = posixpath.basename(script_name or "") or "script"
+        if "name" not in values:  # the file's name is shown to every user: one short line
+            try:
+                checked("the script's file name (the job's name unless -J gives one)", default_name,
+                        max_len=MAX_NAME)
+            except TextError as exc:
+                raise JobScriptError(f"{exc}; give the job a name with -J/--job-name") from None
     checkpoint_dir = values.get("checkpoint_dir")
     if checkpoint_dir is not None:
         checkpoint_dir = posixpath.normpath(posixpath.join(workdir, checkpoint_dir))

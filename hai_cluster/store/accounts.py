@@ -37,16 +37,19 @@ def set_override(engine: Engine, kind: str, name: str, values: Mapping[str, int]
 
 
 def job_counts(engine: Engine, user: str, account: str) -> dict[str, int]:
-    """Pending and open (pending + running) jobs of the user and of the account."""
+    """Pending and open (pending + running) jobs of the user and of the account, and the spec
+    bytes the user's pending jobs hold in the store."""
     with engine.connect() as c:
-        def count(*where) -> tuple[int, int]:
-            rows = dict(c.execute(select(jobs.c.state, func.count()).where(jobs.c.state.in_(OPEN), *where)
-                                  .group_by(jobs.c.state)).all())
-            pending = rows.get(JobState.PENDING.value, 0)
-            return pending, sum(rows.values())
-        up, ut = count(jobs.c.user == user)
-        ap, at = count(_account() == account)
-    return {"user_pending": up, "user_jobs": ut, "account_pending": ap, "account_jobs": at}
+        def count(*where) -> tuple[int, int, int]:
+            rows = {r[0]: r[1:] for r in c.execute(
+                select(jobs.c.state, func.count(), func.sum(func.coalesce(jobs.c.spec_bytes, 0)))
+                .where(jobs.c.state.in_(OPEN), *where).group_by(jobs.c.state))}
+            pending, pending_bytes = rows.get(JobState.PENDING.value, (0, 0))
+            return pending, sum(n for n, _ in rows.values()), int(pending_bytes or 0)
+        up, ut, ub = count(jobs.c.user == user)
+        ap, at, _ = count(_account() == account)
+    return {"user_pending": up, "user_jobs": ut, "user_pending_bytes": ub, "account_pending": ap,
+            "account_jobs": at}
 
 
 def usage_runs(engine: Engine, since: float) -> list[tuple[str, str, int, float, float | None]]:

@@ -1,11 +1,15 @@
 """Engine setup for SQLite (WAL, synchronous writes) and PostgreSQL, and schema migration."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
+
+log = logging.getLogger(__name__)
+
 
 def _migrations_dir() -> Path:
     """Beside the package in a checkout (editable install), else where the wheel put them."""
@@ -16,11 +20,33 @@ def _migrations_dir() -> Path:
     raise RuntimeError("hai-cluster's migrations/ directory is missing from this installation")
 
 
+SQLITE_FILES = ("", "-wal", "-shm", "-journal")
+
+
+def private_sqlite(path: str) -> None:
+    """The SQLite store and its WAL are root's alone (0600): they hold every job's script and
+    environment. SQLite gives the -wal and -shm files the database file's mode, so the file is
+    made 0600 before SQLite opens it, and files an older version left readable are narrowed."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    for suffix in SQLITE_FILES:
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if not suffix else 0)
+        try:
+            fd = os.open(path + suffix, flags, 0o600)
+        except FileNotFoundError:
+            continue
+        try:
+            if os.fstat(fd).st_mode & 0o077:
+                log.warning("%s was readable by others; made 0600", path + suffix)
+                os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[1] if "///" in url else ""
         if path and path != ":memory:":
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            private_sqlite(path)
         engine = create_engine(url, connect_args={"timeout": 30})
 
         @event.listens_for(engine, "connect")

@@ -5,11 +5,12 @@ the version the policy saw, the GPUs are still free), so a stale plan can never 
 """
 from __future__ import annotations
 
+import json
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from sqlalchemy import Engine, and_, bindparam, delete, func, insert, or_, select, update
+from sqlalchemy import Engine, bindparam, delete, func, insert, or_, select, tuple_, update
 
 from ..core.dependency import Target, evaluate, parse_dependency
 from ..core.jobids import parse_array
@@ -29,7 +30,7 @@ SNAPSHOT_COLUMNS = [jobs.c[name] for name in (
     "preemptible", "pending_since", "last_run_end", "time_limit", "runtime", "begin_time", "array_job_id",
     "array_task_limit", "dependency", "name", "account", "gpu_fraction", "gpu_mem_mb", "gpu_compute", "gpu_qos")]
 # What job listings return: everything but the spec (script and environment can be large).
-LISTING_COLUMNS = [c for c in jobs.c if c.name != "spec"]  # reason prefix of nodes the controller itself declared down
+LISTING_COLUMNS = [c for c in jobs.c if c.name not in ("spec", "spec_bytes")]
 
 
 @dataclass(frozen=True)
@@ -62,12 +63,27 @@ def _row(r) -> dict:
     return dict(r._mapping)
 
 
+def spec_size(wire: Mapping[str, Any]) -> int:
+    """The bytes a spec takes in the store (its JSON), as [limits] max_pending_bytes counts them."""
+    return len(json.dumps(wire, separators=(",", ":")).encode())
+
+
+def _full_spec(c, job) -> dict:
+    """A job row's spec: an array task's is its array's (stored once) with the task's own changes."""
+    if job.array_job_id is not None:
+        base = c.execute(st.ARRAY_SPEC_OF, {"p_id": job.array_job_id}).scalar()
+        if base is not None:
+            return {**base, **job.spec}
+    return job.spec
+
+
 def _selected(ids: Sequence[int] | None, tasks: Sequence[tuple[int, int]] | None):
     """Jobs named by id (an array's id names all its tasks) or by (array id, task id)."""
     terms = []
     if ids:
         terms += [jobs.c.id.in_(list(ids)), jobs.c.array_job_id.in_(list(ids))]
-    terms += [and_(jobs.c.array_job_id == a, jobs.c.array_task_id == t) for a, t in tasks or ()]
+    if tasks:  # one row-value IN: an OR per task is an expression too deep for SQLite past ~1000
+        terms.append(tuple_(jobs.c.array_job_id, jobs.c.array_task_id).in_([tuple(t) for t in tasks]))
     return or_(*terms)
 def _shared(ranks) -> tuple[tuple[int, int, int, int], ...]:
     """Per card holding shares: (index, MiB, reserved compute %, ranks), from live sharing ranks."""
@@ -123,23 +139,26 @@ class Repository:
             state=JobState.PENDING.value, reason=spec.reason_at_submission or "None",
             priority=spec.priority, submit_time=now,
             nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
-            mem_mb=spec.mem_mb, time_limit=spec.time_limit, hold=spec.hold, spec=spec.to_wire(),
+            mem_mb=spec.mem_mb, time_limit=spec.time_limit, hold=spec.hold,
             restart_count=0, attempts=0, nodelist="", attained_gpu_seconds=0.0, version=1,
             pending_since=now, preemptible=spec.requeue, hold_admin=False, runtime=required_runtime(spec),
             begin_time=spec.begin_time, dependency=spec.dependency, account=account, gpu_fraction=spec.gpu_fraction,
             gpu_mem_mb=spec.gpu_mem_mb, gpu_compute=spec.gpu_compute, gpu_qos=spec.gpu_qos)
+        wire = spec.to_wire()
+        size = spec_size(wire)
         with self.engine.begin() as c:
             if spec.array is None:
-                return int(c.execute(st.JOB_INSERT, row).inserted_primary_key[0])
+                return int(c.execute(st.JOB_INSERT, {**row, "spec": wire, "spec_bytes": size}).inserted_primary_key[0])
             array = parse_array(spec.array, None)
             first = None
-            for task in array.indices:
+            for task in array.indices:  # the spec once, in array_specs; each task only its own changes
                 job_id = int(c.execute(insert(jobs).values(
-                    **row, array_job_id=first, array_task_id=task,
-                    array_task_limit=array.limit)).inserted_primary_key[0])
+                    **row, spec={}, spec_bytes=size if first is None else 0, array_job_id=first,
+                    array_task_id=task, array_task_limit=array.limit)).inserted_primary_key[0])
                 if first is None:
                     first = job_id
                     c.execute(update(jobs).where(jobs.c.id == first).values(array_job_id=first))
+                    c.execute(st.ARRAY_SPEC_INSERT, {"array_job_id": first, "spec": wire})
             return first
 
     def missing_targets(self, targets: Iterable[tuple[int, int | None]]) -> list[tuple[int, int | None]]:
@@ -250,6 +269,7 @@ class Repository:
                 return f"Invalid job id specified: {job_id}"
             if job.state != JobState.PENDING.value:
                 return f"Job {job_id} is {job.state}; only a pending job can be updated"
+            # An array task's own spec holds only its changes (_full_spec): these few fields.
             c.execute(update(jobs).where(jobs.c.id == job_id).values(
                 **changes, spec={**job.spec, **changes}, version=jobs.c.version + 1))
             return None
@@ -388,8 +408,8 @@ class Repository:
                 gpu_compute=placement.shares[rank][1] if placement.shares else None,
                 mig_uuid=(placement.mig[rank] or None) if placement.mig else None)
                 for rank, (name, gpu_ids) in enumerate(zip(placement.nodes, placement.gpus))])
-            return {**_row(job), "partition": partition, "attempt": attempt, "run_id": run_id,
-                    "gpu_mig": list(placement.mig)}
+            return {**_row(job), "spec": _full_spec(c, job), "partition": partition, "attempt": attempt,
+                    "run_id": run_id, "gpu_mig": list(placement.mig)}
 
     @staticmethod
     def _share_charge(c, job, placement: Placement) -> float:
@@ -491,7 +511,7 @@ class Repository:
         c.execute(*st.update_by_id(runs, run.id, dict(
             state=outcome.state.value, end_time=end, exit_code=outcome.exit_code,
             exit_signal=outcome.signal, reason=why)))
-        spec = JobSpec.from_wire(job.spec)
+        spec = JobSpec.from_wire(_full_spec(c, job))
         new_state = job_state_after(outcome.state, spec.requeue)
         gpu_seconds = max(0.0, end - run.start_time) * (run.gpu_charge or run.gpus)
         values: dict[str, Any] = dict(
@@ -593,7 +613,7 @@ class Repository:
     def job(self, job_id: int) -> dict | None:
         with self.engine.connect() as c:
             r = c.execute(st.JOB_BY_ID, {"p_id": job_id}).first()
-            return _with_shares(c, [_row(r)])[0] if r else None
+            return _with_shares(c, [{**_row(r), "spec": _full_spec(c, r)}])[0] if r else None
 
     def runs(self, *, job_ids: Sequence[int] | None = None, users: Sequence[str] | None = None,
              tasks: Sequence[tuple[int, int]] | None = None) -> list[dict]:

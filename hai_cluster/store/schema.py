@@ -60,6 +60,18 @@ jobs = Table(
     Column("gpu_compute", Integer),
     Column("gpu_qos", String(16)),
     Index("ix_jobs_state", "state"),
+    # 0013: bytes of the spec this row stores (an array's once, on its first task): what a user's
+    # pending jobs hold in the store is bounded by it ([limits] max_pending_bytes)
+    Column("spec_bytes", Integer),
+    Index("ix_jobs_user_state", "user", "state"),
+)
+
+# 0013: an array's spec, stored once for all its tasks. A task's own `spec` holds only what was
+# changed for it alone (hcontrol update); the task's spec is this one with those on top.
+array_specs = Table(
+    "array_specs", metadata,
+    Column("array_job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("spec", JSON, nullable=False),
 )
 
 # One row per attempt of a job (sacct shows a requeued job the same way).

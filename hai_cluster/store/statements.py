@@ -10,10 +10,12 @@ from typing import Any, Mapping
 
 from sqlalchemy import Table, bindparam, select, update
 
-from .schema import jobs, nodes, run_ranks, runs
+from .schema import array_specs, jobs, nodes, run_ranks, runs
 
 JOB_INSERT, RUN_INSERT, RANK_INSERT = jobs.insert(), runs.insert(), run_ranks.insert()
 JOB_BY_ID = select(jobs).where(jobs.c.id == bindparam("p_id"))
+ARRAY_SPEC_INSERT = array_specs.insert()
+ARRAY_SPEC_OF = select(array_specs.c.spec).where(array_specs.c.array_job_id == bindparam("p_id"))
 RUN_OF_ATTEMPT = select(runs).where(runs.c.job_id == bindparam("p_job"), runs.c.attempt == bindparam("p_attempt"))
 RUN_ID_OF_ATTEMPT = select(runs.c.id).where(runs.c.job_id == bindparam("p_job"),
                                             runs.c.attempt == bindparam("p_attempt"))

@@ -1,10 +1,13 @@
 """Arrays and dependencies in the store, on both databases: an array is submitted in one
 transaction, and the snapshot carries each pending job's dependency verdict."""
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, func, select
 
 from hai_cluster.core.dependency import NEVER, WAITING
 from hai_cluster.core.model import JobSpec, Placement
+from hai_cluster.store.engine import downgrade, upgrade
+from hai_cluster.store.repository import spec_size
+from hai_cluster.store.schema import jobs
 
 from .test_store import engine, repo  # noqa: F401  (fixtures on SQLite and PostgreSQL)
 
@@ -42,6 +45,39 @@ def test_array_submission_is_one_transaction(repo, engine):
         event.remove(engine, "before_cursor_execute", fail_on_third_task)
     assert len(inserts) == 3
     assert repo.jobs() == []
+
+
+def test_an_arrays_spec_is_stored_once(repo, engine):
+    """A 256 KiB script with --array=0-1000 used to be copied into every task (252 MB); the spec
+    is stored once, each task reads it back whole, and a task's own update stays its own."""
+    big = "#!/bin/sh\n" + "# padding\n" * 26_000
+    array = JobSpec(script=big, workdir="/tmp", array="0-1000", time_limit=600)
+    array_id = repo.submit(array, user="u", uid=1, gid=1, partition="gpu", now=1.0)
+    with engine.connect() as c:
+        in_tasks = sum(len(str(s)) for s in c.execute(select(jobs.c.spec)).scalars())
+        bytes_counted = c.execute(select(func.sum(jobs.c.spec_bytes))).scalar()
+    assert in_tasks < 10_000  # the tasks hold "{}" each
+    assert bytes_counted == spec_size(array.to_wire())  # one copy, counted once
+    tasks = repo.jobs(ids=[array_id])
+    assert len(tasks) == 1001
+    last = tasks[-1]["id"]
+    assert repo.job(last)["spec"]["script"] == big and repo.job(array_id)["spec"]["time_limit"] == 600
+    assert repo.update_pending(last, {"time_limit": 60}) is None
+    assert repo.job(last)["spec"]["time_limit"] == 60 and repo.job(last)["spec"]["script"] == big
+    assert repo.job(array_id)["spec"]["time_limit"] == 600  # the others keep the array's
+    started = repo.start_run(last, Placement(("a",), ((0,),)), now=2.0)
+    assert started["spec"]["script"] == big and started["spec"]["time_limit"] == 60
+
+
+def test_going_down_from_0013_gives_every_task_its_full_spec(repo, engine):
+    array_id = submit(repo, array="0-2")
+    repo.update_pending(array_id + 2, {"time_limit": 60})
+    downgrade(engine, "0012")
+    with engine.connect() as c:
+        specs = dict(c.execute(select(jobs.c.id, jobs.c.spec)).all())
+    assert [specs[array_id + i]["script"] for i in range(3)] == ["#!/bin/sh\ntrue\n"] * 3
+    assert specs[array_id + 2]["time_limit"] == 60 and specs[array_id]["time_limit"] is None
+    upgrade(engine)
 
 
 def verdicts(repo):

@@ -1,0 +1,26 @@
+"""Strings from users: checked at the API boundary (core.usertext), printed as one safe line (cli.common.shown)."""
+import pytest
+
+from hai_cluster.cli.common import shown
+from hai_cluster.core.usertext import TextError, checked, printable
+
+
+def test_checked_refuses_nul_control_characters_and_length():
+    assert checked("x", "fine name", max_len=20) == "fine name"
+    with pytest.raises(TextError, match="x contains a NUL character"):
+        checked("x", "a\0b", max_len=20, line=False)
+    with pytest.raises(TextError, match=r"contains control characters \(a\\x1b\[2J\)"):
+        checked("x", "a\x1b[2J", max_len=20)
+    assert checked("x", "two\nlines", max_len=20, line=False) == "two\nlines"  # an argument may
+    with pytest.raises(TextError, match="too long"):
+        checked("x", "y" * 21, max_len=20)
+
+
+def test_replies_are_printed_as_one_line_of_visible_text():
+    forged = {"jobs": [{"name": "x\n999 gpu FAKE root R", "reason": "\x1b]0;title\x07", "id": 3,
+                        "rtl": "abc\u202edef", "ok": "naïve ✓"}]}
+    out = shown(forged)["jobs"][0]
+    assert out["name"] == "x\\n999 gpu FAKE root R" and out["reason"] == "\\x1b]0;title\\x07"
+    assert out["rtl"] == "abc\\u202edef" and out["ok"] == "naïve ✓" and out["id"] == 3
+    assert all(v.isprintable() for v in out.values() if isinstance(v, str))
+    assert printable("plain") == "plain"
