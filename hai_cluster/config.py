@@ -175,6 +175,13 @@ class AccessConfig:
     # a client that sends nothing with nothing in flight for idle_timeout is dropped. 0 = off.
     client_frame_timeout: float = 30.0
     client_idle_timeout: float = 300.0
+    # transport/rpc.py, the cost of one uid's requests: the largest frame (a submission: script and
+    # environment), requests handled at once per connection and per uid, and bytes of frames being
+    # decoded or handled per uid. A client at a limit is read no further until a request completes.
+    max_request_bytes: int = 8 * 1024 * 1024
+    max_requests_in_flight: int = 16
+    max_requests_in_flight_per_uid: int = 32
+    max_request_bytes_per_uid: int = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -617,6 +624,10 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     _positive(path, "controller.max_array_size", cfg.max_array_size)
     _positive(path, "controller.max_script_bytes", cfg.max_script_bytes)
     _positive(path, "controller.max_env_bytes", cfg.max_env_bytes)
+    if cfg.max_script_bytes + cfg.max_env_bytes + 64 * 1024 > cfg.access.max_request_bytes:  # + options, argv
+        raise ConfigError(f"{path}: access.max_request_bytes ({cfg.access.max_request_bytes}) is too small for a "
+                          f"submission at controller.max_script_bytes + max_env_bytes "
+                          f"({cfg.max_script_bytes + cfg.max_env_bytes}) and 64 KiB more")
     _positive(path, "controller.node_down_after", cfg.node_down_after)
     _positive(path, "controller.lease_duration", cfg.lease_duration)
     _positive(path, "controller.ping_interval", cfg.ping_interval)
@@ -678,10 +689,23 @@ def _tenancy(path: str, doc: _Section):
     access = AccessConfig(admins=a.strings("admins", ("root",)), operators=a.strings("operators", ()),
                           max_connections_per_uid=a.get("max_connections_per_uid", int, 64),
                           client_frame_timeout=a.get("client_frame_timeout", float, 30.0),
-                          client_idle_timeout=a.get("client_idle_timeout", float, 300.0))
+                          client_idle_timeout=a.get("client_idle_timeout", float, 300.0),
+                          max_request_bytes=a.get("max_request_bytes", int, 8 * 1024 * 1024),
+                          max_requests_in_flight=a.get("max_requests_in_flight", int, 16),
+                          max_requests_in_flight_per_uid=a.get("max_requests_in_flight_per_uid", int, 32),
+                          max_request_bytes_per_uid=a.get("max_request_bytes_per_uid", int, 16 * 1024 * 1024))
     a.done()
-    if access.max_connections_per_uid < 0:
-        raise ConfigError(f"{path}: access.max_connections_per_uid must be >= 0 (0: no cap)")
+    for key in ("max_connections_per_uid", "max_requests_in_flight", "max_requests_in_flight_per_uid"):
+        if getattr(access, key) < 0:
+            raise ConfigError(f"{path}: access.{key} must be >= 0 (0: no cap)")
+    if not 1024 <= access.max_request_bytes < 1 << 32:
+        raise ConfigError(f"{path}: access.max_request_bytes must be from 1024 to 4294967295 (bytes), "
+                          f"got {access.max_request_bytes}")
+    if 0 < access.max_request_bytes_per_uid < access.max_request_bytes:
+        raise ConfigError(f"{path}: access.max_request_bytes_per_uid ({access.max_request_bytes_per_uid}) must be "
+                          f"at least max_request_bytes ({access.max_request_bytes}), or 0 (no cap)")
+    if access.max_request_bytes_per_uid < 0:
+        raise ConfigError(f"{path}: access.max_request_bytes_per_uid must be >= 0 (0: no cap)")
     for key in ("client_frame_timeout", "client_idle_timeout"):
         if getattr(access, key) < 0:
             raise ConfigError(f"{path}: access.{key} must be >= 0 (0: off), got {getattr(access, key):g}")

@@ -18,7 +18,8 @@ from ..config import ConfigError, ControllerConfig, load_controller_config
 from ..core.states import JobState
 from ..sdnotify import Notifier
 from ..store.lease import StoreInUse
-from ..transport.rpc import RpcConnection
+from ..protocol.codec import client_limits
+from ..transport.rpc import RpcConnection, Shares
 from ..transport.unix import SocketInUse, bind_socket, close_server, peer_credentials
 from .access import caller_from_creds
 from .api import build_api
@@ -80,17 +81,25 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
     connections: set[RpcConnection] = set()
 
     counter = ConnectionCounter(cfg.access.max_connections_per_uid)
+    limits = client_limits(cfg.access.max_request_bytes)
+    shares = Shares(cfg.access.max_requests_in_flight_per_uid, cfg.access.max_request_bytes_per_uid)
 
     async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         pid, uid, gid = peer_credentials(writer)
+        share = shares.open(uid) if uid != 0 else None  # one uid's requests and bytes, over its connections
         if not counter.admit(uid):
-            await counter.refuse(reader, writer, uid, pid)
+            try:
+                await counter.refuse(reader, writer, uid, pid, limits=limits, share=share)
+            finally:
+                if share is not None:
+                    shares.close(uid)
             return
         try:
             caller = caller_from_creds(pid, uid, gid, cfg.access)
             conn = RpcConnection(reader, writer, table=api, context=caller, name=f"client uid={uid} pid={pid}",
                                  frame_timeout=cfg.access.client_frame_timeout,
-                                 idle_timeout=cfg.access.client_idle_timeout)
+                                 idle_timeout=cfg.access.client_idle_timeout, limits=limits,
+                                 max_in_flight=cfg.access.max_requests_in_flight, share=share)
             connections.add(conn)
             try:
                 await conn.run()
@@ -98,6 +107,8 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
                 connections.discard(conn)
         finally:
             counter.release(uid)
+            if share is not None:
+                shares.close(uid)
 
     server = await asyncio.start_unix_server(on_client, sock=sock)
     log.info("controller listening on %s, %d node(s), store %s", cfg.socket, len(cfg.nodes),

@@ -9,10 +9,17 @@ a frame may take from its first byte to its last (a peer that sends half a frame
 how long one frame may wait to be written (a peer that stops reading); `idle_timeout` closes a
 connection that sent nothing and has nothing in flight for that long. A peer that keeps calling
 (the controller's pings to agents, hstat's polls) is never idle.
+
+Every request has a bounded cost: frames are checked and decoded as they arrive, within `limits`
+(protocol/codec.py); at most `max_in_flight` requests per connection are handled at once, and a
+`Share` bounds one peer's requests and frame bytes across its connections (the controller: per
+uid). A connection at a limit is simply not read until a request completes (backpressure, not an
+error): a peer that pipelines thousands of requests waits for its own answers, not others.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import time
@@ -20,7 +27,7 @@ from typing import Any, Awaitable, Callable
 
 from .. import timeouts
 from ..protocol import messages
-from ..protocol.codec import FrameDecoder, ProtocolError, encode_frame
+from ..protocol.codec import LINK_LIMITS, FrameDecoder, Limits, ProtocolError, encode_frame
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +75,86 @@ class RpcTable:
         return await handler(body, context)
 
 
+class ByteBudget:
+    """Bytes of frames a peer may have being decoded or handled at once; waiters go in turn."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._waiters: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
+
+    def fits(self, n: int) -> bool:
+        """Whether take(n) would not wait."""
+        return not self._waiters and self.used + min(n, self.limit) <= self.limit
+
+    async def take(self, n: int) -> int:
+        """Wait for room for `n` bytes; returns what was charged (give it back)."""
+        n = min(n, self.limit)  # a frame over the whole budget waits for all of it, not forever
+        if self.fits(n):
+            self.used += n
+            return n
+        entry = (n, asyncio.get_running_loop().create_future())
+        self._waiters.append(entry)
+        try:
+            await entry[1]
+        except asyncio.CancelledError:
+            if entry[1].done() and not entry[1].cancelled():
+                self.give(n)  # granted as we were cancelled
+            else:
+                self._waiters.remove(entry)
+                self._wake()
+            raise
+        return n
+
+    def give(self, n: int) -> None:
+        self.used -= n
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self.used + self._waiters[0][0] <= self.limit:
+            n, fut = self._waiters.popleft()
+            self.used += n
+            fut.set_result(None)
+
+
+class Share:
+    """What one peer may have under way across all its connections: requests being handled, and
+    bytes of frames being decoded or handled. None: no such limit."""
+
+    def __init__(self, requests: int | None, nbytes: int | None) -> None:
+        self.requests = asyncio.Semaphore(requests) if requests else None
+        self.budget = ByteBudget(nbytes) if nbytes else None
+        self.connections = 0
+
+
+class Shares:
+    """One Share per key (the controller: per uid), kept while the key has a connection open."""
+
+    def __init__(self, requests: int | None, nbytes: int | None) -> None:
+        self._requests, self._nbytes = requests, nbytes
+        self._shares: dict[Any, Share] = {}
+
+    def open(self, key: Any) -> Share:
+        share = self._shares.get(key)
+        if share is None:
+            share = self._shares[key] = Share(self._requests, self._nbytes)
+        share.connections += 1
+        return share
+
+    def close(self, key: Any) -> None:
+        share = self._shares[key]
+        share.connections -= 1
+        if not share.connections:
+            del self._shares[key]
+
+
 class RpcConnection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
                  table: RpcTable | None = None, context: Any = None,
                  on_event: Callable[[str, Any], Awaitable[None]] | None = None,
                  name: str = "peer", frame_timeout: float | None = None,
-                 idle_timeout: float | None = None) -> None:
+                 idle_timeout: float | None = None, limits: Limits = LINK_LIMITS,
+                 max_in_flight: int | None = None, share: Share | None = None) -> None:
         self._reader = reader
         self._writer = writer
         self._table = table
@@ -89,6 +170,10 @@ class RpcConnection:
         self._frame_timeout = frame_timeout or None  # 0: off
         self._idle_timeout = idle_timeout or None
         self._last_activity = time.monotonic()  # a frame received or a request answered
+        self._limits = limits
+        self._slots = asyncio.Semaphore(max_in_flight) if max_in_flight else None
+        self._share = share
+        self._budget = share.budget if share is not None else None
 
     @property
     def closed(self) -> bool:
@@ -108,7 +193,7 @@ class RpcConnection:
             except asyncio.TimeoutError:
                 reason = f"peer read nothing for {self._frame_timeout:g} s"
                 log.warning("closing connection to %s: %s", self.name, reason)
-                self._shutdown(reason)
+                self._shutdown(reason, abort=True)
                 raise ConnectionLost(f"connection to {self.name} lost: {reason}") from None
             except (ConnectionError, OSError, RuntimeError) as exc:
                 self._shutdown(f"write failed: {exc}")
@@ -129,8 +214,10 @@ class RpcConnection:
 
     async def run(self) -> None:
         """Read and dispatch until the peer closes or breaks the protocol."""
-        decoder = FrameDecoder()
+        decoder = FrameDecoder(self._limits, gated=self._budget is not None)
+        charges: collections.deque[int] = collections.deque()  # budget taken per frame admitted, oldest first
         reason = "closed by peer"
+        abort = False  # a peer that broke the rules gets no flush of what is left to write
         frame_started: float | None = None  # when the first byte of a frame not yet complete came
         try:
             while True:
@@ -141,25 +228,35 @@ class RpcConnection:
                     stalled = self._stalled(frame_started)
                     if stalled is None:
                         continue  # busy answering, or a deadline moved: look again
-                    reason = stalled
+                    reason, abort = stalled, True
                     log.warning("closing connection to %s: %s", self.name, reason)
                     break
-                if not data:
-                    if decoder.pending_bytes:
+                if not data or self.closed:
+                    if not data and decoder.pending_bytes:
                         reason = "truncated frame at end of stream"
                     break
-                frames = decoder.feed(data)
+                frames, got, waited = decoder.feed(data), False, False
+                while True:
+                    for raw in frames:
+                        if self.closed:
+                            break
+                        msg = messages.parse_message(raw)
+                        got = True
+                        waited |= await self._accept(msg, charges.popleft() if self._budget else 0)
+                    if decoder.waiting is None or self.closed:
+                        break
+                    waited |= not self._budget.fits(decoder.waiting)
+                    charges.append(await self._budget.take(decoder.waiting))  # not read meanwhile
+                    frames = decoder.admit()
                 now = time.monotonic()
-                if frames:
+                if got or waited:
                     self._last_activity = now
                 if not decoder.pending_bytes:
                     frame_started = None
-                elif frames or frame_started is None:
-                    frame_started = now  # a new frame began in this chunk
-                for raw in frames:
-                    self._handle(messages.parse_message(raw))
+                elif got or waited or frame_started is None:
+                    frame_started = now  # a new frame began in this chunk, or we kept the peer waiting
         except ProtocolError as exc:
-            reason = f"protocol error: {exc}"
+            reason, abort = f"protocol error: {exc}", True
             log.warning("closing connection to %s: %s", self.name, reason)
         except (ConnectionError, OSError) as exc:
             reason = f"connection error: {exc}"
@@ -167,7 +264,42 @@ class RpcConnection:
             reason = "cancelled"
             raise
         finally:
-            self._shutdown(reason)
+            if charges:
+                self._budget.give(sum(charges))  # frames begun and never completed
+            self._shutdown(reason, abort=abort)
+
+    async def _accept(self, msg: messages.Message, charge: int) -> bool:
+        """Start on a message; a request waits for its slots (this connection's, then the
+        share's). Whether it had to wait."""
+        if not isinstance(msg, messages.Request):
+            self._give(charge)
+            self._handle(msg)
+            return False
+        waited, taken = False, []
+        try:
+            for slots in (self._slots, self._share.requests if self._share else None):
+                if slots is not None:
+                    waited |= slots.locked()
+                    await slots.acquire()
+                    taken.append(slots)
+        except BaseException:
+            self._release(taken, charge)
+            raise
+        if self.closed:  # closed while it waited: nobody to answer
+            self._release(taken, charge)
+            return waited
+        task = self._spawn(self._serve(msg))
+        task.add_done_callback(lambda _: self._release(taken, charge))  # runs even if cancelled unstarted
+        return waited
+
+    def _release(self, taken: list[asyncio.Semaphore], charge: int) -> None:
+        for slots in taken:
+            slots.release()
+        self._give(charge)
+
+    def _give(self, charge: int) -> None:
+        if charge:
+            self._budget.give(charge)
 
     def _busy(self) -> bool:
         return bool(self._tasks or self._pending)
@@ -197,6 +329,7 @@ class RpcConnection:
         return None
 
     def _handle(self, msg: messages.Message) -> None:
+        """A response or an event (requests go through _accept)."""
         if isinstance(msg, messages.Response):
             fut = self._pending.get(msg.id)
             if fut is not None and not fut.done():
@@ -204,15 +337,14 @@ class RpcConnection:
                     fut.set_result(msg.body)
                 else:
                     fut.set_exception(RpcError(msg.error))
-        elif isinstance(msg, messages.Request):
-            self._spawn(self._serve(msg))
         elif isinstance(msg, messages.Event) and self._on_event is not None:
             self._spawn(self._event(msg))
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
+    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
@@ -243,7 +375,7 @@ class RpcConnection:
         except ProtocolError as exc:  # reply too large to frame
             await self._send(messages.error_response(req.id, str(exc)))
 
-    def _shutdown(self, reason: str) -> None:
+    def _shutdown(self, reason: str, *, abort: bool = False) -> None:
         if self._closed.is_set():
             return
         self.close_reason = reason
@@ -251,8 +383,12 @@ class RpcConnection:
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(ConnectionLost(f"connection to {self.name} lost: {reason}"))
+        transport = getattr(self._writer, "transport", None)
         try:
-            self._writer.close()
+            if abort and transport is not None:
+                transport.abort()  # close() would keep the socket until a peer that reads nothing read it all
+            else:
+                self._writer.close()
         except Exception:
             pass
 

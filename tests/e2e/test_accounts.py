@@ -10,6 +10,8 @@ import threading
 
 import pytest
 
+from hai_cluster.controller.connlimit import REFUSED_LINGERING
+
 from .harness import OTHER_USER, TEST_USER, Cluster, start_local_cluster, user_dir, wait_for
 
 CONFIG = f"""
@@ -145,6 +147,15 @@ def test_connection_cap_per_uid(cluster):
             print("extra served")
         except ClientError as exc:
             print(f"extra refused: {{exc}}")
+        # refused connections are counted too: beyond a few lingering ones, closed unanswered
+        more, told = [], 0
+        for i in range(8):
+            more.append(ControllerClient())
+            try:
+                more[-1].call("ping", {{}})
+            except ClientError as exc:
+                told += "too many connections" in str(exc)
+        print(f"more refused: told {{told}} of 8")
         open("{ready}", "w").close()
         while not os.path.exists("{go}"):
             time.sleep(0.05)
@@ -164,6 +175,7 @@ def test_connection_cap_per_uid(cluster):
         worker.join(60)
     out = result[0].stdout
     assert "extra refused: too many connections to the controller from uid" in out, out
+    assert f"more refused: told {REFUSED_LINGERING - 1} of 8" in out, out  # the extra one lingers too
     assert f"after close: {TEST_USER}" in out
     assert "refused a connection from uid=" in (cluster.workdir / "ctl.log").read_text()
 

@@ -68,7 +68,19 @@ def inputs(methods):
         st.tuples(requests(methods), st.integers(0, 10**6), st.integers(1, 255)).map(
             lambda t: bytes(b ^ t[2] if i == t[1] % len(t[0]) else b for i, b in enumerate(t[0]))),
         st.builds(lambda n: HEADER.pack(n), st.integers(0, 2**32 - 1)),
+        st.builds(hostile_shape, st.lists(st.sampled_from(HOSTILE_HEADS), max_size=80), st.binary(max_size=200)),
     )
+
+
+# Headers that announce much (arrays and maps of 65,535 or 2^32-1, a 4 GiB string), nest deep, or
+# are ext types: what protocol/shape.py refuses before msgpack allocates for them.
+HOSTILE_HEADS = [b"\xdc\xff\xff", b"\xdd\xff\xff\xff\xff", b"\xde\xff\xff", b"\xdf\x00\x10\x00\x00", b"\x91", b"\x81\xa1k",
+                 b"\x90", b"\xdb\xff\xff\xff\xff", b"\xd4\x01\x01", b"\xc7\x05\x01", b"\xc1"]
+
+
+def hostile_shape(heads: list[bytes], tail: bytes) -> bytes:
+    payload = b"\x85\xa1v\x01\xa1k\xa3req\xa2id\x01\xa1m\xa4ping\xa1b" + b"".join(heads) + tail
+    return HEADER.pack(len(payload)) + payload
 
 
 def still_serving(cluster: Cluster) -> None:
