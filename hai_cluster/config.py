@@ -61,6 +61,11 @@ class IsolationConfig:
     limit_cpus: bool = True  # cap a run's CPU time at its -c CPUs (cpu.max / cfs_quota)
     container_init: str = "auto"  # static init for runc containers; auto = tini-static or catatonit
     image_cache: str = ""  # rootfs tarballs are unpacked here; "" = <spool>/images
+    # caps on what one tarball unpacks to (file contents, archive members), and on the whole
+    # cache (least recently used images no run holds are removed); 0 = no limit
+    image_max_bytes: int = 64 * 2**30
+    image_max_entries: int = 500_000
+    image_cache_max_bytes: int = 256 * 2**30
 
 
 # 48 double-bit ECC, 63/64 row remapping recorded/failed, 74 NVLink, 79 fallen off the bus,
@@ -499,10 +504,16 @@ def _isolation(path: str, raw: Any) -> IsolationConfig:
         limit_cpus=sec.get("limit_cpus", bool, d.limit_cpus),
         container_init=sec.get("container_init", str, d.container_init),
         image_cache=sec.get("image_cache", str, d.image_cache),
+        image_max_bytes=sec.get("image_max_bytes", int, d.image_max_bytes),
+        image_max_entries=sec.get("image_max_entries", int, d.image_max_entries),
+        image_cache_max_bytes=sec.get("image_cache_max_bytes", int, d.image_cache_max_bytes),
     )
     sec.done()
     if cfg.image_cache:
         cfg = replace(cfg, image_cache=resolve(path, cfg.image_cache))
+    for key in ("image_max_bytes", "image_max_entries", "image_cache_max_bytes"):
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"{path}: isolation.{key} must be >= 0 (0: no limit)")
     if cfg.container_init not in ("auto", "") and not os.path.isabs(cfg.container_init):
         raise ConfigError(f"{path}: isolation.container_init must be auto, \"\" or an absolute path")
     for key in ("default_runtime", "default_container_runtime"):

@@ -49,6 +49,10 @@ class NodeIsolation:
     unusable: Mapping[str, str] = field(default_factory=dict)  # runtime installed but failing -> why
     cgroups: cgroups.Capabilities | None = None
     image_cache: str = ""
+    # the image cache's caps (IsolationConfig; 0 = no limit, as for a node.json from before them)
+    image_max_bytes: int = 0
+    image_max_entries: int = 0
+    image_cache_max_bytes: int = 0
     runc_root: str = ""
 
     @classmethod
@@ -77,6 +81,8 @@ class NodeIsolation:
                    pids_limit=iso.pids_limit, limit_cpus=iso.limit_cpus, container_init=init,
                    tools=tools, unusable=unusable, cgroups=caps if caps is not None and caps.usable else None,
                    image_cache=iso.image_cache or os.path.join(cfg.spool, "images"),
+                   image_max_bytes=iso.image_max_bytes, image_max_entries=iso.image_max_entries,
+                   image_cache_max_bytes=iso.image_cache_max_bytes,
                    runc_root=os.path.join(cfg.spool, "runc"))
         node.log_summary()
         return node

@@ -8,8 +8,9 @@ successful exec closes the pipe (CLOEXEC), which is how the shepherd knows the j
 start_job runs these steps in hai-jobexec (hai_cluster/native/jobexec.c, built beside hsubmit)
 where it is installed, spawned without a fork of the shepherd (posix_spawn: a vfork), which
 spares ~1.5 ms of CPU per run: the copy of the shepherd's page tables, its copy-on-write faults,
-and an interpreter torn down at the exec. A container launch that assembles an image root, and a
-node without the helper, fork and run exec_job below, the same steps in Python.
+and an interpreter torn down at the exec. A container launch with mounts to make (an image root,
+the user's directories at their stage points), and a node without the helper, fork and run
+exec_job below, the same steps in Python.
 """
 from __future__ import annotations
 
@@ -52,11 +53,13 @@ def exec_job(spec: RunSpec, launch: Launch, groups: list[int], errw: int,
     """Become the job (or its runtime, per `launch`), with exactly launch.env. Never returns.
 
     As root: join the run's cgroups (so everything the job ever starts is in them: nothing can
-    fork before this), setsid, assemble the image root (containers). Then as the user: chdir,
-    create the checkpoint dir, open the output files. A runtime that must start as root (runc)
-    takes root back only after that, for its exec."""
+    fork before this), setsid, a mount namespace of its own (containers). Then as the user: chdir,
+    create the checkpoint dir, open the output files, open the directories root will mount
+    (runtimes.Staged). Root again to mount them and the image root; a runtime that must start as
+    root (runc) keeps it for its exec, the others become the user for good."""
     step = "preparing the job process"
     root_groups = os.getgroups()
+    mounts = launch.mounts
     try:
         _reset_signals()
         for path in cgroup_procs:
@@ -65,12 +68,14 @@ def exec_job(spec: RunSpec, launch: Launch, groups: list[int], errw: int,
                 f.write("0")
         step = "setsid"
         os.setsid()  # own session and process group: the shepherd signals the whole group
-        if launch.mounts is not None:
-            step = "assembling the container's root filesystem"
-            from .runtimes.rootfs import assemble
-            assemble(launch.mounts)
-        # For a root runtime only the effective ids change (-1 keeps real and saved ids: root)
-        uid, gid = (spec.uid, spec.gid) if launch.as_user else (-1, -1)
+        if mounts is not None:
+            step = "setting up the job's mount namespace"
+            from .runtimes import rootfs
+            rootfs.private_namespace()
+        # Only the effective ids change (-1 keeps real and saved ids: root) for a root runtime,
+        # and until the mounts are made
+        final = launch.as_user and mounts is None
+        uid, gid = (spec.uid, spec.gid) if final else (-1, -1)
         step = f"setting the groups of user {spec.user}"
         os.setgroups(groups)
         step = f"setgid to {spec.gid}"
@@ -96,11 +101,27 @@ def exec_job(spec: RunSpec, launch: Launch, groups: list[int], errw: int,
         os.dup2(null, 0)
         os.dup2(out, 1)
         os.dup2(err, 2)
-        if not launch.as_user:
+        fds = []
+        for staged in mounts.staged if mounts is not None else ():
+            step = f"opening {staged.what} {staged.path}"
+            fds.append(rootfs.open_staged(staged.path))
+        if not final:
             step = f"taking back root to start {launch.argv[0]}"
             os.setresuid(0, 0, 0)
             os.setresgid(0, 0, 0)
             os.setgroups(root_groups)
+        if mounts is not None:
+            step = "assembling the container's root filesystem"
+            os.umask(0o022)  # mount points the job must traverse, whatever its umask
+            rootfs.assemble(mounts, fds)
+            os.umask(spec.umask)
+            if launch.as_user:  # the user for good
+                step = f"setting the groups of user {spec.user}"
+                os.setgroups(groups)
+                step = f"setgid to {spec.gid}"
+                os.setresgid(spec.gid, spec.gid, spec.gid)
+                step = f"setuid to {spec.uid}"
+                os.setresuid(spec.uid, spec.uid, spec.uid)
         for fd in launch.keep_fds:
             os.set_inheritable(fd, True)
         _close_fds({errw, *launch.keep_fds})

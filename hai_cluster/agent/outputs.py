@@ -17,11 +17,19 @@ from typing import Iterable
 def output_problem(paths: Iterable[str | None]) -> str | None:
     for path in dict.fromkeys(p for p in paths if p):
         try:
-            if not stat.S_ISREG(os.stat(path).st_mode):  # /dev/null, a pipe, a terminal
-                continue
-            fs = os.statvfs(path)
+            # The path is the user's (the shepherd is root): an O_PATH fd, not through a final
+            # symlink, opens nothing and waits for no FIFO; it is looked at only if regular.
+            fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             continue
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # /dev/null, a pipe, a terminal, a symlink
+                continue
+            fs = os.fstatvfs(fd)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
         if fs.f_blocks > 0 and fs.f_bavail == 0:
             return f"writing job output {path} failed: No space left on device (its file system is full)"
     return None

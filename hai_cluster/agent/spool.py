@@ -14,7 +14,9 @@
             terminate   notice (0644): you are being ended for good (cancel, timeout, node_fail)
         node.json       the agent's runtimes and cgroup features when it started the run (contain.py)
         isolation.json  the run's runtime, cgroup and cleanup commands, for the agent if the shepherd dies
-        bundle/, rootfs/, overlay/, runc.log, bwrap-status.json: what a container runtime needs
+        bundle/, rootfs/, overlay/, runc.log: what a container runtime needs
+        staged/         0700: the stage points where the job child binds the user's directories
+                        (opened as the user) for a runtime that mounts as root (runtimes.Staged)
 
 A notice is {reason, signal, grace, deadline, time}: written before the signal is sent, so a job
 that gets the signal always finds it; `deadline` is the Unix time of the SIGKILL.

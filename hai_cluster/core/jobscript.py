@@ -30,6 +30,13 @@ PRIORITIES = ("urgent", "high", "normal", "low")
 RUNTIMES = ("none", "bwrap", "runc", "podman", "apptainer", "enroot")
 # Runtimes whose --container-image may be a registry reference (left as given, not a path).
 REFERENCE_RUNTIMES = ("podman",)
+# An image reference as podman and docker read one ([registry[:port]/]name[:tag][@digest], the
+# grammar of distribution/reference): never anything a tool could take for an option.
+_REF_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REF_HOST = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+IMAGE_REFERENCE = re.compile(
+    rf"(?:{_REF_HOST}(?:\.{_REF_HOST})*(?::[0-9]+)?/)?{_REF_PART}(?:/{_REF_PART})*"
+    r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
 _MAX_INT = 2**31 - 1  # keeps every count well inside what the wire and the database hold
 _DIRECTIVE = re.compile(r"#(?:SBATCH|HAI)(?=\s|$)")
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
@@ -422,7 +429,7 @@ def _parsers(env: Mapping[str, str], now: float | None = None,
              max_array_size: int | None = DEFAULT_MAX_ARRAY_SIZE) -> dict[str, Callable[[str], Any]]:
     return {
         "begin": _begin(now), "array": _array(max_array_size), "dependency": _dependency,
-        "job-name": _nonempty, "nodes": _nodes,
+        "job-name": _job_name, "nodes": _nodes,
         "gpus-per-node": _gpus_per_node,
         "gpu-mem": _size, "gpu-compute": _percent, "gpu-qos": _gpu_qos,
         "gres": lambda v: ("per_node", _gres(v)),

@@ -335,8 +335,11 @@ def test_a_tarball_is_unpacked_once_into_the_cache(env):
         assert ended["exit_code"] == 0, ended
         assert Path(spec["stdout"]).read_text() == "root:x:0:0:root:/root:/bin/sh\n"
     cache = box.spool / "images"
-    entries = [e for e in os.listdir(cache) if not e.startswith(".")]
+    entries = [e for e in os.listdir(cache) if not e.startswith(".") and not e.endswith(".lock")]
     assert len(entries) == 1 and len(entries[0]) == 64  # sha256 of the tarball
+    # its lock (held by each run that uses it) records what it unpacked to, for the cache's limit
+    recorded = json.loads((cache / f"{entries[0]}.lock").read_text())
+    assert recorded["bytes"] >= os.path.getsize(BUSYBOX) and recorded["entries"] > 100, recorded
     assert not (cache / entries[0] / "bin" / "busybox").stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
 
 

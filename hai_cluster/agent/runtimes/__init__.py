@@ -28,15 +28,36 @@ class RuntimeRefused(Exception):
 
 
 @dataclass(frozen=True)
-class MountPlan:
+class Staged:
+    """A directory of the user's that root will mount (a bind source, an image's lower layer).
+    Root must never resolve the user's path itself: the user can swap any part of it for a
+    symlink between a check and the mount. The job child opens `path` as the user (O_PATH: what
+    it gets, the user could reach) and binds that fd at `stage`, a mount point in the run dir
+    that only root can change; the runtime mounts from `stage` (rootfs.open_staged, assemble)."""
+    path: str
+    stage: str
+    what: str  # for messages: "container image", "the job's directory"
+    recursive: bool = True  # rbind (the job's dirs, with their submounts) or a plain bind (an image)
+
+
+@dataclass(frozen=True)
+class Overlay:
     """An image rootfs made writable for mount points only: an overlay with `lower` (the image,
-    never modified) under a private tmpfs `scratch`, mounted at `root`, in a mount namespace of the
-    job child's own. `dirs`/`files` are the mount points to create in it (container paths)."""
+    never modified) under a private tmpfs `scratch`, mounted at `root`. `dirs`/`files` are the
+    mount points to create in it (container paths)."""
     lower: str
     scratch: str
     root: str
     dirs: tuple[str, ...] = ()
     files: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MountPlan:
+    """What the job child mounts, as root, in a mount namespace of its own (it vanishes with the
+    job's processes): the user's directories at their stage points first, then the overlay."""
+    staged: tuple[Staged, ...] = ()
+    overlay: Overlay | None = None
 
 
 @dataclass
@@ -54,6 +75,9 @@ class Launch:
     # False: the runtime's own process (the main one) must not get the job's signals, which would
     # kill it (bwrap): the rest of the process group gets them, SIGKILL goes to all
     signal_main: bool = True
+    status_fd: int | None = None  # the shepherd's end of a pipe the runtime reports its setup on
+    holds: tuple[int, ...] = ()  # fds the shepherd keeps open for the run's life: the image cache
+    # lock (runtimes/cache.py), released when the shepherd exits
 
 
 @dataclass(frozen=True)

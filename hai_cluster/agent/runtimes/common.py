@@ -1,16 +1,19 @@
 """What every container runtime needs: the job's bind mounts, its GPU device nodes, its
-environment inside the container, and the image rootfs (checked as the user)."""
+environment inside the container, the image rootfs (checked as the user), the stage points that
+keep root from resolving the user's paths, and the runtime's error message from the job's file."""
 from __future__ import annotations
 
 import contextlib
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
-from . import Context, RuntimeRefused
+from . import Context, RuntimeRefused, Staged
 
 GPU_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+STAGE_DIR = "staged"  # in the run dir (root's, 0711): the stage points, in a 0700 dir
+TOOL_ERROR_BYTES = 4096  # what is read of the end of the job's error file
 # Mounted by the runtimes themselves: mount points below these need not exist in the image.
 RUNTIME_MOUNTS = ("/proc", "/dev", "/tmp")
 
@@ -106,20 +109,57 @@ def as_user(ctx: Context) -> Iterator[None]:
         os.setgroups(saved)
 
 
-def image_rootfs(ctx: Context) -> str:
-    """The image as a rootfs directory: the directory itself, or the tarball unpacked once into the
-    node's image cache (keyed by content hash). The user must be able to read it."""
+@dataclass(frozen=True)
+class ImageRoot:
+    path: str  # what the runtime mounts: the cache dir, or the user's dir's stage point
+    staged: Staged | None = None  # the user's directory, bound at `path` by the job child
+    lock: int | None = None  # the image cache's lock (cache.py): held for the run's life
+
+
+def _stage_point(ctx: Context, name: str) -> str:
+    top = ctx.run_dir / STAGE_DIR
+    top.mkdir(mode=0o700, exist_ok=True)
+    point = top / name
+    point.mkdir(mode=0o700, exist_ok=True)
+    return str(point)
+
+
+def stage(ctx: Context, path: str, name: str, what: str, recursive: bool = True) -> Staged:
+    """A stage point for one of the user's directories (runtimes.Staged says why)."""
+    return Staged(path=path, stage=_stage_point(ctx, name), what=what, recursive=recursive)
+
+
+def stage_job_binds(ctx: Context, binds: list[Bind]) -> tuple[list[Bind], list[Staged]]:
+    """For a runtime that mounts as root (runc, podman): the job's directories of the user's
+    (workdir, output dirs, checkpoint dir) mounted from stage points instead of their paths. The
+    control dir and the script are in the run dir, which only root changes."""
+    out, staged = [], []
+    for b in binds:
+        if b.src in (ctx.control, ctx.script):
+            out.append(b)
+            continue
+        s = stage(ctx, b.src, str(len(staged)), "the job's directory")
+        staged.append(s)
+        out.append(replace(b, src=s.stage))
+    return out, staged
+
+
+def image_rootfs(ctx: Context) -> ImageRoot:
+    """The image as a rootfs directory: the user's directory (staged: root mounts it from a stage
+    point, never by its path), or the tarball unpacked once into the node's image cache (keyed by
+    content hash; the tarball is opened as the user, and only a regular file is read)."""
     image = ctx.spec.container_image
     assert image is not None
     if any(c in image for c in ",:\\"):  # overlayfs option syntax
         raise RuntimeRefused(f"container image {image}: the path must not contain ',', ':' or '\\'")
+    fd = None
     try:
         with as_user(ctx):
             if os.path.isdir(image):
                 if not os.access(image, os.R_OK | os.X_OK, effective_ids=True):
                     raise RuntimeRefused(f"container image {image}: permission denied for user {ctx.spec.user}")
-                return image
-            fd = os.open(image, os.O_RDONLY)
+            else:  # non-blocking: a FIFO would hang the shepherd here
+                fd = os.open(image, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except RuntimeRefused:
         raise
     except FileNotFoundError:
@@ -128,9 +168,18 @@ def image_rootfs(ctx: Context) -> str:
         raise RuntimeRefused(f"container image {image}: permission denied for user {ctx.spec.user}") from None
     except OSError as exc:
         raise RuntimeRefused(f"container image {image}: {exc.strerror or exc}") from None
-    from .rootfs import RootfsError, unpack_cached
+    if fd is None:
+        staged = stage(ctx, image, "image", "container image", recursive=False)
+        return ImageRoot(staged.stage, staged)
+    from .cache import ImageLimits, acquire
+    from .rootfs import RootfsError
+    node = ctx.node
     try:
-        return unpack_cached(fd, image, ctx.node.image_cache)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RuntimeRefused(f"container image {image}: neither a directory nor a regular file")
+        limits = ImageLimits(node.image_max_bytes, node.image_max_entries, node.image_cache_max_bytes)
+        cached = acquire(fd, image, node.image_cache, limits)
+        return ImageRoot(cached.path, lock=cached.lock)
     except RootfsError as exc:
         raise RuntimeRefused(f"container image {image}: {exc}") from None
     finally:
@@ -150,16 +199,38 @@ def mount_plan_dirs(ctx: Context, binds: list[Bind],
     return tuple(dirs), tuple(files)
 
 
+def read_tail_as_user(ctx: Context, path: str, size: int = TOOL_ERROR_BYTES) -> bytes | None:
+    """The last `size` bytes of the user's file at `path`, read with the user's identity; None
+    unless it is a regular file. The path is the user's to change at any moment: it is opened
+    O_PATH (which opens no device and waits for no FIFO writer), not through a symlink, and
+    reopened for reading only once it is known to be a regular file."""
+    try:
+        with as_user(ctx):
+            ref = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                st = os.fstat(ref)
+                if not stat.S_ISREG(st.st_mode):
+                    return None
+                fd = os.open(f"/proc/self/fd/{ref}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+            finally:
+                os.close(ref)
+    except OSError:
+        return None
+    try:
+        return os.pread(fd, size, max(0, os.fstat(fd).st_size - size))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def tool_error(ctx: Context, prefix: str, *, strip: bool = False) -> str:
     """The last line a container tool wrote starting with `prefix` (its own error message), from
-    the end of the job's error file (the tool's stderr); `strip` drops the prefix."""
+    the end of the job's error file (the tool's stderr), read as the user; `strip` drops the
+    prefix."""
     path = ctx.spec.stderr or ctx.spec.stdout
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        lines = []
+    data = read_tail_as_user(ctx, path)
+    lines = data.decode(errors="replace").splitlines() if data else []
     found = [ln for ln in lines if ln.startswith(prefix)]
     if not found:
         return f"see {path}"

@@ -22,6 +22,12 @@ carries the limits the shepherd set, so they hold for everything in it; podman a
 so does conmon (`--cgroups no-conmon`): it must outlive a cgroup kill to report the exit status.
 
 The environment goes through an --env-file (0600 in the run dir): argv is visible to every user.
+
+Paths and names: podman and its runc mount as root from path strings, so the user's directories
+(the job's, and a rootfs directory) are given as stage points that the job child bound from fds
+it opened as the user (runtimes.Staged), in a mount namespace of its own that podman, conmon and
+runc then share. No user string is ever read as an option: values go as --opt=VALUE, and the
+image after "--" (a reference is also checked against the grammar submission checks it with).
 """
 from __future__ import annotations
 
@@ -30,8 +36,9 @@ import os
 import resource
 import subprocess
 
-from . import Context, Launch, Runtime, RuntimeRefused
-from .common import gpu_devices, image_rootfs, job_binds, tool_error
+from ...core.jobscript import IMAGE_REFERENCE
+from . import Context, Launch, MountPlan, Runtime, RuntimeRefused
+from .common import ImageRoot, gpu_devices, image_rootfs, job_binds, stage_job_binds, tool_error
 from .runc import INIT, TOOL_PATH, _init_args, init_env
 
 ENV_FILE = "podman.env"
@@ -88,21 +95,25 @@ def _volume(src: str, dst: str, options: str) -> str:
     return f"{src}:{dst}:{options}"
 
 
-def _image_args(ctx: Context, base: list[str]) -> list[str]:
-    """`--rootfs DIR:O` for a path, else a local image (refused here when it does not exist)."""
+def _image_args(ctx: Context, base: list[str]) -> tuple[list[str], ImageRoot | None]:
+    """`--rootfs -- DIR:O` for a path (with its ImageRoot), else a local image (refused here when
+    it does not exist); the image is the last thing before the command."""
     image = ctx.spec.container_image
     assert image is not None
     if image.startswith("/"):
-        return ["--rootfs", f"{image_rootfs(ctx)}:O"]
+        root = image_rootfs(ctx)
+        return ["--rootfs", "--", f"{root.path}:O"], root
+    if not IMAGE_REFERENCE.fullmatch(image):  # submission refuses these: a spec from elsewhere
+        raise RuntimeRefused(f"container image {image!r} is neither an absolute path nor an image name")
     try:
-        found = subprocess.run([*base, "image", "exists", image], stdin=subprocess.DEVNULL,
+        found = subprocess.run([*base, "image", "exists", "--", image], stdin=subprocess.DEVNULL,
                                capture_output=True, timeout=CHECK_TIMEOUT).returncode == 0
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise RuntimeRefused(f"podman image exists {image} failed: {exc}") from None
     if not found:
         raise RuntimeRefused(f"container image {image} is not a local podman image on node "
                              f"{ctx.node.node} (images are never pulled: the site loads them)")
-    return ["--pull", "never", image]
+    return ["--pull", "never", "--", image], None
 
 
 class Podman(Runtime):
@@ -124,7 +135,10 @@ class Podman(Runtime):
                                  f"or catatonit) on node {node.node}: install tini, or set "
                                  f"isolation.container_init")
         base = global_args(tool, runc)
-        image = _image_args(ctx, base)
+        image, root = _image_args(ctx, base)
+        binds, staged = stage_job_binds(ctx, job_binds(ctx))
+        if root is not None and root.staged is not None:
+            staged.insert(0, root.staged)
         cid = container_name(ctx)
         remove = [*base, "rm", "--force", "--ignore", "--time", "0", cid]
         subprocess.run(remove, stdin=subprocess.DEVNULL, capture_output=True, timeout=CHECK_TIMEOUT)  # a crashed try's
@@ -132,25 +146,27 @@ class Podman(Runtime):
         nproc = [min(_finite(v), PODMAN_NPROC) for v in resource.getrlimit(resource.RLIMIT_NPROC)]
         pid_file = ctx.run_dir / PID_FILE
         pid_file.unlink(missing_ok=True)
-        argv = [*base, "run", "--rm", "--name", cid, "--pidfile", str(pid_file),
+        argv = [*base, "run", "--rm", f"--name={cid}", f"--pidfile={pid_file}",
                 "--log-driver", "passthrough", "--sig-proxy=true", "--network", "host",
                 "--user", f"{spec.uid}:{spec.gid}", *[a for g in ctx.groups for a in ("--group-add", str(g))],
                 "--cap-drop", "all", "--security-opt", "no-new-privileges",
                 "--read-only", "--tmpfs", "/tmp:rw,nosuid,nodev,mode=1777",
                 "--ulimit", f"nofile={_limit(nofile[0])}:{_limit(nofile[1])}",
                 "--ulimit", f"nproc={_limit(nproc[0])}:{_limit(nproc[1])}",
-                "--pids-limit", "0", "--env-file", _env_file(ctx), "--workdir", spec.workdir,
+                "--pids-limit", "0", f"--env-file={_env_file(ctx)}", f"--workdir={spec.workdir}",
                 "--volume", _volume(node.container_init, INIT, "ro,nosuid,nodev"),
                 "--entrypoint", json.dumps(_init_args(node.container_init))]
         if ctx.cgroup_path:
             argv += ["--cgroup-parent", ctx.cgroup_path, "--cgroups", "no-conmon"]
-        for b in job_binds(ctx):
-            argv += ["--volume", _volume(b.src, b.dst, f"{'rw' if b.rw else 'ro'},nosuid,nodev")]
+        for b in binds:
+            argv.append(f"--volume={_volume(b.src, b.dst, ('rw' if b.rw else 'ro') + ',nosuid,nodev')}")
         for d in gpu_devices(ctx):
-            argv += ["--device", _volume(d.host, d.path, "rwm")]
+            argv.append(f"--device={_volume(d.host, d.path, 'rwm')}")
         argv += [*image, ctx.script, *spec.script_args]
+        # a mount namespace of the job child's own, for the stage points (podman works in it)
         return Launch(argv=argv, env={"PATH": TOOL_PATH}, as_user=False, join_cgroup=False,
-                      signal_exit_codes=True, cleanup=[remove])
+                      mounts=MountPlan(staged=tuple(staged)), signal_exit_codes=True, cleanup=[remove],
+                      holds=() if root is None or root.lock is None else (root.lock,))
 
     def after_exit(self, ctx: Context, launch: Launch, wait_status: int | None) -> str | None:
         if (ctx.run_dir / PID_FILE).exists():

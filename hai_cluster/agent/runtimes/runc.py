@@ -13,6 +13,14 @@ shepherd sends to its process group to that init, which forwards them to the job
 Unlike bwrap, the container ends when its script ends: a script that runs `python train.py`
 without exec should `exec` it, or trap the signal and `wait`, to keep its grace period.
 
+Paths: runc runs as root and mounts every source from its path, resolving it in the container's
+mount namespace: a user who swaps a directory for a symlink under a root-only parent between any
+check and runc's mount would get that directory. So the user's directories (the job's, and an
+image directory, the overlay's lower layer) are mounted from stage points in the run dir, bound
+by the job child from fds it opened as the user (runtimes.Staged). runc itself cannot take a
+/proc/self/fd/N source: it closes inherited fds before its init mounts (Debian's 1.1.5), and a bind
+from an fd of another mount namespace fails (EINVAL).
+
 runc places the container into the run's cgroup itself (linux.cgroupsPath, the directories the
 shepherd made and set the limits on). --keep leaves that cgroup in place after the container exits,
 so the shepherd can read its OOM count; `runc delete --force` in the cleanup removes everything.
@@ -25,8 +33,8 @@ import resource
 import subprocess
 
 from .. import spool
-from . import Context, Launch, MountPlan, Runtime, RuntimeRefused
-from .common import Bind, Device, container_env, gpu_devices, image_rootfs, job_binds
+from . import Context, Launch, MountPlan, Overlay, Runtime, RuntimeRefused
+from .common import Bind, Device, container_env, gpu_devices, image_rootfs, job_binds, stage_job_binds
 
 MASKED = ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
           "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware"]
@@ -90,7 +98,8 @@ def _devices(devices: list[Device]) -> tuple[list[dict], list[dict]]:
     return nodes, rules
 
 
-def bundle_config(ctx: Context, root: str, init: str) -> dict:
+def bundle_config(ctx: Context, root: str, init: str, binds: list[Bind] | None = None) -> dict:
+    """config.json; `binds` default to the job's own (prepare passes them staged)."""
     spec = ctx.spec
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # runc fails above the host's own limit
     nodes, rules = _devices(gpu_devices(ctx))
@@ -110,7 +119,7 @@ def bundle_config(ctx: Context, root: str, init: str) -> dict:
         "noNewPrivileges": True,
     }
     return {"ociVersion": "1.0.2", "process": process, "root": {"path": root, "readonly": True},
-            "mounts": _mounts(init, job_binds(ctx)), "linux": linux}
+            "mounts": _mounts(init, job_binds(ctx) if binds is None else binds), "linux": linux}
 
 
 class Runc(Runtime):
@@ -125,11 +134,14 @@ class Runc(Runtime):
             raise RuntimeRefused(f"the runc runtime needs a static init for the container (tini-static "
                                  f"or catatonit) on node {node.node}: install tini, or set "
                                  f"isolation.container_init")
-        lower = image_rootfs(ctx)
+        image = image_rootfs(ctx)
+        binds, staged = stage_job_binds(ctx, job_binds(ctx))
+        if image.staged is not None:
+            staged.insert(0, image.staged)
         bundle, scratch, root = (str(ctx.run_dir / d) for d in ("bundle", "overlay", "rootfs"))
         for d, mode in ((bundle, 0o700), (scratch, 0o700), (root, 0o755)):
             os.makedirs(d, mode, exist_ok=True)
-        config = bundle_config(ctx, root, node.container_init)
+        config = bundle_config(ctx, root, node.container_init, binds)
         spool.write_json_atomic(os.path.join(bundle, "config.json"), config)  # 0600: env may hold secrets
         cid = container_id(ctx)
         base = [tool, "--root", node.runc_root, "--log", str(ctx.run_dir / "runc.log"), "--log-format", "json"]
@@ -138,8 +150,10 @@ class Runc(Runtime):
             subprocess.run(delete, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
         argv = [*base, "run", "--keep", "--pid-file", os.path.join(bundle, "pid"), "--bundle", bundle, cid]
         return Launch(argv=argv, env={"PATH": TOOL_PATH}, as_user=False, join_cgroup=False,
-                      mounts=MountPlan(lower=lower, scratch=scratch, root=root),
-                      signal_exit_codes=True, cleanup=[delete])
+                      mounts=MountPlan(staged=tuple(staged),
+                                       overlay=Overlay(lower=image.path, scratch=scratch, root=root)),
+                      signal_exit_codes=True, cleanup=[delete],
+                      holds=() if image.lock is None else (image.lock,))
 
     def after_exit(self, ctx: Context, launch: Launch, wait_status: int | None) -> str | None:
         if (ctx.run_dir / "bundle" / "pid").exists():

@@ -1,0 +1,404 @@
+"""The container runtimes' handling of paths a user controls, piece by piece, as root with the
+real test user and the real runtimes (docs/SECURITY.md, "Paths the root side opens for a job"):
+
+- the runtime's error message is read from the job's error file as the user, only from a regular
+  file, never through a symlink, never waiting on a FIFO, only its tail;
+- bwrap's setup status comes through a pipe the shepherd holds, not a file the user can write;
+- an image tarball is opened as the user and read only if it is a regular file;
+- unpacking stops at the caps (bytes, entries, extended headers, tarball size), never follows a
+  link (symlinks, hard links to symlinks, members that replace a symlink), skips device nodes;
+- the image cache evicts the least recently used images that no run holds, and only those;
+- an image name that is an option is refused at submission and by the podman runtime.
+
+The races themselves (a path flipped while jobs start) are end to end:
+tests/e2e/test_security_containers.py."""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import stat
+import subprocess
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hai_cluster.agent.isolation import NodeIsolation
+from hai_cluster.agent.runspec import RunSpec
+from hai_cluster.agent.runtimes import Context, Launch, RuntimeRefused
+from hai_cluster.agent.runtimes.bwrap import Bwrap
+from hai_cluster.agent.runtimes.cache import ImageLimits, acquire, evict
+from hai_cluster.agent.runtimes.common import image_rootfs, tool_error
+from hai_cluster.agent.runtimes.rootfs import RootfsError
+from hai_cluster.config import ConfigError, load_agent_config
+from hai_cluster.core.jobscript import JobScriptError, parse_submission
+
+from .agent_helpers import Sandbox, client, need_root, run
+from .test_agent_containers import fake_gpu_nodes, isolation_agent, podman_installed
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def box():
+    need_root()
+    b = Sandbox()
+    yield b
+    b.cleanup()
+
+
+def context(box: Sandbox, **spec) -> Context:
+    """A runtime Context for a run of the test user's, with its run dir in the sandbox."""
+    run_dir = box.base / "run"
+    run_dir.mkdir(mode=0o711, exist_ok=True)
+    wire = {**box.spec("#!/bin/sh\n"), **spec}
+    rs = RunSpec.from_wire(wire)
+    node = NodeIsolation(node="n", image_cache=str(box.base / "cache"))
+    return Context(spec=rs, run_dir=run_dir, node=node, groups=[box.user.pw_gid], env={},
+                   script=str(run_dir / "script"), control=str(run_dir / "control"), cgroup_path=None)
+
+
+def root_only_file(box: Sandbox, text: str) -> Path:
+    d = box.base / "root-only"
+    d.mkdir(mode=0o700, exist_ok=True)
+    f = d / "secret"
+    f.write_text(text)
+    return f
+
+
+def within(seconds: float, fn, unblock=None):
+    """fn()'s result, or a failed test if it does not return in time (unblock() then frees it)."""
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("value", fn()), daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        if unblock is not None:
+            unblock()
+        t.join(10)
+        pytest.fail(f"still blocked after {seconds} s")
+    return out.get("value")
+
+
+def _open_writer(path: Path) -> None:
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+
+
+# -- the runtime's error message, from the job's file --
+
+def test_the_runtimes_error_is_read_as_the_user_from_a_regular_file_only(box):
+    out = box.work / "job.out"
+    ctx = context(box, stdout=str(out))
+    os.symlink(root_only_file(box, "bwrap: TOPSECRET\n"), out)
+    assert within(10, lambda: tool_error(ctx, "bwrap:")) == f"see {out}"  # not the root-only file
+    out.unlink()
+    os.mkfifo(out)
+    os.chown(out, box.user.pw_uid, box.user.pw_gid)
+    assert within(10, lambda: tool_error(ctx, "bwrap:"), lambda: _open_writer(out)) == f"see {out}"
+    out.unlink()
+    # a file the user cannot read, even their own name for it: read as the user, not as root
+    secret = box.work / "unreadable"
+    secret.write_text("bwrap: TOPSECRET\n")
+    os.chmod(secret, 0o600)
+    os.link(secret, out)
+    assert tool_error(ctx, "bwrap:") == f"see {out}"
+    out.unlink()
+    # the usual case: the tool's last message, from the end of a (large, sparse) file
+    with open(out, "wb") as f:
+        f.write(b"bwrap: an early line\n")
+        f.seek(8 * 2**30)
+        f.write(b"\njob output\nbwrap: Can't find source path /x: No such file or directory\n")
+    os.chown(out, box.user.pw_uid, box.user.pw_gid)
+    assert within(5, lambda: tool_error(ctx, "bwrap:", strip=True)) == \
+        " Can't find source path /x: No such file or directory"
+
+
+def _bwrap_status(box: Sandbox, argv: list[str], out: Path) -> tuple[int, Launch]:
+    """Real bwrap, as the user, its stderr into `out` and its status into a pipe, as a Launch of
+    the bwrap runtime has them; its wait status."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    with open(out, "ab") as err:
+        proc = subprocess.Popen(["bwrap", "--json-status-fd", str(w), *argv], pass_fds=(w,), stderr=err,
+                                stdout=err, user=box.user.pw_uid, group=box.user.pw_gid, extra_groups=[])
+    os.close(w)
+    proc.wait(30)
+    status = (proc.returncode & 0xff) << 8 if proc.returncode >= 0 else -proc.returncode
+    return status, Launch(argv=[], env={}, status_fd=r)
+
+
+def test_a_bwrap_setup_failure_comes_from_its_status_pipe_not_from_a_file(box):
+    out = box.work / "job.out"
+    out.touch()
+    os.chown(out, box.user.pw_uid, box.user.pw_gid)
+    ctx = context(box, stdout=str(out))
+    # a sandbox that cannot be set up: bwrap's own message, from the user's file
+    status, launch = _bwrap_status(box, ["--ro-bind", "/", "/", "--bind", "/nonexistent", "/x", "true"], out)
+    assert Bwrap().after_exit(ctx, launch, status) == \
+        "bwrap could not set up the container: bwrap: Can't find source path /nonexistent: No such file or directory"
+    # a job that exits 1 is the job's failure, whatever the user writes where a status file was
+    status, launch = _bwrap_status(box, ["--ro-bind", "/", "/", "sh", "-c", "exit 1"], out)
+    assert os.WEXITSTATUS(status) == 1
+    assert Bwrap().after_exit(ctx, launch, status) is None
+    # bytes the job added to the pipe (through /proc/PID/fd, as the user) cannot hide bwrap's record
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.write(w, b'{"junk": ')
+    os.write(w, b'{ "exit-code": 1 }\n')
+    assert Bwrap().after_exit(ctx, Launch(argv=[], env={}, status_fd=r), 1 << 8) is None
+    os.close(w)
+
+
+def test_a_bwrap_job_leaves_no_file_of_the_users_in_its_run_dir(box):
+    """The status went to a file in the run dir, chowned to the user: who could write a fake."""
+    devices = fake_gpu_nodes(box.base / "fakedev", 2)
+    agent = isolation_agent(box, "pathnode", f'device_dir = "{devices}"\n').start()
+    try:
+        spec = box.spec("#!/bin/sh\nexit 1\n", runtime="bwrap")
+
+        async def body():
+            async with client(agent) as c:
+                await c.call("start_run", {"spec": spec})
+                return await c.exited(spec["job_id"], timeout=60)
+
+        ended = run(body())
+        assert ended["exit_code"] == 1 and ended["reason"] is None, ended
+        from hai_cluster.agent import spool
+        rd = spool.runs_dir(box.spool) / spool.run_dir_name(spec["job_id"], 0)
+        mine = [p.name for p in rd.rglob("*") if p.lstat().st_uid == box.user.pw_uid]
+        assert mine == [spool.SCRIPT], mine
+    finally:
+        agent.stop()
+
+
+def test_a_real_bwrap_setup_failure_still_names_its_reason(box):
+    """GPU device nodes bwrap (as the user) cannot reach: bwrap fails before the job runs."""
+    hidden = box.base / "hidden"
+    hidden.mkdir(mode=0o700)
+    devices = fake_gpu_nodes(hidden / "dev", 2)
+    agent = isolation_agent(box, "pathnode2", f'device_dir = "{devices}"\n').start()
+    try:
+        spec = box.spec("#!/bin/sh\necho ran\n", runtime="bwrap", gpus=[1])
+
+        async def body():
+            async with client(agent) as c:
+                await c.call("start_run", {"spec": spec})
+                return await c.exited(spec["job_id"], timeout=60)
+
+        ended = run(body())
+        assert ended["reason"] == "launch_failed", ended
+        assert ended["message"].startswith("bwrap could not set up the container: bwrap: "), ended
+        assert f"{devices}/nvidia1" in ended["message"], ended
+    finally:
+        agent.stop()
+
+
+# -- image tarballs --
+
+def test_an_image_that_is_a_fifo_or_a_device_is_refused_without_waiting(box):
+    fifo = box.work / "image.tar"
+    os.mkfifo(fifo)
+    os.chown(fifo, box.user.pw_uid, box.user.pw_gid)
+    ctx = context(box, runtime="runc", container_image=str(fifo))
+
+    def attempt(c):
+        try:
+            image_rootfs(c)
+        except RuntimeRefused as exc:
+            return str(exc)
+        return "accepted"
+    assert within(10, lambda: attempt(ctx), lambda: _open_writer(fifo)) == \
+        f"container image {fifo}: neither a directory nor a regular file"
+    assert within(10, lambda: attempt(context(box, runtime="runc", container_image="/dev/zero"))) == \
+        "container image /dev/zero: neither a directory nor a regular file"
+
+
+def tar_bytes(members, fmt=tarfile.PAX_FORMAT, compress=False) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
+        for info, data in members:
+            tf.addfile(info, io.BytesIO(data) if data is not None else None)
+    raw = buf.getvalue()
+    return gzip.compress(raw, 1) if compress else raw
+
+
+def memfd(data: bytes) -> int:
+    fd = os.memfd_create("image")
+    os.write(fd, data)
+    return fd
+
+
+def member(name, kind=tarfile.REGTYPE, data=b"", mode=0o644, link="", size=None):
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.linkname = kind, mode, link
+    info.size = (len(data) if size is None else size) if kind == tarfile.REGTYPE else 0
+    return info, data if kind == tarfile.REGTYPE else None
+
+
+class Zeros(io.RawIOBase):
+    """`size` zero bytes, read lazily (a member's content without holding it in memory)."""
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        n = min(len(b), self.left)
+        b[:n] = bytes(n)
+        self.left -= n
+        return n
+
+
+def test_unpacking_stops_at_its_caps_and_leaves_nothing(tmp_path):
+    cache = str(tmp_path / "cache")
+    limits = ImageLimits(max_bytes=1 << 20, max_entries=10)
+    many = tar_bytes([member(f"f{i}") for i in range(11)])
+    with pytest.raises(RootfsError, match=r"more than 10 entries \(isolation.image_max_entries\)"):
+        acquire(memfd(many), "many.tar", cache, limits)
+    # a gzip bomb: 64 MiB of zeros in a small file, refused when the header says so
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tf:
+        tf.addfile(member("zeros", size=64 << 20)[0], io.BufferedReader(Zeros(64 << 20)))
+    assert len(buf.getvalue()) < 2 << 20
+    with pytest.raises(RootfsError, match=r"unpacks to more than 1048576 bytes \(isolation.image_max_bytes\)"):
+        acquire(memfd(buf.getvalue()), "bomb.tar.gz", cache, limits)
+    # an extended header tarfile would hold in memory whole
+    big_pax = tarfile.TarInfo("f")
+    big_pax.pax_headers = {"comment": "x" * (200 * 1024)}
+    with pytest.raises(RootfsError, match="an extended header of"):
+        acquire(memfd(tar_bytes([(big_pax, b"")])), "pax.tar", cache, limits)
+    # a tarball larger than anything it may unpack to is not even read
+    with pytest.raises(RootfsError, match="the tarball is"):
+        acquire(memfd(bytes(limits.max_tarball() + 1)), "huge.tar", cache, limits)
+    assert os.listdir(cache) == []  # no image, no lock file, no half-unpacked dir
+
+
+def test_unpacking_never_follows_a_link(tmp_path):
+    need_root()  # ownership from the archive
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = outside / "victim"
+    target.write_text("untouched")
+    image = acquire(memfd(tar_bytes([
+        member("bin", tarfile.DIRTYPE, mode=0o2775),
+        member("bin/ln", tarfile.SYMTYPE, link=str(target)),
+        member("bin/hard", tarfile.LNKTYPE, link="bin/ln"),  # a hard link to the symlink itself
+        member("bin/ln", data=b"replaced"),  # replaces the symlink: written to a new file
+        member("dev/sda", tarfile.BLKTYPE), member("dev/tty9", tarfile.CHRTYPE), member("fifo", tarfile.FIFOTYPE),
+    ])), "ok.tar", str(tmp_path / "cache"))
+    root = Path(image.path)
+    assert target.read_text() == "untouched"
+    assert (root / "bin/ln").read_text() == "replaced" and not (root / "bin/ln").is_symlink()
+    assert os.readlink(root / "bin/hard") == str(target)  # still only a symlink, inside the container
+    assert stat.S_IMODE((root / "bin").stat().st_mode) == 0o775  # no setgid dir
+    assert not (root / "dev/sda").exists() and not (root / "dev/tty9").exists() and not (root / "fifo").exists()
+    os.close(image.lock)
+    for members in ([member("d", tarfile.SYMTYPE, link=str(outside)), member("h", tarfile.LNKTYPE, link="d/victim")],
+                    [member("d", tarfile.SYMTYPE, link=str(outside)), member("d/new", data=b"x")],
+                    [member("h", tarfile.LNKTYPE, link="../outside/victim")]):
+        with pytest.raises(RootfsError):
+            acquire(memfd(tar_bytes(members)), "evil.tar", str(tmp_path / "cache"))
+    assert sorted(os.listdir(outside)) == ["victim"] and target.stat().st_nlink == 1
+
+
+# -- the image cache --
+
+def image_of(tag: str, size: int) -> int:
+    return memfd(tar_bytes([member("tag", data=tag.encode()), member("blob", data=bytes(size))]))
+
+
+def test_the_cache_evicts_the_least_recently_used_images_no_run_holds(tmp_path):
+    cache = str(tmp_path / "cache")
+    limits = ImageLimits(cache_max_bytes=250_000)
+    a = acquire(image_of("a", 100_000), "a.tar", cache, limits)  # held: a run uses it
+    b = acquire(image_of("b", 100_000), "b.tar", cache, limits)
+    os.close(b.lock)  # its run ended
+    for path, when in ((a.path, 1000), (b.path, 2000)):  # a is the older use
+        os.utime(f"{path}.lock", (when, when))
+    c = acquire(image_of("c", 100_000), "c.tar", cache, limits)
+    assert os.path.isdir(a.path) and os.path.isdir(c.path)  # a is older, but in use
+    assert not os.path.exists(b.path) and not os.path.exists(f"{b.path}.lock")
+    assert json.loads(Path(f"{c.path}.lock").read_text())["bytes"] == 100_001
+    os.close(a.lock)
+    os.close(c.lock)
+    os.utime(f"{c.path}.lock", (3000, 3000))
+    d = acquire(image_of("d", 100_000), "d.tar", cache, limits)  # now a, the least recent, goes
+    assert not os.path.exists(a.path) and os.path.isdir(c.path) and os.path.isdir(d.path)
+    # a cache hit is a use: it moves the image to the back of the queue
+    again = acquire(image_of("c", 100_000), "c.tar", cache, limits)
+    assert again.path == c.path and os.stat(f"{c.path}.lock").st_mtime > time.time() - 60
+    os.close(again.lock)
+    os.close(d.lock)
+
+
+def test_the_cache_counts_images_from_before_it_kept_sizes_and_clears_crashed_unpacks(tmp_path):
+    cache = tmp_path / "cache"
+    old = cache / ("0" * 64)
+    (old / "bin").mkdir(parents=True)
+    (old / "bin" / "tool").write_bytes(bytes(300_000))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (cache / f".unpack-0123456789abcdef-{dead.pid}").mkdir()
+    (cache / f".unpack-0123456789abcdef-{os.getpid()}-x").mkdir()  # not a pid: left alone
+    evict(str(cache), 250_000)
+    assert not old.exists()  # 300 000 bytes, counted by walking it, over the limit, held by nobody
+    assert sorted(os.listdir(cache)) == [f".unpack-0123456789abcdef-{os.getpid()}-x"]
+
+
+def test_the_cache_limits_are_agent_config(tmp_path):
+    path = tmp_path / "agent.toml"
+    path.write_text('[agent]\nname = "n"\n')
+    iso = load_agent_config(path).isolation
+    assert (iso.image_max_bytes, iso.image_max_entries, iso.image_cache_max_bytes) == (64 * 2**30, 500_000,
+                                                                                       256 * 2**30)
+    path.write_text('[agent]\nname = "n"\n[isolation]\nimage_max_bytes = 1000\nimage_cache_max_bytes = 0\n')
+    iso = load_agent_config(path).isolation
+    assert (iso.image_max_bytes, iso.image_cache_max_bytes) == (1000, 0)
+    path.write_text('[agent]\nname = "n"\n[isolation]\nimage_max_entries = -1\n')
+    with pytest.raises(ConfigError, match="image_max_entries must be >= 0"):
+        load_agent_config(path)
+
+
+# -- names that would be options --
+
+def test_an_image_name_that_is_an_option_is_refused_at_submission():
+    for image in ("--help", "-v", "--rootfs=/", "Busybox", "a b"):
+        with pytest.raises(JobScriptError, match="expected an absolute path"):
+            parse_submission("#!/bin/sh\ntrue\n", ["--runtime=podman", f"--container-image={image}"],
+                             cwd="/home/u", env={})
+    for image, kept in (("localhost/torch:2.3", "localhost/torch:2.3"), ("/srv/img.tar", "/srv/img.tar")):
+        spec = parse_submission("#!/bin/sh\ntrue\n", ["--runtime=podman", f"--container-image={image}"],
+                                cwd="/home/u", env={}).spec
+        assert spec.container_image == kept
+    # a path for the other runtimes, whatever it looks like
+    spec = parse_submission("#!/bin/sh\ntrue\n", ["--runtime=runc", "--container-image=--help"], cwd="/home/u",
+                            env={}).spec
+    assert spec.container_image == "/home/u/--help"
+
+
+@pytest.mark.skipif(not podman_installed(), reason="podman is not installed (scripts/test installs it)")
+def test_podman_refuses_an_image_name_that_is_an_option(box):
+    agent = isolation_agent(box, "pathnode3", "").start()
+    try:
+        spec = box.spec("#!/bin/sh\necho ran\n", runtime="podman", container_image="--help")
+
+        async def body():
+            async with client(agent) as c:
+                return (await c.call("start_run", {"spec": spec}))["status"]
+
+        st = run(body())
+        assert st["reason"] == "launch_failed", st
+        assert st["message"] == "container image '--help' is neither an absolute path nor an image name", st
+        assert "Usage" not in Path(spec["stdout"]).read_text() if Path(spec["stdout"]).exists() else True
+    finally:
+        agent.stop()
+
