@@ -49,6 +49,13 @@ class SharingConfig:
 RUNTIMES = ("none", "bwrap", "runc", "podman", "apptainer", "enroot")  # = agent.runspec.RUNTIMES
 
 
+RLIMIT_NAMES = ("as", "core", "cpu", "data", "fsize", "memlock", "nofile", "nproc", "stack")
+# What slurmd's unit gives its jobs (LimitMEMLOCK=infinity: NCCL over InfiniBand pins memory;
+# LimitNOFILE=131072: data loaders), and no core files unless a job asks (`ulimit -c unlimited`):
+# a crashing 8-GPU job would write tens of GB per rank into its working directory.
+DEFAULT_RLIMITS = (("memlock", -1, -1), ("nofile", 131072, 131072), ("core", 0, -1))
+
+
 @dataclass(frozen=True)
 class IsolationConfig:
     """[isolation]: how the agent contains jobs (runtimes, cgroups, device nodes)."""
@@ -57,7 +64,10 @@ class IsolationConfig:
     device_dir: str = "/dev"  # where the GPU device nodes (nvidiaN, nvidiactl, ...) are
     cgroups: bool = True  # false: never create cgroups (no limits, no cgroup kill)
     cgroup_parent: str = "hai"  # run cgroups: <hierarchy>/<cgroup_parent>/<node>-<spool hash>/<job>.<attempt>
-    pids_limit: int = 0  # most processes+threads per run; 0 = no limit
+    # most processes+threads per run (a fork bomb stops there, not at the node's pid_max); 0 = no limit
+    pids_limit: int = 65536
+    # (name, soft, hard) resource limits every job starts with (agent/rlimits.py), -1 = unlimited
+    rlimits: tuple[tuple[str, int, int], ...] = DEFAULT_RLIMITS
     limit_cpus: bool = True  # cap a run's CPU time at its -c CPUs (cpu.max / cfs_quota)
     container_init: str = "auto"  # static init for runc containers; auto = tini-static or catatonit
     image_cache: str = ""  # rootfs tarballs are unpacked here; "" = <spool>/images
@@ -501,6 +511,7 @@ def _isolation(path: str, raw: Any) -> IsolationConfig:
         cgroups=sec.get("cgroups", bool, d.cgroups),
         cgroup_parent=sec.get("cgroup_parent", str, d.cgroup_parent),
         pids_limit=sec.get("pids_limit", int, d.pids_limit),
+        rlimits=_rlimits(path, sec.get("rlimits", dict, {}), d.rlimits),
         limit_cpus=sec.get("limit_cpus", bool, d.limit_cpus),
         container_init=sec.get("container_init", str, d.container_init),
         image_cache=sec.get("image_cache", str, d.image_cache),
@@ -529,6 +540,43 @@ def _isolation(path: str, raw: Any) -> IsolationConfig:
     if cfg.pids_limit < 0:
         raise ConfigError(f"{path}: isolation.pids_limit must be >= 0 (0: no limit)")
     return cfg
+
+
+def _rlimit_pair(value: Any) -> tuple[int, int] | None:
+    """N, "unlimited" or "SOFT:HARD" -> (soft, hard), -1 for unlimited; None if it is none of them."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return None
+    parts = str(value).split(":")
+    if len(parts) not in (1, 2):
+        return None
+    try:
+        numbers = [-1 if p == "unlimited" else int(p) for p in parts]
+    except ValueError:
+        return None
+    if any(n < -1 or n == -1 and p != "unlimited" for n, p in zip(numbers, parts)):
+        return None
+    return numbers[0], numbers[-1]
+
+
+def _rlimits(path: str, raw: dict, defaults: tuple[tuple[str, int, int], ...]) -> tuple[tuple[str, int, int], ...]:
+    """[isolation.rlimits]: NAME = N | "unlimited" | "SOFT:HARD" | "inherit" (the agent's own),
+    over the defaults."""
+    limits = {name: (soft, hard) for name, soft, hard in defaults}
+    for name, value in raw.items():
+        where = f"{path}: isolation.rlimits.{name}"
+        if name not in RLIMIT_NAMES:
+            raise ConfigError(f"{where}: unknown limit (known: {', '.join(RLIMIT_NAMES)})")
+        if value == "inherit":
+            limits.pop(name, None)
+            continue
+        pair = _rlimit_pair(value)
+        if pair is None:
+            raise ConfigError(f"{where}: expected a number, \"unlimited\", \"SOFT:HARD\" or \"inherit\", got {value!r}")
+        soft, hard = pair
+        if hard != -1 and (soft == -1 or soft > hard):
+            raise ConfigError(f"{where}: the soft limit {soft} is above the hard limit {hard}")
+        limits[name] = (soft, hard)
+    return tuple((name, soft, hard) for name, (soft, hard) in limits.items())
 
 
 def load_controller_config(path: str | os.PathLike) -> ControllerConfig:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Mapping
 
-from . import cgroups
+from . import cgroups, rlimits
 from .runspec import RunSpec
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ class NodeIsolation:
     default_container_runtime: str = "bwrap"
     device_dir: str = "/dev"
     pids_limit: int = 0
+    rlimits: tuple[tuple[str, int, int], ...] = ()  # what every job starts with (rlimits.effective)
     limit_cpus: bool = True
     container_init: str | None = None
     tools: Mapping[str, str] = field(default_factory=dict)  # runtime -> its installed binary
@@ -78,7 +79,8 @@ class NodeIsolation:
             caps = cgroups.detect(f"{iso.cgroup_parent.strip('/')}/{agent_cgroup(cfg.name, cfg.spool)}")
         node = cls(node=cfg.name, default_runtime=iso.default_runtime,
                    default_container_runtime=iso.default_container_runtime, device_dir=iso.device_dir,
-                   pids_limit=iso.pids_limit, limit_cpus=iso.limit_cpus, container_init=init,
+                   pids_limit=iso.pids_limit, rlimits=rlimits.effective(iso.rlimits),
+                   limit_cpus=iso.limit_cpus, container_init=init,
                    tools=tools, unusable=unusable, cgroups=caps if caps is not None and caps.usable else None,
                    image_cache=iso.image_cache or os.path.join(cfg.spool, "images"),
                    image_max_bytes=iso.image_max_bytes, image_max_entries=iso.image_max_entries,
@@ -140,4 +142,5 @@ class NodeIsolation:
     def from_wire(cls, d: Any) -> "NodeIsolation":
         d = dict(d)
         d["cgroups"] = cgroups.Capabilities.from_wire(d["cgroups"]) if d.get("cgroups") else None
+        d["rlimits"] = tuple((str(n), int(soft), int(hard)) for n, soft, hard in d.get("rlimits") or ())
         return cls(**d)

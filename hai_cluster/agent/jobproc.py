@@ -18,9 +18,11 @@ import errno
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, Sequence
 
 from ..core.envfilter import helper_env
+from . import rlimits
+from .rlimits import Limit
 from .runspec import RunSpec
 
 if TYPE_CHECKING:
@@ -49,7 +51,7 @@ def _close_fds(keep: set[int]) -> None:
 
 
 def exec_job(spec: RunSpec, launch: Launch, groups: list[int], errw: int,
-             cgroup_procs: list[str]) -> NoReturn:
+             cgroup_procs: list[str], limits: Sequence[Limit] = ()) -> NoReturn:
     """Become the job (or its runtime, per `launch`), with exactly launch.env. Never returns.
 
     As root: join the run's cgroups (so everything the job ever starts is in them: nothing can
@@ -68,6 +70,9 @@ def exec_job(spec: RunSpec, launch: Launch, groups: list[int], errw: int,
                 f.write("0")
         step = "setsid"
         os.setsid()  # own session and process group: the shepherd signals the whole group
+        for name, soft, hard in limits:  # as root: a hard limit above the shepherd's may be set
+            step = f"setting the job's resource limit {name} ({rlimits.show(soft)}:{rlimits.show(hard)})"
+            rlimits.apply([(name, soft, hard)])
         if mounts is not None:
             step = "setting up the job's mount namespace"
             from .runtimes import rootfs
@@ -141,21 +146,23 @@ def exec_job(spec: RunSpec, launch: Launch, groups: list[int], errw: int,
 
 
 JOBEXEC = os.path.join(os.path.dirname(sys.executable), "hai-jobexec")
-JOBEXEC_PROTOCOL = "1"  # jobexec.c's PROTOCOL
+JOBEXEC_PROTOCOL = "2"  # jobexec.c's PROTOCOL
 _DEFAULT_SIGNALS = sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP})
 
 
-def start_job(spec: RunSpec, launch: Launch, groups: list[int], errw: int, cgroup_procs: list[str]) -> int:
-    """Start the job's process (exec_job's steps and messages); its pid. In the shepherd."""
+def start_job(spec: RunSpec, launch: Launch, groups: list[int], errw: int, cgroup_procs: list[str],
+              limits: Sequence[Limit] = ()) -> int:
+    """Start the job's process (exec_job's steps and messages), with resource `limits`; its pid.
+    In the shepherd."""
     if launch.mounts is None and os.access(JOBEXEC, os.X_OK):  # no image root to assemble: the helper
         block = _env_block(dict(launch.env) if launch.as_user else helper_env(launch.env))
         if block is not None:
-            pid = _spawn(_jobexec_options(spec, launch, groups, cgroup_procs), block, errw, launch.keep_fds)
+            pid = _spawn(_jobexec_options(spec, launch, groups, cgroup_procs, limits), block, errw, launch.keep_fds)
             if pid is not None:
                 return pid
     pid = os.fork()
     if pid == 0:
-        exec_job(spec, launch, groups, errw, cgroup_procs)
+        exec_job(spec, launch, groups, errw, cgroup_procs, limits)
     return pid
 
 
@@ -163,11 +170,14 @@ def _interpreter_hint(spec: RunSpec) -> str:
     return f" (interpreter {spec.script.splitlines()[0][2:].strip()!r})"
 
 
-def _jobexec_options(spec: RunSpec, launch: Launch, groups: list[int], cgroup_procs: list[str]) -> list[str]:
+def _jobexec_options(spec: RunSpec, launch: Launch, groups: list[int], cgroup_procs: list[str],
+                     limits: Sequence[Limit] = ()) -> list[str]:
     """hai-jobexec's arguments after the protocol and the two fds (jobexec.c)."""
     argv = []
     for path in cgroup_procs:
         argv += ["--cgroup", path]
+    for name, soft, hard in limits:
+        argv += ["--rlimit", f"{name}:{rlimits.NAMES[name]}:{soft}:{hard}"]
     for fd in launch.keep_fds:
         argv += ["--keep", str(fd)]
     argv += ["--user", spec.user, "--uid", str(spec.uid), "--gid", str(spec.gid),

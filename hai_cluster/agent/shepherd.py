@@ -389,7 +389,7 @@ class Shepherd:
             self.finish(self.status())
             return 0
         exec_r, exec_w = os.pipe()  # both CLOEXEC: exec success closes exec_w in the child
-        pid = start_job(spec, launch, groups, exec_w, self.box.procs_files())
+        pid = start_job(spec, launch, groups, exec_w, self.box.procs_files(), self.box.node.rlimits)
         os.close(exec_w)
         self.box.after_fork()
         self.pid = pid

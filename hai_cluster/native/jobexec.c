@@ -7,14 +7,16 @@ to its default (the C library's own two: below) and emptied the mask. Then, in t
 jobproc.exec_job (the Python path, which stays for container launches and where this is not
 built), and with the same messages:
 
-  join the run's cgroups; setsid; as the user: groups, gid, uid, umask, chdir, the checkpoint
-  dir, stdout and stderr opened, stdin from /dev/null; a root runtime takes root back; every fd
-  closed but the error pipe and the runtime's; exec.
+  join the run's cgroups; setsid; the job's resource limits (as root: a hard limit above the
+  shepherd's may be set); as the user: groups, gid, uid, umask, chdir, the checkpoint dir, stdout
+  and stderr opened, stdin from /dev/null; a root runtime takes root back; every fd closed but the
+  error pipe and the runtime's; exec.
 
 A failure writes "<step> failed: <strerror>" to the error pipe and exits 127; the pipe is
 close-on-exec, so a successful exec closes it: that is how the shepherd knows the job started.
 
-    hai-jobexec 1 ERRFD ENVFD [--cgroup PROCS]... [--keep FD]... --user NAME --uid N --gid N
+    hai-jobexec 2 ERRFD ENVFD [--cgroup PROCS]... [--rlimit NAME:RESOURCE:SOFT:HARD]... [--keep FD]...
+                --user NAME --uid N --gid N
                 --groups G,G,... [--as-user] --umask N --chdir DIR [--checkpoint DIR] [--trunc]
                 --stdout PATH [--stderr PATH] --label TEXT [--hint TEXT] -- PROGRAM ARG...
 
@@ -33,12 +35,13 @@ built them). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <unistd.h>
 
-#define PROTOCOL "1" /* jobproc.JOBEXEC_PROTOCOL: a helper from another version refuses */
+#define PROTOCOL "2" /* jobproc.JOBEXEC_PROTOCOL: a helper from another version refuses */
 #define MAX_LIST 256
 #define MSG_MAX 4000
 
@@ -132,6 +135,42 @@ static void default_libc_signals(void) {
     for (int sig = __SIGRTMIN; sig < SIGRTMIN; sig++) syscall(SYS_rt_sigaction, sig, zero, NULL, (NSIG - 1) / 8);
 }
 
+/* --rlimit NAME:RESOURCE:SOFT:HARD (-1: unlimited), as jobproc._jobexec_options writes it */
+struct limit {
+    char name[16];
+    int resource;
+    struct rlimit value;
+};
+
+static rlim_t limit_value(const char *s, char **end) {
+    errno = 0;
+    long long v = strtoll(s, end, 10);
+    if (errno || *end == s || v < -1) usage("bad --rlimit");
+    return v == -1 ? RLIM_INFINITY : (rlim_t)v;
+}
+
+static void parse_limit(const char *val, struct limit *out) {
+    const char *colon = strchr(val, ':');
+    if (!colon || colon == val || (size_t)(colon - val) >= sizeof out->name) usage("bad --rlimit");
+    memcpy(out->name, val, (size_t)(colon - val));
+    out->name[colon - val] = '\0';
+    char *end;
+    errno = 0;
+    long res = strtol(colon + 1, &end, 10);
+    if (errno || end == colon + 1 || *end != ':' || res < 0 || res >= RLIM_NLIMITS) usage("bad --rlimit");
+    out->resource = (int)res;
+    out->value.rlim_cur = limit_value(end + 1, &end);
+    if (*end != ':') usage("bad --rlimit");
+    out->value.rlim_max = limit_value(end + 1, &end);
+    if (*end) usage("bad --rlimit");
+}
+
+static const char *show_limit(rlim_t v, char *buf, size_t size) {
+    if (v == RLIM_INFINITY) return "unlimited";
+    snprintf(buf, size, "%llu", (unsigned long long)v);
+    return buf;
+}
+
 static int is_dir(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
@@ -184,6 +223,8 @@ static void close_others(const int *keep, int nkeep) {
 
 int main(int argc, char **argv) {
     const char *cgroups[MAX_LIST];
+    struct limit limits[MAX_LIST];
+    int nlimits = 0;
     int keep[MAX_LIST + 1];  /* and the error pipe */
     gid_t *groups = NULL;
     int ncg = 0, nkeep = 0, ngroups = -1, as_user = 0, trunc = 0;
@@ -207,6 +248,9 @@ int main(int argc, char **argv) {
         if (strcmp(opt, "--cgroup") == 0) {
             if (ncg == MAX_LIST) usage("too many cgroups");
             cgroups[ncg++] = val;
+        } else if (strcmp(opt, "--rlimit") == 0) {
+            if (nlimits == MAX_LIST) usage("too many limits");
+            parse_limit(val, &limits[nlimits++]);
         } else if (strcmp(opt, "--keep") == 0) {
             if (nkeep == MAX_LIST) usage("too many fds to keep");
             keep[nkeep++] = (int)number(val);
@@ -268,6 +312,13 @@ int main(int argc, char **argv) {
     }
     snprintf(step, sizeof step, "setsid");
     if (setsid() < 0) fail();
+    for (int k = 0; k < nlimits; k++) {
+        char soft[24], hard[24];
+        snprintf(step, sizeof step, "setting the job's resource limit %.15s (%.23s:%.23s)", limits[k].name,
+                 show_limit(limits[k].value.rlim_cur, soft, sizeof soft),
+                 show_limit(limits[k].value.rlim_max, hard, sizeof hard));
+        if (setrlimit(limits[k].resource, &limits[k].value) != 0) fail();
+    }
     /* For a root runtime only the effective ids change (-1 keeps real and saved ids: root) */
     uid_t ruid = as_user ? (uid_t)uid : (uid_t)-1;
     gid_t rgid = as_user ? (gid_t)gid : (gid_t)-1;

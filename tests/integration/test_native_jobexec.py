@@ -64,7 +64,7 @@ def box():
 
 
 def start(box: Sandbox, way: str, helper: str, script: str = PROBE, cgroups=(), keep=(), env=None,
-          monkeypatch=None, **over) -> tuple[str, int, str, str]:
+          monkeypatch=None, limits=(), **over) -> tuple[str, int, str, str]:
     """(error written to the pipe, exit code, stdout file, stderr file) of one job started `way`,
     with this run's own paths replaced by RUN and WORK so that the two ways compare."""
     spec = RunSpec.from_wire(box.spec(script, **over))
@@ -75,7 +75,7 @@ def start(box: Sandbox, way: str, helper: str, script: str = PROBE, cgroups=(), 
     monkeypatch.setattr(jobproc, "JOBEXEC", helper if way == "c" else "/nonexistent/hai-jobexec")
     r, w = os.pipe()
     try:
-        pid = jobproc.start_job(spec, launch, os.getgrouplist(spec.user, spec.gid), w, list(cgroups))
+        pid = jobproc.start_job(spec, launch, os.getgrouplist(spec.user, spec.gid), w, list(cgroups), limits)
     finally:
         os.close(w)
     with os.fdopen(r, "rb") as f:
@@ -139,6 +139,21 @@ def test_umask_stderr_attempt_and_checkpoint_dir(box, helper, monkeypatch):
 def test_launch_errors_read_the_same(box, helper, monkeypatch, over, message):
     error, code, out, _ = both(box, helper, monkeypatch, **over)
     assert (error, code, out) == (message, 127, "")
+
+
+def test_the_job_starts_with_the_nodes_resource_limits(box, helper, monkeypatch):
+    """[isolation.rlimits], set as root before the job becomes its user (a job may lower them only)."""
+    limits = (("nofile", 1024, 4096), ("memlock", 65536, 65536), ("core", 0, -1))
+    error, code, out, _ = both(box, helper, monkeypatch, limits=limits,
+                               script="#!/bin/sh\ngrep -E 'open files|locked memory|core file' /proc/self/limits\n")
+    assert (error, code) == ("", 0)
+    rows = {" ".join(line.split()[:-3]): line.split()[-3:-1] for line in out.splitlines()}
+    assert rows == {"Max core file size": ["0", "unlimited"], "Max locked memory": ["65536", "65536"],
+                    "Max open files": ["1024", "4096"]}
+    # above what the kernel allows (fs.nr_open): the launch fails, saying which limit, either way
+    error, code, out, _ = both(box, helper, monkeypatch, limits=(("nofile", 10**9, 10**9),))
+    assert (error, code, out) == (
+        "setting the job's resource limit nofile (1000000000:1000000000) failed: Operation not permitted", 127, "")
 
 
 def test_the_job_joins_the_run_cgroup_and_keeps_the_runtime_fds(box, helper, monkeypatch):

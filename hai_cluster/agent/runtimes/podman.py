@@ -142,8 +142,10 @@ class Podman(Runtime):
         cid = container_name(ctx)
         remove = [*base, "rm", "--force", "--ignore", "--time", "0", cid]
         subprocess.run(remove, stdin=subprocess.DEVNULL, capture_output=True, timeout=CHECK_TIMEOUT)  # a crashed try's
-        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
-        nproc = [min(_finite(v), PODMAN_NPROC) for v in resource.getrlimit(resource.RLIMIT_NPROC)]
+        limits = {name: (soft, hard) for name, soft, hard in node.rlimits}  # the job's process has them
+        limits.setdefault("nofile", resource.getrlimit(resource.RLIMIT_NOFILE))
+        limits["nproc"] = tuple(min(_finite(v), PODMAN_NPROC) for v in limits.get(
+            "nproc", resource.getrlimit(resource.RLIMIT_NPROC)))
         pid_file = ctx.run_dir / PID_FILE
         pid_file.unlink(missing_ok=True)
         argv = [*base, "run", "--rm", f"--name={cid}", f"--pidfile={pid_file}",
@@ -151,8 +153,7 @@ class Podman(Runtime):
                 "--user", f"{spec.uid}:{spec.gid}", *[a for g in ctx.groups for a in ("--group-add", str(g))],
                 "--cap-drop", "all", "--security-opt", "no-new-privileges",
                 "--read-only", "--tmpfs", "/tmp:rw,nosuid,nodev,mode=1777",
-                "--ulimit", f"nofile={_limit(nofile[0])}:{_limit(nofile[1])}",
-                "--ulimit", f"nproc={_limit(nproc[0])}:{_limit(nproc[1])}",
+                *[f"--ulimit={name}={_limit(soft)}:{_limit(hard)}" for name, (soft, hard) in limits.items()],
                 "--pids-limit", "0", f"--env-file={_env_file(ctx)}", f"--workdir={spec.workdir}",
                 "--volume", _volume(node.container_init, INIT, "ro,nosuid,nodev"),
                 "--entrypoint", json.dumps(_init_args(node.container_init))]

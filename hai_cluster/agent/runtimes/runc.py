@@ -101,7 +101,6 @@ def _devices(devices: list[Device]) -> tuple[list[dict], list[dict]]:
 def bundle_config(ctx: Context, root: str, init: str, binds: list[Bind] | None = None) -> dict:
     """config.json; `binds` default to the job's own (prepare passes them staged)."""
     spec = ctx.spec
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # runc fails above the host's own limit
     nodes, rules = _devices(gpu_devices(ctx))
     linux = {"namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount")],
              "devices": nodes, "resources": {"devices": rules},
@@ -115,11 +114,24 @@ def bundle_config(ctx: Context, root: str, init: str, binds: list[Bind] | None =
         "env": [f"{k}={v}" for k, v in init_env(ctx, init).items()],
         "cwd": spec.workdir,
         "capabilities": {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")},
-        "rlimits": [{"type": "RLIMIT_NOFILE", "soft": soft, "hard": hard}],
+        "rlimits": oci_rlimits(ctx.node.rlimits),
         "noNewPrivileges": True,
     }
     return {"ociVersion": "1.0.2", "process": process, "root": {"path": root, "readonly": True},
             "mounts": _mounts(init, job_binds(ctx) if binds is None else binds), "linux": linux}
+
+
+def oci_rlimits(limits) -> list[dict]:
+    """The container's resource limits: the node's for jobs (NodeIsolation.rlimits, which the
+    job's process set on itself before it started runc: runc cannot go above its own hard
+    limits), and RLIMIT_NOFILE as runc has it where they leave that out (runc needs one)."""
+    out = {f"RLIMIT_{name.upper()}": (soft, hard) for name, soft, hard in limits}
+    out.setdefault("RLIMIT_NOFILE", resource.getrlimit(resource.RLIMIT_NOFILE))
+    return [{"type": t, "soft": _oci(soft), "hard": _oci(hard)} for t, (soft, hard) in out.items()]
+
+
+def _oci(value: int) -> int:
+    return 2**64 - 1 if value == resource.RLIM_INFINITY else value  # the OCI spec's unsigned "unlimited"
 
 
 class Runc(Runtime):
