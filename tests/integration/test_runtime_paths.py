@@ -43,14 +43,6 @@ from .test_agent_containers import fake_gpu_nodes, isolation_agent, podman_insta
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
-@pytest.fixture
-def box():
-    need_root()
-    b = Sandbox()
-    yield b
-    b.cleanup()
-
-
 def context(box: Sandbox, **spec) -> Context:
     """A runtime Context for a run of the test user's, with its run dir in the sandbox."""
     run_dir = box.base / "run"
