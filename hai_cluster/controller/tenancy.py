@@ -19,6 +19,7 @@ from ..core.quota import Quotas
 from ..store import accounts as store
 from ..transport.rpc import RequestError
 from .access import Caller, deny, group_names, matches
+from .submitcounts import NEAR, SubmissionCounts
 
 FAIRSHARE_REFRESH = 10.0  # seconds between recomputations of the decayed usage
 # Seconds the live limits are kept between reads: every submission and every pass wants them, and
@@ -37,6 +38,8 @@ class Tenancy:
         self._computed_at = -1e18
         self._overrides: dict | None = None
         self._overrides_at = 0.0
+        self._counts: SubmissionCounts | None = None  # per store engine (a takeover brings a new one)
+        self._counts_engine = None
 
     # ---- accounts and their users -----------------------------------------------------
     @property
@@ -88,17 +91,24 @@ class Tenancy:
         if not (user_lim.max_pending or user_lim.max_jobs or user_lim.max_pending_bytes
                 or acct_lim.max_pending or acct_lim.max_jobs):
             return
-        n = store.job_counts(engine, caller.user, account)
-        for limit, count, add, what in (
-                (user_lim.max_pending, n["user_pending"], adding, f"user {caller.user}: pending jobs"),
-                (user_lim.max_jobs, n["user_jobs"], adding, f"user {caller.user}: jobs"),
-                (user_lim.max_pending_bytes, n["user_pending_bytes"], adding_bytes,
-                 f"user {caller.user}: bytes of pending job scripts and environments"),
-                (acct_lim.max_pending, n["account_pending"], adding, f"account {account}: pending jobs"),
-                (acct_lim.max_jobs, n["account_jobs"], adding, f"account {account}: jobs")):
-            if limit and count + add > limit:
+        key = (caller.user, account if acct_lim.max_pending or acct_lim.max_jobs else None)
+        if self._counts is None or self._counts_engine is not engine:
+            self._counts = SubmissionCounts(lambda k: store.job_counts(engine, *k))
+            self._counts_engine = engine
+        checks = ((user_lim.max_pending, "user_pending", adding, f"user {caller.user}: pending jobs"),
+                  (user_lim.max_jobs, "user_jobs", adding, f"user {caller.user}: jobs"),
+                  (user_lim.max_pending_bytes, "user_pending_bytes", adding_bytes,
+                   f"user {caller.user}: bytes of pending job scripts and environments"),
+                  (acct_lim.max_pending, "account_pending", adding, f"account {account}: pending jobs"),
+                  (acct_lim.max_jobs, "account_jobs", adding, f"account {account}: jobs"))
+        n = self._counts.get(key)
+        if any(limit and n[k] + add > NEAR * limit for limit, k, add, _ in checks):
+            n = self._counts.get(key, fresh=True)  # near a limit: on the store's own numbers
+        for limit, k, add, what in checks:
+            if limit and n[k] + add > limit:
                 raise RequestError(f"Job violates accounting/QOS policy (job submit limit, {what} "
-                                   f"{count} of at most {limit}); wait for some to end")
+                                   f"{n[k]} of at most {limit}); wait for some to end")
+        self._counts.added(key, adding, adding_bytes)
 
     def _live_overrides(self, engine) -> dict:
         """store.overrides, read at most every OVERRIDES_REFRESH seconds (on the store thread)."""

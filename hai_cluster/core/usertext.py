@@ -7,6 +7,8 @@ unbounded row. Pure: no I/O.
 """
 from __future__ import annotations
 
+import re
+
 MAX_PATH = 4096  # PATH_MAX
 MAX_NAME = 200  # jobs.name
 MAX_ARG = 128 * 1024  # one argument (the kernel's MAX_ARG_STRLEN)
@@ -16,9 +18,12 @@ class TextError(ValueError):
     pass
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 def has_control(text: str) -> bool:
     """C0 and C1 control characters and DEL (tab and newline included)."""
-    return any(ord(c) < 32 or 127 <= ord(c) < 160 for c in text)
+    return _CONTROL.search(text) is not None
 
 
 def checked(what: str, text: str, *, max_len: int, line: bool = True) -> str:

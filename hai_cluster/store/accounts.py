@@ -36,9 +36,11 @@ def set_override(engine: Engine, kind: str, name: str, values: Mapping[str, int]
             c.execute(insert(limits).values(kind=kind, name=name, **row))
 
 
-def job_counts(engine: Engine, user: str, account: str) -> dict[str, int]:
-    """Pending and open (pending + running) jobs of the user and of the account, and the spec
-    bytes the user's pending jobs hold in the store."""
+def job_counts(engine: Engine, user: str, account: str | None = None) -> dict[str, int]:
+    """Pending and open (pending + running) jobs of the user, the spec bytes its pending jobs hold
+    in the store, and (given `account`) the account's pending and open jobs. The user's come from
+    the (user, state, spec_bytes) index alone; the account's read every open job, so they are
+    counted only where an account limit asks for them."""
     with engine.connect() as c:
         def count(*where) -> tuple[int, int, int]:
             rows = {r[0]: r[1:] for r in c.execute(
@@ -47,7 +49,7 @@ def job_counts(engine: Engine, user: str, account: str) -> dict[str, int]:
             pending, pending_bytes = rows.get(JobState.PENDING.value, (0, 0))
             return pending, sum(n for n, _ in rows.values()), int(pending_bytes or 0)
         up, ut, ub = count(jobs.c.user == user)
-        ap, at, _ = count(_account() == account)
+        ap, at, _ = count(_account() == account) if account is not None else (0, 0, 0)
     return {"user_pending": up, "user_jobs": ut, "user_pending_bytes": ub, "account_pending": ap,
             "account_jobs": at}
 

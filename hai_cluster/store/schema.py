@@ -61,9 +61,10 @@ jobs = Table(
     Column("gpu_qos", String(16)),
     Index("ix_jobs_state", "state"),
     # 0013: bytes of the spec this row stores (an array's once, on its first task): what a user's
-    # pending jobs hold in the store is bounded by it ([limits] max_pending_bytes)
+    # pending jobs hold in the store is bounded by it ([limits] max_pending_bytes); the index
+    # answers a user's counts at every submission without reading the rows
     Column("spec_bytes", Integer),
-    Index("ix_jobs_user_state", "user", "state"),
+    Index("ix_jobs_user_state", "user", "state", "spec_bytes"),
 )
 
 # 0013: an array's spec, stored once for all its tasks. A task's own `spec` holds only what was

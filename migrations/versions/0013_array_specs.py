@@ -1,7 +1,8 @@
 """An array's spec is stored once (array_specs), not copied into every task: one 256 KiB script
 with --array=0-1000 used to write 252 MB. jobs.spec_bytes counts what each row stores, so that
-[limits] max_pending_bytes bounds a user's pending jobs in the store; an index on (user, state)
-keeps that count (and the per-user job counts) cheap on every submission. Rows from before keep
+[limits] max_pending_bytes bounds a user's pending jobs in the store; an index on (user, state,
+spec_bytes) answers that count (and the per-user job counts) from the index alone, at every
+submission. Rows from before keep
 their full spec (spec_bytes NULL counts as 0) and are read as before.
 
 Revision ID: 0013
@@ -25,7 +26,7 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("jobs") as batch:
         batch.add_column(sa.Column("spec_bytes", sa.Integer))
-        batch.create_index("ix_jobs_user_state", ["user", "state"])
+        batch.create_index("ix_jobs_user_state", ["user", "state", "spec_bytes"])
 
 
 def downgrade() -> None:
