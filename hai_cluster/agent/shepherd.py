@@ -222,15 +222,36 @@ class Shepherd:
         return reason if reason in TERMINATE_REASONS else "cancel"
 
     def reap(self) -> None:
-        while True:
+        """Reap every child but the job's main process, whose exit is only looked at (WNOWAIT):
+        it stays a zombie until cleanup is over (release_main). A zombie holds its pid, which is
+        also the job's process group id, so until then no other process can be given that
+        number: every signal to self.pid or its group reaches the job or nobody. Once reaped, a
+        job's child cycling fork/exit could hand the number to another user's process, which
+        the grace period's SIGKILL then killed (the second audit of issue 18, H1)."""
+        if self.pid is not None and self.wait_status is None:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            if pid == self.pid:
-                self.wait_status = status
+                info = None
+            if info is not None:
+                self.wait_status = wait_status_of(info)
+        for child in self.other_children():  # orphans the subreaper adopted, and runtime helpers
+            try:
+                os.waitpid(child, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+    def other_children(self) -> list[int]:
+        """Our children but the job's main process (kept a zombie until release_main)."""
+        return [c for c in spool.children_of(os.getpid()) if c != self.pid]
+
+    def release_main(self) -> None:
+        """Reap the job's main process at last: nothing signals its pid or group after this."""
+        if self.pid is not None:
+            try:
+                os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
 
     def on_exec_pipe(self, fd: int, buf: bytearray) -> None:
         data = os.read(fd, 4096)
@@ -317,13 +338,13 @@ class Shepherd:
             except OSError:
                 pass
             self.box.kill()
-            for child in spool.children_of(os.getpid()):
+            for child in self.other_children():  # ours and unreaped: no pid here can be reused
                 try:
                     os.kill(child, signal.SIGKILL)
                 except OSError:
                     pass
             self.reap()
-            if not self.job_alive() and not spool.children_of(os.getpid()):
+            if not self.job_alive() and not self.other_children():
                 return
             if time.monotonic() > deadline:
                 log.warning("processes of the job survive SIGKILL (uninterruptible sleep?)")
@@ -403,6 +424,7 @@ class Shepherd:
         self.next_control_check = time.monotonic() + CONTROL_RECHECK
         self.supervise(exec_r)
         self.cleanup()
+        self.release_main()
         self.box.oom()  # an OOM kill of the main process may have been what ended it
         status = self.status()
         failure = self.box.setup_failure(self.wait_status) if self.launch_error is None else None
@@ -413,6 +435,15 @@ class Shepherd:
         self.box.teardown()
         self.finish(status)
         return 0
+
+
+def wait_status_of(info: os.waitid_result) -> int:
+    """waitid's siginfo as the status waitpid would have returned (os.WIFEXITED and friends)."""
+    if info.si_code == os.CLD_EXITED:
+        return (info.si_status & 0xff) << 8
+    if info.si_code == os.CLD_DUMPED:
+        return info.si_status | 0x80
+    return info.si_status  # CLD_KILLED
 
 
 def main(argv: list[str] | None = None) -> int:
