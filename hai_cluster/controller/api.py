@@ -15,7 +15,7 @@ from ..config import PRIORITY_CLASSES
 from ..core.dependency import parse_dependency
 from ..core.envfilter import submitted_env
 from ..core.jobids import JobRef, job_label, parse_array
-from ..core.jobscript import JobScriptError, parse_submission, split_command_line
+from ..core.jobscript import MAX_DEPENDENCY_TEXT, JobScriptError, parse_submission, split_command_line
 from ..core.model import JobSpec, JobView
 from ..core.resources import could_ever_fit
 from ..core.sharing import spec_share
@@ -539,6 +539,8 @@ def build_api(ctl: Controller) -> RpcTable:
         return {"job_id": job["id"]}
 
     async def checked_dependency(text: str) -> str:
+        if len(text) > MAX_DEPENDENCY_TEXT:  # before the parse: its cost grows with the text
+            raise RequestError(f"invalid dependency specification: too long (at most {MAX_DEPENDENCY_TEXT} characters)")
         try:
             dep = parse_dependency(text)
         except ValueError as exc:

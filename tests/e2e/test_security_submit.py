@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -30,9 +32,9 @@ def store_bytes(cluster) -> int:
 def raw_call(cluster, user: str, method: str, body: dict) -> subprocess.CompletedProcess:
     """A request as `user` from a client of their own (not hsubmit), its reply or error printed."""
     code = ("import json, sys; from hai_cluster.cli.client import ClientError, ControllerClient as C\n"
-            f"try: print(json.dumps(C().call({method!r}, json.loads(sys.argv[1]))))\n"
+            f"try: print(json.dumps(C().call({method!r}, json.load(sys.stdin))))\n"
             "except ClientError as e: print('ERROR', e)")
-    return cluster.cli("python", "-c", code, json.dumps(body), user=user)
+    return cluster.cli("python", "-c", code, input=json.dumps(body), user=user)
 
 
 def test_an_array_stores_its_script_once(cluster):
@@ -147,3 +149,31 @@ def test_files_the_controller_creates_are_private(cluster):
     res = subprocess.run(["cat", str(cluster.workdir / "hai.db")], user=OTHER_USER, capture_output=True)
     assert res.returncode != 0
     assert os.stat(cluster.workdir / "hai.db").st_uid == 0
+
+
+def test_one_submission_cannot_stall_the_controller(cluster):
+    """A 1.5 MB #SBATCH line kept the controller's event loop in shlex for 20 s (4 MiB: minutes,
+    past the unit's watchdog); an 8 MiB dependency in an update took 6 s to parse."""
+    d = user_dir(cluster.workdir, TEST_USER)
+    (d / "long.sh").write_text("#!/bin/sh\n#SBATCH -J " + "a" * 1_500_000 + "\ntrue\n")
+    result = {}
+
+    def attack():
+        result["res"] = cluster.cli("hsubmit", str(d / "long.sh"), check=False)
+    worker = threading.Thread(target=attack)
+    worker.start()
+    started = time.monotonic()
+    pings = []
+    while worker.is_alive() and time.monotonic() - started < 60:
+        t = time.monotonic()
+        cluster.cli("python", "-c", "from hai_cluster.cli.client import ControllerClient as C; C().call('ping', {})",
+                    user=OTHER_USER)
+        pings.append(time.monotonic() - t)
+    worker.join(60)
+    res = result["res"]
+    assert res.returncode != 0 and "the directive is 1500011 characters long; at most 4096" in res.stderr, res.stderr
+    assert max(pings, default=0) < 5, pings  # the other user was answered while it was refused
+    job = cluster.submit("--hold", "--wrap", "true")
+    out = raw_call(cluster, TEST_USER, "update_job", {"job_id": job, "fields": {"Dependency": "afterok:" + "1:" * 400_000}}).stdout
+    assert out.startswith("ERROR") and "too long (at most 4000 characters)" in out, out[:300]
+    cluster.cli("hcancel", str(job))
