@@ -197,6 +197,10 @@ class AccessConfig:
     max_requests_in_flight: int = 16
     max_requests_in_flight_per_uid: int = 32
     max_request_bytes_per_uid: int = 16 * 1024 * 1024
+    # controller/submitrate.py: jobs one uid may submit per second (sustained) and at once (every
+    # task of an array counts); the store keeps a row for every job. 0 = no limit.
+    submit_rate: float = 10.0
+    submit_burst: int = 10000
 
 
 @dataclass(frozen=True)
@@ -752,7 +756,8 @@ def _tenancy(path: str, doc: _Section):
                           max_request_bytes=a.get("max_request_bytes", int, 8 * 1024 * 1024),
                           max_requests_in_flight=a.get("max_requests_in_flight", int, 16),
                           max_requests_in_flight_per_uid=a.get("max_requests_in_flight_per_uid", int, 32),
-                          max_request_bytes_per_uid=a.get("max_request_bytes_per_uid", int, 16 * 1024 * 1024))
+                          max_request_bytes_per_uid=a.get("max_request_bytes_per_uid", int, 16 * 1024 * 1024),
+                          submit_rate=a.get("submit_rate", float, 10.0), submit_burst=a.get("submit_burst", int, 10000))
     a.done()
     for key in ("max_connections_per_uid", "max_requests_in_flight", "max_requests_in_flight_per_uid"):
         if getattr(access, key) < 0:
@@ -763,6 +768,8 @@ def _tenancy(path: str, doc: _Section):
     if 0 < access.max_request_bytes_per_uid < access.max_request_bytes:
         raise ConfigError(f"{path}: access.max_request_bytes_per_uid ({access.max_request_bytes_per_uid}) must be "
                           f"at least max_request_bytes ({access.max_request_bytes}), or 0 (no cap)")
+    if access.submit_rate < 0 or access.submit_burst < 1:
+        raise ConfigError(f"{path}: access.submit_rate must be >= 0 (0: no limit) and submit_burst >= 1")
     if access.max_request_bytes_per_uid < 0:
         raise ConfigError(f"{path}: access.max_request_bytes_per_uid must be >= 0 (0: no cap)")
     for key in ("client_frame_timeout", "client_idle_timeout"):

@@ -30,6 +30,7 @@ from .access import Caller, deny, may_act_on
 from .outputcheck import RecentlyWritable, outputs_problem
 from .partitions import PartitionRefused, admit, groups_of
 from .service import Controller
+from .submitrate import OverRate, SubmitRate
 from .telemetry_view import job_telemetry, nodes_telemetry
 
 NOT_FINAL = [s.value for s in JobState if s not in FINAL_STATES and s not in (JobState.PREEMPTED,
@@ -110,6 +111,7 @@ def _public(job: dict, mlfq, now: float) -> dict:
 def build_api(ctl: Controller) -> RpcTable:
     api = RpcTable()
     writable = RecentlyWritable()
+    rate = SubmitRate(ctl.cfg.access.submit_rate, ctl.cfg.access.submit_burst, time.monotonic)
     repo = lambda: ctl.repo  # noqa: E731  (the store opens after the table is built)
     mlfq = ctl.cfg.scheduler.mlfq
 
@@ -197,8 +199,15 @@ def build_api(ctl: Controller) -> RpcTable:
         spec = replace(spec, account=account)
         if sub.test_only:
             return {"test_only": await would_start(spec, partition, caller)}
+        tasks = len(parse_array(spec.array, None).indices) if spec.array else 1
+        try:
+            wait = rate.take(caller.uid, tasks)
+        except OverRate as exc:
+            raise RequestError(str(exc)) from None
+        if wait:
+            await asyncio.sleep(wait)
+
         def record() -> int:  # on the store thread: no other submission counts in between
-            tasks = len(parse_array(spec.array, None).indices) if spec.array else 1
             ctl.tenancy.check_submission(repo().engine, caller, account, tasks, spec_size(spec.to_wire()))
             return repo().submit(spec, user=caller.user, uid=caller.uid, gid=caller.gid, partition=partition,
                                  now=time.time(), account=account)

@@ -177,3 +177,37 @@ def test_one_submission_cannot_stall_the_controller(cluster):
     out = raw_call(cluster, TEST_USER, "update_job", {"job_id": job, "fields": {"Dependency": "afterok:" + "1:" * 400_000}}).stdout
     assert out.startswith("ERROR") and "too long (at most 4000 characters)" in out, out[:300]
     cluster.cli("hcancel", str(job))
+
+
+def test_submit_and_cancel_in_a_loop_does_not_fill_the_store(cluster):
+    """The audit's second round: 146 held 4 MiB jobs submitted and cancelled in 15 s grew hai.db to
+    589 MB, nothing left pending. A final job's script and environment now leave the store."""
+    d = user_dir(cluster.workdir, TEST_USER)
+    (d / "fat.sh").write_text("#!/bin/sh\n" + "#" * (2 * 2**20) + "\ntrue\n")
+    before = store_bytes(cluster)
+    for _ in range(20):
+        job = cluster.submit("--hold", str(d / "fat.sh"))
+        cluster.cli("hcancel", str(job))
+    assert cluster.job(job)["state"] == "CANCELLED"
+    grown = store_bytes(cluster) - before
+    assert grown < 12 * 2**20, grown  # 20 x 2 MiB kept would be 40 MiB (and as much WAL)
+
+
+def test_one_user_may_add_jobs_only_so_fast():
+    """[access] submit_rate / submit_burst: beyond the burst a submission waits for its tokens, and
+    one that would wait too long is refused saying when it could go; others are not held back."""
+    c = start_local_cluster(gpus=1, controller_toml="[access]\nsubmit_rate = 0.5\nsubmit_burst = 20\n")
+    try:
+        for _ in range(20):  # the burst
+            c.submit("--hold", "--wrap", "true")
+        t = time.monotonic()
+        c.submit("--hold", "--wrap", "true")
+        assert time.monotonic() - t >= 1.5  # waited for its token (2 s at 0.5 a second)
+        res = c.cli("hsubmit", "--hold", "--array=0-99", "--wrap", "true", check=False)  # would wait ~40 s
+        assert res.returncode != 0 and "submitting too fast: at most 0.5 jobs a second and 20 at once" in res.stderr
+        t = time.monotonic()
+        c.submit("--hold", "--wrap", "true", user=OTHER_USER)
+        assert time.monotonic() - t < 2  # a bucket of its own
+        assert len(c.call("jobs", {})["jobs"]) == 22
+    finally:
+        c.close()

@@ -7,7 +7,7 @@ from hai_cluster.core.dependency import NEVER, WAITING
 from hai_cluster.core.model import JobSpec, Placement
 from hai_cluster.store.engine import downgrade, upgrade
 from hai_cluster.store.repository import spec_size
-from hai_cluster.store.schema import jobs
+from hai_cluster.store.schema import array_specs, jobs
 
 from .test_store import engine, repo  # noqa: F401  (fixtures on SQLite and PostgreSQL)
 
@@ -67,6 +67,27 @@ def test_an_arrays_spec_is_stored_once(repo, engine):
     assert repo.job(array_id)["spec"]["time_limit"] == 600  # the others keep the array's
     started = repo.start_run(last, Placement(("a",), ((0,),)), now=2.0)
     assert started["spec"]["script"] == big and started["spec"]["time_limit"] == 60
+
+
+def test_a_final_jobs_script_and_environment_leave_the_store(repo, engine):
+    """A user submitting and cancelling 4 MiB held jobs in a loop grew the store by 39 MB/s."""
+    big = "#!/bin/sh\n" + "#" * 100_000 + "\ntrue\n"
+    job = repo.submit(JobSpec(script=big, workdir="/tmp", environment={"SECRET": "x" * 1000}), user="u", uid=1,
+                      gid=1, partition="gpu", now=1.0)
+    array = repo.submit(JobSpec(script=big, workdir="/tmp", array="0-2"), user="u", uid=1, gid=1, partition="gpu",
+                        now=1.0)
+    assert repo.cancel_pendings([job, array, array + 1], now=2.0) == [job, array, array + 1]
+    spec = repo.job(job)["spec"]
+    assert (spec["script"], spec["environment"], spec["workdir"]) == ("", {}, "/tmp")
+    assert repo.job(array + 2)["spec"]["script"] == big  # a task of the array still pending needs it
+    repo.start_run(array + 2, Placement(("a",), ((0,),)), now=3.0)
+    repo.rank_ended(array + 2, 0, "a", {"exit_code": 0, "signal": None}, now=4.0)  # the array's last task
+    assert repo.job(array + 2)["spec"]["script"] == "" and repo.job(array)["spec"]["script"] == ""
+    with engine.connect() as c:
+        stored = sum(len(str(s)) for s in c.execute(select(jobs.c.spec)).scalars())
+        stored += sum(len(str(s)) for s in c.execute(select(array_specs.c.spec)).scalars())
+        counted = c.execute(select(func.sum(jobs.c.spec_bytes))).scalar()
+    assert stored < 5000 and counted < 5000
 
 
 def test_going_down_from_0013_gives_every_task_its_full_spec(repo, engine):
