@@ -44,6 +44,8 @@ class Agent:
         self.starter = ShepherdStarter(cfg.shepherd_start, room_for(runs_dir(cfg.spool)))
         self.runs = RunTable(cfg.spool, cfg.launch_timeout, self.isolation, self.starter)
         self.shares = Shares(cfg, self.gpus)
+        self._mps_cleanup: asyncio.Future | None = None  # release_idle_mps's task
+        self._mps_cleanup_again = False
         self.health = HealthChecker(cfg, len(self.gpus))
         self.table = build_table(self)
         self.connections: set[RpcConnection] = set()
@@ -121,6 +123,26 @@ class Agent:
                 return False
         return any(await asyncio.gather(*(one(c) for c in list(self.connections))))
 
+    def release_idle_mps(self) -> None:
+        """Stop the MPS daemons no live run needs, in a task of its own: the control program runs
+        as each daemon's user, who can stall it (up to mps.TIMEOUT); the spool watch, and with it
+        every other run's end, must not wait for that. One at a time; ends meanwhile ask again."""
+        if self._mps_cleanup is not None and not self._mps_cleanup.done():
+            self._mps_cleanup_again = True
+            return
+        self._mps_cleanup_again = False
+        live = [r.spec for r in self.runs.runs.values() if not r.status.ended and r.spec]
+
+        async def cleanup() -> None:
+            try:
+                await asyncio.to_thread(self.shares.release_idle, live, self.shares.prepared)
+            except Exception:
+                log.exception("stopping idle MPS daemons failed")
+            if self._mps_cleanup_again:
+                self._mps_cleanup = None
+                self.release_idle_mps()
+        self._mps_cleanup = asyncio.ensure_future(cleanup())
+
     async def watch_spool(self) -> None:
         while True:
             try:
@@ -130,8 +152,7 @@ class Agent:
                              status.attempt, status.exit_code, status.signal, status.reason)
                     await self.push("run_exited", status.to_wire())
                 if ended and self.shares.any_daemon():  # MPS daemons no live sharing run needs any more
-                    live = [r.spec for r in self.runs.runs.values() if not r.status.ended and r.spec]
-                    await asyncio.to_thread(self.shares.release_idle, live, self.shares.prepared)
+                    self.release_idle_mps()
             except Exception:  # a broken spool entry must not stop the watch for all the others
                 log.exception("spool poll failed")
             try:  # the next poll: after poll_interval, or as soon as a shepherd exits

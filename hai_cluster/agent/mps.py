@@ -42,9 +42,20 @@ class MpsControl:
     def __init__(self, executable: str, run_dir: str) -> None:
         self.executable, self.run_dir = executable, Path(run_dir)
         # Runs start on the agent's thread pool: two sharing runs of one user starting at once on
-        # one card must not both find no daemon and start two (nor one stop what one starts).
-        self._lock = threading.Lock()
+        # one card must not both find no daemon and start two (nor one stop what one starts). A
+        # lock per (card, uid): the control program runs as that user, who can stall it (SIGSTOP)
+        # up to TIMEOUT; other users' daemons must not wait for it.
+        self._locks: dict[tuple[int, int], threading.Lock] = {}
+        self._locks_lock = threading.Lock()
         self.ensured = 0  # daemons handed out so far (ensure): what quit's `unless_ensured_since` compares
+
+    def _lock(self, card: int, uid: int) -> threading.Lock:
+        with self._locks_lock:
+            return self._locks.setdefault((card, uid), threading.Lock())
+
+    def _handed_out(self) -> None:
+        with self._locks_lock:
+            self.ensured += 1
 
     def base(self, card: int, uid: int) -> Path:
         return self.run_dir / f"gpu{card}-{uid}"
@@ -132,16 +143,16 @@ class MpsControl:
     def ensure(self, card: int, card_uuid: str, uid: int, gid: int) -> Path:
         """Start the card's control daemon for `uid` unless it runs; returns its pipe directory."""
         pipe = self.dirs(card, uid)[0]
-        with self._lock:
+        with self._lock(card, uid):
             if self.running(card, uid):
-                self.ensured += 1
+                self._handed_out()
                 return pipe
             try:
                 self._make_dirs(card, uid, gid)
             except OSError as exc:
                 raise MpsError(f"cannot set up MPS on GPU {card} for uid {uid}: {exc}") from None
             self._call(["-d"], self._env(card_uuid, card, uid), uid, gid, f"start MPS on GPU {card} for uid {uid}")
-            self.ensured += 1
+            self._handed_out()
         log.info("MPS control daemon started on GPU %d for uid %d (%s)", card, uid, pipe)
         return pipe
 
@@ -149,7 +160,7 @@ class MpsControl:
         """Ask the card's control daemon for `uid` to shut down (MPS's `quit` command); not when
         a daemon was handed out since `ensured` read `unless_ensured_since` (its user may be a
         run that the caller's decision did not know of)."""
-        with self._lock:
+        with self._lock(card, uid):
             if unless_ensured_since is not None and self.ensured != unless_ensured_since:
                 return
             if not self.running(card, uid):

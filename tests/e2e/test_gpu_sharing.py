@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -222,3 +224,39 @@ def test_a_fifo_or_device_for_the_mps_pid_file_stalls_no_one(cluster):
     # the owner's next sharing job still gets a daemon (a new one: the broken one is not trusted)
     b = cluster.submit("--gpus-per-node=0.25", "--wrap", f"echo ok > {home}/after.out")
     assert cluster.wait_state(b, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+
+
+STALLING_MPS = """#!/bin/sh
+# As FAKE_MPS, but the quit of one user's daemon never returns (the user stopped the control
+# program, which runs as them: SIGSTOP, or anything that keeps it from answering).
+if [ "$1" = "-d" ]; then touch "$CUDA_MPS_PIPE_DIRECTORY/control"; exit 0; fi
+[ "$(id -u)" = "$STALL_UID" ] && exec sleep 45.5
+read cmd; [ "$cmd" = quit ] && rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
+exit 0
+"""
+
+
+def test_a_stalled_mps_quit_of_one_user_holds_up_no_one_else():
+    """The idle-daemon cleanup ran on the agent's spool watch, under one lock for every daemon:
+    a user whose daemon's quit never answered held every other run's end (and every MPS start) for
+    the control program's 30 s timeout. Now the cleanup is a task of its own, locks are per daemon."""
+    tool_dir = Path(tempfile.mkdtemp(prefix="hai-mps-", dir="/tmp"))
+    os.chmod(tool_dir, 0o755)
+    tool = tool_dir / "nvidia-cuda-mps-control"
+    tool.write_text(STALLING_MPS.replace("$STALL_UID", str(pwd.getpwnam(TEST_USER).pw_uid)))
+    tool.chmod(0o755)
+    c = start_local_cluster(gpus=2, agent_toml=f'[sharing]\ngpus = [0, 1]\nmps_control = "{tool}"\n')
+    try:
+        stalled = c.submit("--gpus-per-node=0.25", "--wrap", "true")  # its end starts the stalled quit
+        assert c.wait_state(stalled, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+        wait_for(lambda: "sleep 45.5" in subprocess.run(["ps", "-u", TEST_USER, "-o", "args"], capture_output=True,
+                                                         text=True).stdout, 20, what="the stalled quit")
+        t = time.monotonic()
+        for args in (["--gpus-per-node=1"], ["--gpus-per-node=0.25"]):  # an end, and an MPS start
+            job = c.submit(*args, "--wrap", "true", user=OTHER_USER)
+            assert c.wait_state(job, "COMPLETED", "FAILED", timeout=60)["state"] == "COMPLETED"
+        assert time.monotonic() - t < 15, "another user's jobs waited for the stalled quit"
+    finally:
+        subprocess.run(["pkill", "-u", TEST_USER, "-f", "sleep 45.5"])
+        c.close()
+        shutil.rmtree(tool_dir)
