@@ -58,11 +58,12 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, header
     if sys.stdout.isatty() and len(cells) <= RICH_MAX_ROWS:
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
         table = Table(box=None, show_header=header, header_style="bold", pad_edge=False)
         for i, h in enumerate(headers):
             table.add_column(h, justify="right" if i in right else "left", no_wrap=True)
         for row in cells:
-            table.add_row(*row)
+            table.add_row(*map(Text, row))  # Text: a name like "[/x]" or "[link=...]" is not markup
         Console().print(table)
         return
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]

@@ -34,11 +34,12 @@ def print_cluster(reply: dict) -> None:
 
 def _table(title: str, headers, rows, right):
     from rich.table import Table
+    from rich.text import Text
     table = Table(title=title, title_justify="left", box=None, header_style="bold", pad_edge=False)
     for i, h in enumerate(headers):
         table.add_column(h, justify="right" if i in right else "left", no_wrap=True)
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(str(c)) for c in row))  # job names are the users': never markup
     return table
 
 

@@ -21,7 +21,7 @@ from .jobids import DEFAULT_MAX_ARRAY_SIZE, ArrayError, parse_array
 from .model import DEFAULT_GRACE_SECONDS, JobSpec
 from .sharing import QOS_CLASSES, GpuShare
 from .timefmt import parse_datetime, parse_size_mb, parse_time_limit
-from .usertext import MAX_ARG, MAX_NAME, MAX_PATH, TextError, checked
+from .usertext import MAX_ARG, MAX_NAME, MAX_PATH, TextError, checked, has_control
 
 NOT_A_SCRIPT = ("This does not look like a batch script. The first line must start with #! "
                 "followed by the path to an interpreter. For instance: #!/bin/sh")
@@ -199,7 +199,7 @@ def _int(text: str, minimum: int) -> int:
 def _nonempty(text: str) -> str:
     if not text:
         raise _Bad("must not be empty")
-    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+    if has_control(text):
         raise _Bad("must not contain control characters")
     return text
 

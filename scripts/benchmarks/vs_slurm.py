@@ -6,9 +6,11 @@ to a JSON file under /tmp (its path is printed)."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -126,8 +128,11 @@ def section(a) -> str:
         slurm = slurm_peer.load_saved(Path(a.slurm_results) if a.slurm_results else slurm_peer.BASELINE)
         how = (f"from a saved run, `{slurm['source']}` ({slurm['date'][:10]}; sizes: its own, "
                f"{slurm['args'].get('jobs')} jobs for a/b, {slurm['args'].get('pending')} for d)")
-    raw = Path(f"/tmp/hai-bench-vs-slurm-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    raw.write_text(json.dumps({"hai": ours, "slurm": slurm}, indent=1))
+    # a fresh file of our own (mkstemp: O_EXCL, 0600), not a fixed name in /tmp another user could plant
+    fd, name = tempfile.mkstemp(prefix=f"hai-bench-vs-slurm-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"hai": ours, "slurm": slurm}, f, indent=1)
+    raw = Path(name)
     print(f"[vs_slurm] raw values: {raw}", file=sys.stderr)
     version = (slurm or {}).get("version") or "Slurm"
     return (

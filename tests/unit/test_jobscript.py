@@ -303,6 +303,7 @@ def test_export_is_the_last_one_given():
     (["--job-name="], "--job-name=: must not be empty"),
     (["-J", ""], "-J : must not be empty"),
     (["-J", "a\nb"], "-J a\nb: must not contain control characters"),
+    (["-J", "a\x9bb"], "-J a\x9bb: must not contain control characters"),  # C1: the one-byte CSI
     (["-o", ""], "-o : must not be empty"),
     (["-D", ""], "-D : must not be empty"),
     (["--grace=-1"], "--grace=-1: expected a non-negative integer"),

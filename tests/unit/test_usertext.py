@@ -24,3 +24,22 @@ def test_replies_are_printed_as_one_line_of_visible_text():
     assert out["rtl"] == "abc\\u202edef" and out["ok"] == "naïve ✓" and out["id"] == 3
     assert all(v.isprintable() for v in out.values() if isinstance(v, str))
     assert printable("plain") == "plain"
+
+
+def test_a_name_in_a_terminal_table_is_never_rich_markup(monkeypatch):
+    """A job named "[/x]" crashed another user's hqueue on a terminal (rich's MarkupError), and
+    "[link=...]" or "[conceal]" would have made links or hidden text."""
+    import io
+    import sys
+
+    from hai_cluster.cli.common import print_table
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    out = Tty()
+    monkeypatch.setattr(sys, "stdout", out)
+    print_table(["JOBID", "NAME"], [["1", "[/x]"], ["2", "[link=http://evil]click[/link]"], ["3", "[conceal]hid"]])
+    text = out.getvalue()
+    assert "[/x]" in text and "[link=http://evil]click[/link]" in text and "[conceal]hid" in text
+    assert "\x1b]8;" not in text  # no OSC-8 hyperlink
