@@ -150,17 +150,47 @@ def shepherd_argv(run_dir: str | os.PathLike) -> list[str]:
 
 
 def is_shepherd(pid: int, run_dir: str | os.PathLike) -> bool:
-    """True if pid is a live shepherd for exactly this run dir (not a reused pid)."""
+    """True if pid is a live shepherd for exactly this run dir (not a reused pid), started by the
+    agent's own user: anyone can start a process with a shepherd's command line, and one that
+    passed for the shepherd of a run whose shepherd died would keep it from being declared lost."""
     if proc_starttime(pid) is None:
         return False
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().decode(errors="replace").split("\0")
+        proc = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except (FileNotFoundError, ProcessLookupError):
         return False
+    try:  # both read through one fd of /proc/PID: the same process, even if the pid is reused
+        argv = _read_proc(proc, "cmdline").decode(errors="replace").split("\0")
+        uid = _real_uid(_read_proc(proc, "status"))
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    finally:
+        os.close(proc)
     if argv and argv[-1] == "":
         argv.pop()
-    return argv[-3:] == ["-m", SHEPHERD_MODULE, str(run_dir)]
+    return argv[-3:] == ["-m", SHEPHERD_MODULE, str(run_dir)] and uid == os.geteuid()
+
+
+def _read_proc(proc: int, name: str) -> bytes:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=proc)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _real_uid(status: bytes) -> int | None:
+    """The real uid in /proc/PID/status. Not the owner of /proc/PID, which is the effective uid: a
+    shepherd has its user's for a moment (runtimes.as_user), and a setuid-root program that a user
+    started (its command line theirs) has root's; a user's process never has root's real uid."""
+    for line in status.splitlines():
+        if line.startswith(b"Uid:"):
+            fields = line.split()
+            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return None
 
 
 def _pids() -> list[int]:
@@ -174,9 +204,11 @@ def recorded_shepherd(run_dir: str | os.PathLike) -> int | None:
         rec = read_json(Path(run_dir) / SHEPHERD)
     except ValueError:
         rec = None
-    if isinstance(rec, dict) and isinstance(rec.get("pid"), int) and is_shepherd(rec["pid"], run_dir):
-        return rec["pid"]
-    return None
+    if not (isinstance(rec, dict) and isinstance(rec.get("pid"), int)):
+        return None
+    if "starttime" in rec and rec["starttime"] != proc_starttime(rec["pid"]):
+        return None  # that pid is another process now
+    return rec["pid"] if is_shepherd(rec["pid"], run_dir) else None
 
 
 def find_shepherd(run_dir: str | os.PathLike) -> int | None:

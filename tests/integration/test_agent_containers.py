@@ -390,3 +390,37 @@ def test_launch_failures_name_the_reason(env):
         assert st["pid"] is None
     for (_, message), error in zip(refused, errors):
         assert message in error
+
+
+def test_runcs_log_is_roots_alone(env):
+    """runc.log (runc's errors: the job's paths, ids, mounts) is 0600 root in the 0711 run dir, not
+    0644 as runc makes it (issue 18, L5); the shepherd still quotes runc's error from it."""
+    agent, rootfs, _ = env
+    box = agent.box
+    broken = box.base / "images" / "tmp-is-a-file"  # runc cannot mount its tmpfs on /tmp
+    shutil.copytree(rootfs, broken, symlinks=True)
+    (broken / "tmp").rmdir()
+    (broken / "tmp").write_text("")
+    ok = box.spec("#!/bin/sh\ntrue\n", runtime="runc", container_image=str(rootfs))
+    bad = box.spec("#!/bin/sh\ntrue\n", runtime="runc", container_image=str(broken))
+
+    async def body():
+        async with client(agent) as c:
+            out = []
+            for spec in (ok, bad):
+                st = (await c.call("start_run", {"spec": spec}))["status"]
+                out.append(st if st["state"] == "ended" else await c.exited(spec["job_id"], timeout=60))
+            return out
+
+    ended = run(body())
+    assert ended[0]["exit_code"] == 0, ended
+    assert ended[1]["reason"] == "launch_failed", ended
+    assert ended[1]["message"].startswith("runc could not start the container: "), ended
+    assert 'mounting "tmpfs" to rootfs at "/tmp"' in ended[1]["message"], ended  # runc's own, from its log
+    for spec in (ok, bad):
+        log = run_dir(box, spec) / "runc.log"
+        st = log.stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o600), oct(st.st_mode)
+        read = subprocess.run(["cat", str(log)], user=box.user.pw_uid, group=box.user.pw_gid, extra_groups=[],
+                              capture_output=True, text=True)
+        assert read.returncode != 0 and "Permission denied" in read.stderr, read

@@ -8,6 +8,8 @@ real test user and the real runtimes (docs/SECURITY.md, "Paths the root side ope
 - unpacking stops at the caps (bytes, entries, extended headers, tarball size), never follows a
   link (symlinks, hard links to symlinks, members that replace a symlink), skips device nodes;
 - the image cache evicts the least recently used images that no run holds, and only those;
+- what the cache unpacks is exactly what it hashed: a tarball its user rewrites between the
+  reads is refused, never cached under the hash of what it was (another user's image);
 - an image name that is an option is refused at submission and by the podman runtime.
 
 The races themselves (a path flipped while jobs start) are end to end:
@@ -330,6 +332,155 @@ def test_the_cache_evicts_the_least_recently_used_images_no_run_holds(tmp_path):
     assert again.path == c.path and os.stat(f"{c.path}.lock").st_mtime > time.time() - 60
     os.close(again.lock)
     os.close(d.lock)
+
+
+def _tagged(tag: bytes) -> bytes:
+    """An image whose /tag holds `tag`: the user's rewrite changes only those bytes, not the size."""
+    return tar_bytes([member("tag", data=tag), member("bin", tarfile.DIRTYPE), member("bin/tool", data=b"x" * 5000)])
+
+
+def test_what_is_unpacked_is_exactly_what_was_hashed(tmp_path, monkeypatch):
+    """The cache is keyed by the tarball's hash and shared by every user: a user who rewrites their
+    copy of another user's image once the hash has read it (the audit timed it with mincore) must
+    never put their bytes under that image's hash (issue 18, H2)."""
+    import hashlib
+
+    from hai_cluster.agent.runtimes import cache as cache_mod
+    good, evil = _tagged(b"GOOD"), _tagged(b"EVIL")
+    assert len(good) == len(evil)
+    digest = hashlib.sha256(good).hexdigest()
+    cache = str(tmp_path / "cache")
+    users = tmp_path / "image.tar"  # the user's file, rewritten in place (same inode, same size)
+
+    def rewrite(data: bytes):
+        def at(fn):
+            def hooked(*args, **kw):
+                if not done:
+                    done.append(1)
+                    with open(users, "r+b") as f:
+                        f.write(data)
+                return fn(*args, **kw)
+            return hooked
+        return at
+
+    # 1. rewritten after the hash, before the unpack reads it: refused, nothing cached
+    for data in (evil, good + b"\0" * 512):  # other bytes; more bytes (the reads stop at the size)
+        users.write_bytes(good)
+        done: list = []
+        monkeypatch.setattr(cache_mod, "_lock", rewrite(data)(cache_mod._lock))
+        fd = os.open(users, os.O_RDONLY)
+        with pytest.raises(RootfsError, match="the image changed while it was read"):
+            acquire(fd, "image.tar", cache)
+        os.close(fd)
+        monkeypatch.undo()
+        assert done and os.listdir(cache) == []  # no image, no lock file, no copy
+    # 2. rewritten while it is unpacked: the unpack reads a copy of root's, 0600, with no name
+    users.write_bytes(good)
+    done = []
+    seen: list = []
+
+    def extract(f, *args):
+        st = os.fstat(f.fileno())
+        seen.append((st.st_uid, stat.S_IMODE(st.st_mode), st.st_nlink))
+        return real_extract(f, *args)
+    real_extract = cache_mod.extract
+    monkeypatch.setattr(cache_mod, "extract", rewrite(evil)(extract))
+    fd = os.open(users, os.O_RDONLY)
+    image = acquire(fd, "image.tar", cache)
+    os.close(fd)
+    assert done and seen == [(os.geteuid(), 0o600, 0)], seen
+    assert image.path == os.path.join(cache, digest)
+    assert Path(image.path, "tag").read_bytes() == b"GOOD"
+    assert sorted(os.listdir(cache)) == sorted([digest, f"{digest}.lock"])
+    os.close(image.lock)
+    # another user's job with the untouched tarball gets the image it hashed
+    again = acquire(memfd(good), "theirs.tar", cache)
+    assert again.path == image.path and Path(again.path, "tag").read_bytes() == b"GOOD"
+    os.close(again.lock)
+
+
+# Flips a few bytes of a file between two values until the stop file appears; run as the user.
+FLIPPER = r"""
+import os, sys, time
+path, offset, a, b, stop = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode(), sys.argv[4].encode(), sys.argv[5]
+fd, n = os.open(path, os.O_WRONLY), 0
+while not os.path.exists(stop):
+    for data in (a, b):
+        os.pwrite(fd, data, offset)
+        time.sleep(0.0002)
+    n += 1
+print(n, flush=True)
+"""
+GOOD, EVIL = "GOOD-IMAGE-1f3a", "EVIL-IMAGE-1f3a"
+
+
+def test_a_tarball_rewritten_while_its_users_jobs_start_never_reaches_another_users_job(box):
+    """The audit's attack end to end, with a real agent and runc: the test user copies a tarball
+    that another user uses and flips its bytes in a loop while their own jobs start; the other
+    user's jobs, with the untouched root-owned tarball, must always get its real content. The
+    cache keeps one image (image_cache_max_bytes = 1), so the shared image is unpacked again and
+    again, each time by whoever comes first."""
+    import hashlib
+
+    from tests.e2e.harness import OTHER_USER, ensure_user
+
+    from .test_agent_containers import busybox_rootfs
+    images = box.base / "images"
+    images.mkdir(mode=0o755)
+    rootfs = busybox_rootfs(images / "rootfs")
+    shared = images / "shared.tar"  # root's, 0644: the other user's image
+    with tarfile.open(shared, "w") as tf:
+        tf.addfile(member("tag", data=f"{GOOD}\n".encode())[0], io.BytesIO(f"{GOOD}\n".encode()))
+        tf.add(rootfs, arcname=".")
+    data = shared.read_bytes()
+    offset = data.index(GOOD.encode())
+    mine = box.work / "mine.tar"  # the test user's copy, which they may write
+    mine.write_bytes(data)
+    os.chown(mine, box.user.pw_uid, box.user.pw_gid)
+    other = ensure_user(OTHER_USER)
+    theirs = box.base / "other"
+    theirs.mkdir()
+    os.chown(theirs, other.pw_uid, other.pw_gid)
+    agent = isolation_agent(box, "cachenode", "image_cache_max_bytes = 1\n").start()
+    stop = box.base / "stop-flipper"
+    flipper = subprocess.Popen(["/usr/bin/python3", "-c", FLIPPER, str(mine), str(offset), EVIL, GOOD, str(stop)],
+                               user=box.user.pw_uid, group=box.user.pw_gid, extra_groups=[],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cached = box.spool / "images" / hashlib.sha256(data).hexdigest() / "tag"
+    script = "#!/bin/sh\ncat /tag\n"
+
+    def job(spec):
+        async def body():
+            async with client(agent) as c:
+                st = (await c.call("start_run", {"spec": spec}))["status"]
+                return st if st["state"] == "ended" else await c.exited(spec["job_id"], timeout=60)
+        ended = run(body())
+        out = Path(spec["stdout"])
+        return ended, out.read_text() if out.exists() else ""
+
+    victims, poisoned, refused = [], [], 0
+    try:
+        for cycle in range(24):  # until the race showed up a few times, without and with our check
+            if cycle >= 8 and refused >= 2:
+                break
+            for _ in range(3):  # the user's jobs, in a row: one of them may be first to unpack it
+                ended, out = job(box.spec(script, runtime="runc", container_image=str(mine)))
+                refused += "the image changed while it was read" in (ended.get("message") or "")
+                if cached.exists() and cached.read_text() != f"{GOOD}\n":
+                    poisoned.append(cached.read_text())
+            spec = box.spec(script, runtime="runc", container_image=str(shared), user=OTHER_USER,
+                            uid=other.pw_uid, gid=other.pw_gid, workdir=str(theirs))
+            spec["stdout"] = str(theirs / f"job-{spec['job_id']}.out")
+            victims.append(job(spec))
+    finally:
+        stop.touch()
+        out, err = flipper.communicate(timeout=30)
+        agent.stop()
+    assert flipper.returncode == 0 and int(out) > 1000, (out, err)  # it did flip, many times
+    assert not poisoned, (f"the shared image held the test user's bytes after {len(poisoned)} of their jobs; "
+                          f"the other user's jobs printed {sorted({out for _, out in victims})}")
+    assert all(ended["exit_code"] == 0 and out == f"{GOOD}\n" for ended, out in victims), victims
+    assert refused, "no start saw the tarball change: the race never happened"
 
 
 def test_the_cache_counts_images_from_before_it_kept_sizes_and_clears_crashed_unpacks(tmp_path):

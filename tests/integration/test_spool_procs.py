@@ -1,5 +1,6 @@
 """spool's process queries on real process trees: the fast paths (the kernel's children list,
-kill(-pgid, 0) for an empty group) give what the /proc scan gives."""
+kill(-pgid, 0) for an empty group) give what the /proc scan gives; is_shepherd knows a shepherd
+from a user's process with its command line."""
 import os
 import signal
 import subprocess
@@ -7,6 +8,8 @@ import sys
 import time
 
 from hai_cluster.agent import spool
+
+from .agent_helpers import ensure_user, need_root
 
 
 def _spawn_tree(children: int) -> subprocess.Popen:
@@ -66,3 +69,52 @@ def test_group_members_live_group_and_emptied_group():
     while spool.group_members(p.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert spool.group_members(p.pid) == []
+
+
+# -- is_shepherd: whose process it is (issue 18, L2) --
+
+SLEEP = "import ctypes, os, sys, time\n" \
+        "if sys.argv[1] == 'nodump': ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE\n" \
+        "if sys.argv[1].isdigit(): os.seteuid(int(sys.argv[1]))\n" \
+        "print('ready', flush=True); time.sleep(60)\n"
+
+
+def _fake_shepherd(run_dir: str, mode: str, **kw) -> subprocess.Popen:
+    """A process whose command line ends as a shepherd's for run_dir (spool.shepherd_argv)."""
+    p = subprocess.Popen([kw.pop("python", sys.executable), "-c", SLEEP, mode, "-m", spool.SHEPHERD_MODULE, run_dir],
+                         stdout=subprocess.PIPE, text=True, **kw)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def test_a_users_process_with_a_shepherds_command_line_is_no_shepherd(tmp_path):
+    """Any user may start a process with a shepherd's command line: one that passed would keep a run
+    whose shepherd died from being declared lost."""
+    need_root()
+    pw = ensure_user()
+    run_dir = str(tmp_path / "runs" / "7.0")
+    as_user = dict(python="/usr/bin/python3", user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+    procs = [_fake_shepherd(run_dir, mode, **as_user) for mode in ("plain", "nodump")]  # nodump: /proc files root's
+    ours = _fake_shepherd(run_dir, "plain")
+    try:
+        assert [spool.is_shepherd(p.pid, run_dir) for p in procs] == [False, False]
+        assert spool.find_shepherd(run_dir) == ours.pid  # the /proc scan skips the user's too
+        assert spool.is_shepherd(ours.pid, run_dir) and not spool.is_shepherd(ours.pid, run_dir + "x")
+    finally:
+        for p in (*procs, ours):
+            p.kill()
+            p.wait()
+
+
+def test_a_shepherd_that_has_its_users_effective_ids_for_a_moment_is_still_one(tmp_path):
+    """runtimes.as_user gives the shepherd the user's effective ids while it opens the user's image:
+    /proc/PID is then the user's, its real uid stays root's."""
+    need_root()
+    run_dir = str(tmp_path / "runs" / "8.0")
+    p = _fake_shepherd(run_dir, str(ensure_user().pw_uid))
+    try:
+        assert os.stat(f"/proc/{p.pid}").st_uid != 0
+        assert spool.is_shepherd(p.pid, run_dir)
+    finally:
+        p.kill()
+        p.wait()

@@ -11,9 +11,17 @@ recently used images that no run holds (an exclusive flock that does not block) 
 it fits, so it may exceed the limit only by images in use. A lock file is removed with its image,
 under the exclusive lock: whoever waited on it finds it unlinked and takes the new one
 (_lock checks the inode), so a run never holds the lock of an image it does not use.
+
+The tarball is the user's, who may rewrite it at any moment, and the cache is shared by every
+user under its hash: what is unpacked must be exactly the bytes that were hashed (issue 18, H2:
+a tarball rewritten between the hash and the unpack put one user's binary into another user's
+job). So an image not yet cached is unpacked from a copy only root can reach (0600 in the
+cache, unlinked at once), made in one read of the user's file and refused unless it has the
+digest the lookup used. Every read of the user's file stops at its size when it was opened.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -77,12 +85,55 @@ def _lock(cache: str, digest: str, exclusive: bool = False) -> int | None:
         os.close(fd)  # an eviction removed it meanwhile
 
 
-def _digest(fd: int) -> str:
+CHANGED = "the image changed while it was read (a tarball must not be written while jobs that use it start)"
+
+
+def _read(fd: int, size: int):
+    """The `size` bytes of the user's file on `fd`, a chunk at a time; RootfsError if it is
+    shorter or longer now: it changed, and no more than `size` is ever read."""
+    offset = 0
+    while offset < size:
+        chunk = os.pread(fd, min(CHUNK, size - offset), offset)
+        if not chunk:
+            raise RootfsError(CHANGED)
+        offset += len(chunk)
+        yield chunk
+    if os.pread(fd, 1, size):
+        raise RootfsError(CHANGED)
+
+
+def _digest(fd: int, size: int) -> str:
     h = hashlib.sha256()
-    os.lseek(fd, 0, os.SEEK_SET)
-    while chunk := os.read(fd, CHUNK):
+    for chunk in _read(fd, size):
         h.update(chunk)
     return h.hexdigest()
+
+
+def _private_copy(fd: int, size: int, cache: str, digest: str) -> int:
+    """An fd of a copy of the user's tarball that only root can reach (0600, in the cache, with no
+    name), with exactly the bytes of `digest`: made in one read that is hashed as it goes."""
+    cache_fd = os.open(cache, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    name = f".copy-{digest[:16]}-{os.urandom(4).hex()}-{os.getpid()}"
+    try:
+        copy = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                       dir_fd=cache_fd)
+        os.unlink(name, dir_fd=cache_fd)  # freed when closed, whatever happens next
+    finally:
+        os.close(cache_fd)
+    try:
+        h = hashlib.sha256()
+        for chunk in _read(fd, size):
+            h.update(chunk)
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(copy, view):]
+        if h.hexdigest() != digest:
+            raise RootfsError(CHANGED)
+        os.lseek(copy, 0, os.SEEK_SET)
+        return copy
+    except BaseException:
+        os.close(copy)
+        raise
 
 
 def acquire(fd: int, name: str, cache: str, limits: ImageLimits = ImageLimits()) -> CachedImage:
@@ -93,13 +144,13 @@ def acquire(fd: int, name: str, cache: str, limits: ImageLimits = ImageLimits())
     if limits.max_tarball() and size > limits.max_tarball():
         raise RootfsError(f"the tarball is {size} bytes, more than an image may unpack to "
                           f"(isolation.image_max_bytes = {limits.max_bytes})")
-    digest = _digest(fd)
+    digest = _digest(fd, size)
     os.makedirs(cache, 0o700, exist_ok=True)
     lock = _lock(cache, digest)
     try:
         final = os.path.join(cache, digest)
         if not os.path.isdir(final):
-            _unpack(fd, name, cache, digest, limits, lock)
+            _unpack(fd, size, name, cache, digest, limits, lock)
             evict(cache, limits.cache_max_bytes, keep=digest)
         os.utime(lock)  # last use: the eviction order
         return CachedImage(final, lock)
@@ -126,13 +177,12 @@ def _record(fd: int, counted: dict) -> None:
     os.pwrite(fd, json.dumps(counted).encode(), 0)
 
 
-def _unpack(fd: int, name: str, cache: str, digest: str, limits: ImageLimits, lock: int) -> None:
+def _unpack(fd: int, size: int, name: str, cache: str, digest: str, limits: ImageLimits, lock: int) -> None:
     tmp = os.path.join(cache, f".unpack-{digest[:16]}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.mkdir(tmp, 0o755)
-    os.lseek(fd, 0, os.SEEK_SET)
     try:
-        with os.fdopen(os.dup(fd), "rb") as f:
+        with os.fdopen(_private_copy(fd, size, cache, digest), "rb") as f:  # never the user's file
             _record(lock, extract(f, tmp, limits.max_bytes, limits.max_entries))  # before it is seen
         os.chmod(tmp, 0o755)
         try:
@@ -225,13 +275,17 @@ def _remove(cache: str, name: str) -> bool:
 
 
 def _remove_leftovers(cache: str) -> None:
-    """.unpack-* and .evict-* dirs whose shepherd is gone (it crashed half way)."""
+    """.unpack-* and .evict-* dirs, and .copy-* files, whose shepherd is gone (it crashed half way)."""
     for name in os.listdir(cache):
-        if not name.startswith((".unpack-", ".evict-")):
+        if not name.startswith((".unpack-", ".evict-", ".copy-")):
             continue
         pid = name.rsplit("-", 1)[-1]
         if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(os.path.join(cache, name), ignore_errors=True)
+            if name.startswith(".copy-"):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(cache, name))
+            else:
+                shutil.rmtree(os.path.join(cache, name), ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

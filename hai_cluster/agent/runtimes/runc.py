@@ -156,7 +156,8 @@ class Runc(Runtime):
         config = bundle_config(ctx, root, node.container_init, binds)
         spool.write_json_atomic(os.path.join(bundle, "config.json"), config)  # 0600: env may hold secrets
         cid = container_id(ctx)
-        base = [tool, "--root", node.runc_root, "--log", str(ctx.run_dir / "runc.log"), "--log-format", "json"]
+        log = _private_log(str(ctx.run_dir / "runc.log"))
+        base = [tool, "--root", node.runc_root, "--log", log, "--log-format", "json"]
         delete = [*base, "delete", "--force", cid]
         if os.path.isdir(os.path.join(node.runc_root, cid)):  # left by a crashed earlier try
             subprocess.run(delete, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
@@ -171,6 +172,18 @@ class Runc(Runtime):
         if (ctx.run_dir / "bundle" / "pid").exists():
             return None  # the container started: whatever happened next is the job's
         return f"runc could not start the container: {_runc_error(ctx)}"
+
+
+def _private_log(path: str) -> str:
+    """runc.log, made root's 0600 before runc opens it: runc creates a missing log 0644 and only
+    appends to one that exists, and its errors (the job's paths, ids, mounts) are not for every
+    user who can reach the 0711 run dir. The shepherd reads it as root (_runc_error)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # exactly: not left 0644 by an earlier try of this run
+    finally:
+        os.close(fd)
+    return path
 
 
 def _runc_error(ctx: Context) -> str:
