@@ -97,21 +97,24 @@ TIMES = {"submit_time", "start_time", "end_time", "pending_since", "last_run_end
          "attained_now"}  # and what the run time decides
 
 
-def same_jobs(cluster, c_id: int, py_id: int, *, wait: bool = True) -> None:
-    """The two jobs have the same fields (the "jobs" RPC) and the same spec in the store (the script,
-    its environment, arguments, working directory: all the client sent), but for ids and times."""
-    if wait:
-        wait_for(lambda: all(j["state"] in FINAL for j in jobs(cluster, [c_id, py_id])), 60, what="jobs to end")
-    else:  # pending: the scheduler's next pass gives both their reason (one may have had it already)
-        wait_for(lambda: "None" not in {j["reason"] for j in jobs(cluster, [c_id, py_id])}, 30,
-                 what="pending reasons")
-    rows = {j["id"]: {k: v for k, v in j.items() if k != "id" and k not in TIMES} for j in jobs(cluster, [c_id, py_id])}
-    assert rows[c_id] == rows[py_id]
+def same_jobs(cluster, c_id: int, py_id: int, *, run: bool = True) -> None:
+    """The two jobs (submitted held) have the same spec in the store (the script, its environment,
+    arguments, working directory: all the client sent), compared while they are pending (a final
+    job's script and environment leave the store), and the same fields (the "jobs" RPC) but for
+    ids and times; with `run`, once released and ended too."""
+    # the scheduler's next pass gives both their reason (one may have had it already)
+    wait_for(lambda: "None" not in {j["reason"] for j in jobs(cluster, [c_id, py_id])}, 30, what="pending reasons")
     with sqlite3.connect(cluster.workdir / "hai.db") as db:
         specs = {i: json.loads(db.execute("SELECT spec FROM jobs WHERE id = ?", (i,)).fetchone()[0])
                  for i in (c_id, py_id)}
     assert specs[c_id]["environment"] and specs[c_id]["script"]
     assert specs[c_id] == specs[py_id]
+    if run:
+        for i in (c_id, py_id):
+            cluster.call("release", {"job_id": i})
+        wait_for(lambda: all(j["state"] in FINAL for j in jobs(cluster, [c_id, py_id])), 60, what="jobs to end")
+    rows = {j["id"]: {k: v for k, v in j.items() if k != "id" and k not in TIMES} for j in jobs(cluster, [c_id, py_id])}
+    assert rows[c_id] == rows[py_id]
 
 
 def test_c_and_python_hsubmit_print_exit_and_submit_the_same(clients, cluster):
@@ -122,20 +125,21 @@ def test_c_and_python_hsubmit_print_exit_and_submit_the_same(clients, cluster):
     crlf.write_bytes(b"#!/bin/bash\r\n#SBATCH -J crlf\r\necho one\recho two\r\n")
     (work / "dir.sh").mkdir(exist_ok=True)
 
-    _, ids = both(clients, cluster, "--wrap", "true")
+    _, ids = both(clients, cluster, "--hold", "--wrap", "true")
     same_jobs(cluster, *ids)
-    proc, ids = both(clients, cluster, "--parsable", "--wrap=echo hi")
+    proc, ids = both(clients, cluster, "--hold", "--parsable", "--wrap=echo hi")
     assert proc.stdout.strip().isdigit()
     same_jobs(cluster, *ids)
-    proc, ids = both(clients, cluster, "-o", "out-%j.txt", str(script), "a b", "c")
+    proc, ids = both(clients, cluster, "--hold", "-o", "out-%j.txt", str(script), "a b", "c")
     assert proc.stdout.startswith(b"Submitted batch job ")
     same_jobs(cluster, *ids)
-    _, ids = both(clients, cluster, "crlf.sh")
+    _, ids = both(clients, cluster, "--hold", "crlf.sh")
     same_jobs(cluster, *ids)
-    _, ids = both(clients, cluster, "--parsable", "--gpus-per-node=2", stdin=b"#!/bin/sh\n#SBATCH -J piped\necho in\n")
+    _, ids = both(clients, cluster, "--hold", "--parsable", "--gpus-per-node=2",
+                  stdin=b"#!/bin/sh\n#SBATCH -J piped\necho in\n")
     same_jobs(cluster, *ids)
     _, ids = both(clients, cluster, "--hold", "--wrap", "true")
-    same_jobs(cluster, *ids, wait=False)
+    same_jobs(cluster, *ids, run=False)
     assert {j["state"] for j in jobs(cluster, ids)} == {"PENDING"}
 
     proc, _ = both(clients, cluster, "-W", "--wrap", "true")
