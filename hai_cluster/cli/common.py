@@ -41,6 +41,29 @@ def call(prog: str, method: str, body: Any = None) -> Any:
         client.close()
 
 
+def call_pages(prog: str, method: str, body: dict, keys: Sequence[str] = ("jobs",)) -> Any:
+    """A listing's every page (the controller answers PAGE_ROWS rows at a time: it builds each
+    reply on its event loop), its `keys` lists joined, made safe to print."""
+    client = ControllerClient()
+    merged = None
+    try:
+        after = None
+        while True:
+            reply = client.call(method, body if after is None else {**body, "after": after})
+            if merged is None:
+                merged = reply
+            else:
+                for key in keys:
+                    merged[key].extend(reply[key])
+            if not reply.get("more"):
+                return shown(merged)
+            after = reply["next"]
+    except ClientError as exc:
+        fail(prog, str(exc))
+    finally:
+        client.close()
+
+
 def split_list(values: Sequence[str] | None) -> list[str] | None:
     """Slurm-style comma lists, also given as repeated options."""
     if not values:

@@ -17,7 +17,7 @@ import click
 from ..core.hostlist import compress
 from ..core.jobids import ArrayError, job_label, parse_job_refs, refs_to_wire
 from ..core.timefmt import format_duration, parse_datetime
-from .common import call, fail, print_table, split_list
+from .common import call_pages, fail, print_table, split_list
 from .telemetry_fmt import energy, mib
 
 DEFAULT_FIELDS = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
@@ -161,7 +161,9 @@ def main(job_ids, users, me, starttime, endtime, fmt, long_, noheader, parsable,
         end = parse_datetime(endtime, now) if endtime else None
     except (click.BadParameter, ValueError) as exc:
         fail("hacct", getattr(exc, "message", None) or str(exc))
-    reply = call("hacct", "acct", body)
+    if start is not None:
+        body["since"] = start  # only jobs that had not ended by then: the rest is filtered out below anyway
+    reply = call_pages("hacct", "acct", body, keys=("jobs", "runs"))
     if as_json:
         json.dump(reply, sys.stdout, indent=2, default=str)
         print()

@@ -12,7 +12,7 @@ from ..core.timefmt import format_duration, format_limit
 from ..core.jobids import ArrayError, job_label, parse_job_ref
 from .client import ClientError, ControllerClient
 from ..core.usertext import printable
-from .common import call, fail
+from .common import call, call_pages, fail
 from .hinfo import node_state
 from .jobfields import elapsed, gres, nodelist
 
@@ -71,7 +71,7 @@ def show_job(job_id):
     reply = call("hcontrol", "show_job", body)
     shown = [reply["job"]]
     if "task_id" not in body and reply["job"].get("array_job_id") == body["job_id"]:
-        tasks = call("hcontrol", "jobs", {"ids": [body["job_id"]], "all": True})["jobs"]
+        tasks = call_pages("hcontrol", "jobs", {"ids": [body["job_id"]], "all": True})["jobs"]
         shown += [call("hcontrol", "show_job", {"job_id": t["id"]})["job"] for t in tasks if t["id"] != body["job_id"]]
     for job in shown:
         for line in job_lines(job, reply["now"]):
@@ -125,7 +125,7 @@ def _job_action(method: str, job_id: str) -> None:
     """Act on one job, one task (12_4), or every unfinished task of an array (12), as scontrol does."""
     body = _job_body(job_id)
     tasks = [] if "task_id" in body else [
-        j for j in call("hcontrol", "jobs", {"ids": [body["job_id"]]})["jobs"] if j.get("array_job_id") == body["job_id"]]
+        j for j in call_pages("hcontrol", "jobs", {"ids": [body["job_id"]]})["jobs"] if j.get("array_job_id") == body["job_id"]]
     if len(tasks) <= 1:
         call("hcontrol", method, body)
         return

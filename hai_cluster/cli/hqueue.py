@@ -8,7 +8,7 @@ import sys
 import click
 
 from ..core.jobids import ArrayError, collapse_pending, parse_job_refs, refs_to_wire
-from .common import call, fail, print_table, split_list
+from .common import call_pages, fail, print_table, split_list
 from .jobfields import DEFAULT_FORMAT, FIELDS, LONG_FORMAT, NEEDS, RIGHT, ROW_KEYS
 
 _SPEC = re.compile(r"%(\.?)(\d*)([A-Za-z])")
@@ -68,7 +68,7 @@ def main(users, me, job_ids, states, partitions, names, long_, noheader, fmt, ex
         fail("hqueue", str(exc.message))
     if not as_json:  # only the columns shown: a tenth of the bytes for a default listing
         body["fields"] = sorted({key for c in columns for key in NEEDS[c]} | set(ROW_KEYS))
-    reply = call("hqueue", "jobs", body)
+    reply = call_pages("hqueue", "jobs", body)
     if as_json:
         json.dump({"jobs": reply["jobs"]}, sys.stdout, indent=2, default=str)
         print()

@@ -26,8 +26,9 @@ def read_events(engine: Engine, *, job_id: int | None = None, node: str | None =
     if job_id is not None:
         q = q.where(events.c.job_id == job_id)
     if node is not None:
-        q = q.where(or_(events.c.node == node, events.c.node.like(f"{node},%"),
-                        events.c.node.like(f"%,{node}"), events.c.node.like(f"%,{node},%")))
+        name = node.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")  # a name, not a pattern
+        q = q.where(or_(events.c.node == node, events.c.node.like(f"{name},%", escape="\\"),
+                        events.c.node.like(f"%,{name}", escape="\\"), events.c.node.like(f"%,{name},%", escape="\\")))
     if limit:  # the newest `limit`, still printed oldest first
         q = q.order_by(events.c.id.desc()).limit(limit)
         with engine.connect() as c:

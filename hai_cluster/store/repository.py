@@ -625,10 +625,18 @@ class Repository:
     def jobs(self, *, ids: Sequence[int] | None = None, states: Sequence[str] | None = None,
              users: Sequence[str] | None = None, names: Sequence[str] | None = None,
              partitions: Sequence[str] | None = None, columns: Sequence[str] | None = None,
-             tasks: Sequence[tuple[int, int]] | None = None) -> list[dict]:
+             tasks: Sequence[tuple[int, int]] | None = None, after_id: int | None = None,
+             limit: int | None = None, ended_since: float | None = None) -> list[dict]:
         """Job rows without the spec; `columns`: only these (names in LISTING_COLUMNS). `ids` also
-        name every task of an array; `tasks` are (array id, task id)."""
+        name every task of an array; `tasks` are (array id, task id). A page: ids above
+        `after_id`, at most `limit`; `ended_since`: only jobs not ended before then."""
         q = select(*(LISTING_COLUMNS if columns is None else [jobs.c[n] for n in columns])).order_by(jobs.c.id)
+        if after_id is not None:
+            q = q.where(jobs.c.id > after_id)
+        if limit is not None:
+            q = q.limit(limit)
+        if ended_since is not None:
+            q = q.where(or_(jobs.c.end_time.is_(None), jobs.c.end_time >= ended_since))
         if ids or tasks:
             q = q.where(_selected(ids, tasks))
         if states:
@@ -650,10 +658,14 @@ class Repository:
             return _with_shares(c, [{**_row(r), "spec": _full_spec(c, r)}])[0] if r else None
 
     def runs(self, *, job_ids: Sequence[int] | None = None, users: Sequence[str] | None = None,
-             tasks: Sequence[tuple[int, int]] | None = None) -> list[dict]:
+             tasks: Sequence[tuple[int, int]] | None = None, of_jobs: Sequence[int] | None = None) -> list[dict]:
+        """Runs of the jobs named (`job_ids` as in jobs(): an array's id names its tasks), or of
+        exactly the jobs `of_jobs` (a page of a listing)."""
         q = (select(runs, jobs.c.name, jobs.c.user, jobs.c.partition, jobs.c.state.label("job_state"),
                     jobs.c.array_job_id, jobs.c.array_task_id, jobs.c.account)
              .join(jobs, jobs.c.id == runs.c.job_id).order_by(runs.c.job_id, runs.c.attempt))
+        if of_jobs is not None:
+            q = q.where(runs.c.job_id.in_(list(of_jobs)))
         if job_ids or tasks:
             q = q.where(_selected(job_ids, tasks))
         if users:
