@@ -76,6 +76,8 @@ class IsolationConfig:
     image_max_bytes: int = 64 * 2**30
     image_max_entries: int = 500_000
     image_cache_max_bytes: int = 256 * 2**30
+    # seconds one image's hash, read and unpack may take together (a cancel stops it too); 0 = none
+    image_unpack_timeout: float = 600.0
 
 
 # 48 double-bit ECC, 63/64 row remapping recorded/failed, 74 NVLink, 79 fallen off the bus,
@@ -522,11 +524,12 @@ def _isolation(path: str, raw: Any) -> IsolationConfig:
         image_max_bytes=sec.get("image_max_bytes", int, d.image_max_bytes),
         image_max_entries=sec.get("image_max_entries", int, d.image_max_entries),
         image_cache_max_bytes=sec.get("image_cache_max_bytes", int, d.image_cache_max_bytes),
+        image_unpack_timeout=sec.get("image_unpack_timeout", float, d.image_unpack_timeout),
     )
     sec.done()
     if cfg.image_cache:
         cfg = replace(cfg, image_cache=resolve(path, cfg.image_cache))
-    for key in ("image_max_bytes", "image_max_entries", "image_cache_max_bytes"):
+    for key in ("image_max_bytes", "image_max_entries", "image_cache_max_bytes", "image_unpack_timeout"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"{path}: isolation.{key} must be >= 0 (0: no limit)")
     if cfg.container_init not in ("auto", "") and not os.path.isabs(cfg.container_init):

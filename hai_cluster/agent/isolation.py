@@ -54,6 +54,7 @@ class NodeIsolation:
     image_max_bytes: int = 0
     image_max_entries: int = 0
     image_cache_max_bytes: int = 0
+    image_unpack_timeout: float = 600.0  # seconds an image's hash and unpack may take (0: none)
     runc_root: str = ""
 
     @classmethod
@@ -84,7 +85,7 @@ class NodeIsolation:
                    tools=tools, unusable=unusable, cgroups=caps if caps is not None and caps.usable else None,
                    image_cache=iso.image_cache or os.path.join(cfg.spool, "images"),
                    image_max_bytes=iso.image_max_bytes, image_max_entries=iso.image_max_entries,
-                   image_cache_max_bytes=iso.image_cache_max_bytes,
+                   image_cache_max_bytes=iso.image_cache_max_bytes, image_unpack_timeout=iso.image_unpack_timeout,
                    runc_root=os.path.join(cfg.spool, "runc"))
         node.log_summary()
         return node

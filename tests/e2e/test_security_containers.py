@@ -9,17 +9,24 @@ the root side must never hang on what the user puts at a path.
 - a checkpoint dir or an image dir flipped (renameat2 RENAME_EXCHANGE, in a loop) between the
   user's own directory and a symlink to a directory under a root-only parent while jobs start:
   no job may ever see or write the protected directory;
-- an image name that would be an option of podman is refused at submission."""
+- an image name that would be an option of podman is refused at submission;
+- a tarball image cannot hold a root shepherd or fill the node's disk (the third audit): the
+  audit's bzip2 bomb fails at once, a cancel ends a slow unpack, and a sparse `truncate -s 2G`
+  file fails without the image cache (a 64 MiB tmpfs here) ever getting near full."""
 from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from hai_cluster.agent import spool
 from tests.integration.test_agent_containers import busybox_rootfs, podman_installed
+from tests.integration.test_runtime_paths import bz2_bomb, slow_image
 
 from .harness import TEST_USER, Cluster, ensure_user, start_local_cluster, user_dir, wait_for
 
@@ -220,3 +227,111 @@ def test_an_image_name_that_is_an_option_is_refused_at_submission(cluster):
         assert proc.returncode != 0, proc.stdout
         assert "container-image" in proc.stderr and "absolute path" in proc.stderr, proc.stderr
 
+
+# -- the third audit: what root unpacks from a tarball image (H1: CPU and time; H2: disk) --
+
+@pytest.fixture(scope="module")
+def image_cluster():
+    """A cluster whose image cache is a 64 MiB tmpfs of its own, and the most of it ever used."""
+    cache = Path(tempfile.mkdtemp(prefix="hai-imgcache-", dir="/tmp"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(cache)], check=True)
+    peak, stop = [0], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            st = os.statvfs(cache)
+            peak[0] = max(peak[0], (st.f_blocks - st.f_bfree) * st.f_frsize)
+            time.sleep(0.002)
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        c = start_local_cluster(gpus=1, node="imgnode",
+                                agent_toml=f'[isolation]\nimage_cache = "{cache / "images"}"\n')
+        try:
+            yield c, cache, peak
+        finally:
+            c.close()
+    finally:
+        stop.set()
+        watcher.join()
+        if subprocess.run(["umount", str(cache)]).returncode != 0:
+            subprocess.run(["umount", "-l", str(cache)])
+        os.rmdir(cache)
+
+
+def users_image(cluster: Cluster, name: str, data: bytes | None = None) -> Path:
+    d = user_dir(cluster.workdir, TEST_USER)
+    path = d / name
+    if data is not None:
+        path.write_bytes(data)
+        pw = ensure_user(TEST_USER)
+        os.chown(path, pw.pw_uid, pw.pw_gid)
+    return path
+
+
+def shepherd_gone(cluster: Cluster, job_id: int) -> bool:
+    rec = spool.read_json(run_dir(cluster, job_id) / spool.SHEPHERD) or {}
+    return not spool.same_process(rec.get("pid"), rec.get("starttime"))
+
+
+def test_the_audits_bzip2_bomb_fails_at_once_and_leaves_no_shepherd_spinning(image_cluster):
+    cluster, cache, _ = image_cluster
+    image = users_image(cluster, "bomb.tar.bz2", bz2_bomb(b"Z", 2**50, 1000))  # 100 GiB of zeros in 113 KB
+    started = time.monotonic()
+    job_id = cluster.submit("--runtime=runc", f"--container-image={image}", "--wrap", "echo RAN",
+                            cwd=image.parent)
+    try:
+        job = cluster.wait_state(job_id, *ENDED, timeout=60)  # before the fix: a shepherd at 100 % for minutes
+    finally:
+        cluster.cli("hcancel", str(job_id), check=False)
+    assert time.monotonic() - started < 30
+    assert job["state"] == "FAILED", job
+    text = shown(cluster, job_id)
+    assert f"container image {image}: archive member 'bomb' is of an unknown type b'Z'" in text, text
+    wait_for(lambda: shepherd_gone(cluster, job_id), 10, what="the shepherd to exit")
+    assert not [n for n in os.listdir(cache / "images") if n.startswith(".unpack-")]
+
+
+def test_a_cancel_ends_a_slow_unpack(image_cluster):
+    """The shepherd unpacks before it supervises the job; a SIGTERM does nothing then. The agent's
+    terminate request does: the job is CANCELLED in seconds, not when the unpack is done."""
+    cluster, cache, peak = image_cluster
+    image = users_image(cluster, "slow.tar.bz2", slow_image(16))  # ~40 s to unpack here, in 20 KB
+    job_id = cluster.submit("--runtime=runc", f"--container-image={image}", "--wrap", "echo RAN",
+                            cwd=image.parent)
+    try:
+        wait_for(lambda: (cache / "images").is_dir() and any(
+            n.startswith(".unpack-") for n in os.listdir(cache / "images")), 60, what="the unpack to begin")
+        cancelled = time.monotonic()
+        cluster.cli("hcancel", str(job_id))
+        job = cluster.wait_state(job_id, *ENDED, timeout=60)
+        took = time.monotonic() - cancelled
+    finally:
+        cluster.cli("hcancel", str(job_id), check=False)
+    assert job["state"] == "CANCELLED" and took < 10, (job, took)
+    # the job shows "cancelled by" its user; the run's own end is in the agent's log
+    ended = f"launch_failed: container image {image}: the run was cancelled while its image was unpacked"
+    assert ended in (cluster.workdir / "agent.log").read_text()
+    wait_for(lambda: shepherd_gone(cluster, job_id), 10, what="the shepherd to exit")
+    assert not [n for n in os.listdir(cache / "images") if n.startswith(".unpack-")]
+    assert peak[0] < 8 << 20, peak  # 16 GiB of zeros unpacked as holes, and no copy
+
+
+def test_a_sparse_file_as_image_fails_without_filling_the_cache(image_cluster):
+    """`truncate -s 2G` costs the user nothing; before the fix root copied it into the cache, and
+    a spool so filled drained the node (other users' runs could not write their status)."""
+    cluster, cache, peak = image_cluster
+    image = users_image(cluster, "sparse.tar")
+    made = as_user("truncate", "-s", "2G", str(image))
+    assert made.returncode == 0, made.stderr
+    job_id = cluster.submit("--runtime=runc", f"--container-image={image}", "--wrap", "echo RAN",
+                            cwd=image.parent)
+    try:
+        job = cluster.wait_state(job_id, *ENDED, timeout=120)
+    finally:
+        cluster.cli("hcancel", str(job_id), check=False)
+    assert job["state"] == "FAILED", job
+    assert f"container image {image}: the archive has no members" in shown(cluster, job_id)
+    assert peak[0] < 8 << 20, peak  # nowhere near the 64 MiB (the copy took it all, then ENOSPC)
+    st = os.statvfs(cache)
+    assert (st.f_blocks - st.f_bfree) * st.f_frsize < 1 << 20

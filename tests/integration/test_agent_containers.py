@@ -343,6 +343,56 @@ def test_a_tarball_is_unpacked_once_into_the_cache(env):
     assert not (cache / entries[0] / "bin" / "busybox").stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
 
 
+def test_a_tarball_made_by_gnu_tar_unpacks_as_it_was(env):
+    """The cache reads a tarball once, front to back (tarfile's stream mode, our decompression):
+    what GNU tar makes (xz, in two streams as pixz and pbzip2 make them; hard links, a pax sparse
+    file, setuid bits, a read-only directory) comes out as tar would unpack it, with its holes."""
+    agent, rootfs, _ = env
+    box = agent.box
+    src = box.base / "images" / "gnu-rootfs"
+    shutil.copytree(rootfs, src, symlinks=True)
+    data = src / "data"
+    data.mkdir()
+    (data / "a").write_text("hard-linked\n")
+    os.link(data / "a", data / "b")
+    with open(data / "sparse", "wb") as f:
+        f.truncate(256 << 20)
+        f.seek(100 << 20)
+        f.write(b"middle")
+    (data / "suid").write_text("#!/bin/sh\n")
+    os.chmod(data / "suid", 0o4755)
+    os.chmod(data, 0o555)  # its mode is set only after its files were written
+
+    def tar(*names: str) -> bytes:
+        return subprocess.run(["tar", "--sparse", "--format=posix", "-C", str(src), "-cf", "-", *names],
+                              check=True, capture_output=True).stdout
+
+    def xz(raw: bytes) -> bytes:
+        return subprocess.run(["xz", "-1"], input=raw, check=True, capture_output=True).stdout
+    first = tar("bin", "etc").rstrip(b"\0")  # without its end-of-archive blocks: the second stream goes on
+    tarball = box.base / "images" / "gnu.tar.xz"
+    tarball.write_bytes(xz(first + bytes(-len(first) % 512)) + xz(tar("data")))
+    os.chmod(data, 0o755)
+    script = ("#!/bin/sh\n"
+              "[ $(stat -c %i /data/a) = $(stat -c %i /data/b) ] && echo linked\n"
+              "cat /data/b; stat -c %s /data/sparse; stat -c %a /data/suid /data\n"
+              "dd if=/data/sparse bs=1048576 skip=100 count=1 2>/dev/null | head -c 6; echo\n")
+    spec = box.spec(script, runtime="runc", container_image=str(tarball))
+
+    async def body():
+        async with client(agent) as c:
+            await c.call("start_run", {"spec": spec})
+            return await c.exited(spec["job_id"], timeout=60)
+
+    ended = run(body())
+    out = Path(spec["stdout"]).read_text()
+    assert ended["exit_code"] == 0, (ended, out)
+    assert out == "linked\nhard-linked\n268435456\n755\n555\nmiddle\n", out
+    cache = box.spool / "images"
+    image = next(cache / e for e in os.listdir(cache) if len(e) == 64 and (cache / e / "data").is_dir())
+    assert (image / "data" / "sparse").stat().st_blocks * 512 < 4 << 20  # its holes stayed holes
+
+
 def test_launch_failures_name_the_reason(env):
     agent, rootfs, _ = env
     box = agent.box

@@ -10,12 +10,18 @@ real test user and the real runtimes (docs/SECURITY.md, "Paths the root side ope
 - the image cache evicts the least recently used images that no run holds, and only those;
 - what the cache unpacks is exactly what it hashed: a tarball its user rewrites between the
   reads is refused, never cached under the hash of what it was (another user's image);
+- an unpack is bounded in time, CPU and disk (the third audit): a member of an unknown type or
+  data on a non-regular member is refused (the audit's bzip2 bomb, at once), the decompressed
+  stream is capped, a cancel or the time budget ends a slow unpack, and a sparse tarball or an
+  archive of zeros never fills the cache's file system (a small tmpfs);
 - an image name that is an option is refused at submission and by the podman runtime.
 
 The races themselves (a path flipped while jobs start) are end to end:
 tests/e2e/test_security_containers.py."""
 from __future__ import annotations
 
+import bz2
+import functools
 import gzip
 import io
 import json
@@ -29,9 +35,10 @@ from pathlib import Path
 
 import pytest
 
+from hai_cluster.agent import spool
 from hai_cluster.agent.isolation import NodeIsolation
 from hai_cluster.agent.runspec import RunSpec
-from hai_cluster.agent.runtimes import Context, Launch, RuntimeRefused
+from hai_cluster.agent.runtimes import Context, Launch, RuntimeRefused, common
 from hai_cluster.agent.runtimes.bwrap import Bwrap
 from hai_cluster.agent.runtimes.cache import ImageLimits, acquire, evict
 from hai_cluster.agent.runtimes.common import image_rootfs, tool_error
@@ -304,6 +311,267 @@ def test_unpacking_never_follows_a_link(tmp_path):
     assert sorted(os.listdir(outside)) == ["victim"] and target.stat().st_nlink == 1
 
 
+# -- bounded unpacks (the third audit: H1, CPU and time; H2, disk) --
+
+@functools.cache
+def bz2_zeros() -> bytes:
+    """100 MiB of zeros in one bzip2 stream of 113 bytes."""
+    return bz2.compress(bytes(100 << 20), 9)
+
+
+def bz2_bomb(kind: bytes, size: int, streams: int) -> bytes:
+    """The audit's bomb: one member of type `kind` whose header claims `size` bytes, then
+    `streams` bzip2 streams of 100 MiB of zeros each (a tar stream of zeros, all read to skip it)."""
+    info = tarfile.TarInfo("bomb")
+    info.type, info.size = kind, size
+    return bz2.compress(info.tobuf(format=tarfile.GNU_FORMAT)) + bz2_zeros() * streams + bz2.compress(bytes(10240))
+
+
+def test_the_audits_bzip2_bomb_is_refused_at_once(tmp_path):
+    """11 MB on disk, ~10 TB decompressed: a member of the unknown type 'Z' claiming 2^50 bytes,
+    which tarfile skipped by decompressing all of it (a root shepherd at 100 % CPU for hours,
+    uncancellable). Here 1000 streams, 100 GiB: minutes of CPU before the fix."""
+    cache = str(tmp_path / "cache")
+    limits = ImageLimits(64 << 30, 500_000, 256 << 30, 600)  # the defaults
+    bomb = bz2_bomb(b"Z", 2**50, 1000)
+    assert len(bomb) < 200_000
+
+    def refused(data: bytes) -> str:
+        try:
+            acquire(memfd(data), "bomb.tar.bz2", cache, limits)
+        except RootfsError as exc:
+            return str(exc)
+        return "accepted"
+    started = time.monotonic()
+    assert within(20, lambda: refused(bomb)) == "archive member 'bomb' is of an unknown type b'Z'"
+    assert time.monotonic() - started < 5
+    # data on what is not a regular file: refused too, whatever tarfile would do with it
+    for kind in (tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.CHRTYPE, tarfile.FIFOTYPE):
+        assert within(20, lambda: refused(bz2_bomb(kind, 2**40, 10))) == \
+            "archive member 'bomb' has 1099511627776 bytes of data but is not a regular file"
+    # an unknown type in a plain tarball, with no data at all
+    info = tarfile.TarInfo("odd")
+    info.type = b"V"
+    with pytest.raises(RootfsError, match=r"archive member 'odd' is of an unknown type b'V'"):
+        acquire(memfd(tar_bytes([(info, None), member("ok", data=b"x")], fmt=tarfile.GNU_FORMAT)), "odd.tar", cache)
+    assert os.listdir(cache) == []
+
+
+def test_the_decompressed_stream_is_capped(tmp_path):
+    """What no member's size counts (its extended headers, under MAX_HEADER each) still counts
+    against the stream's cap: the contents, and 1.5 KiB of headers a member, whatever the ratio."""
+    cache = str(tmp_path / "cache")
+    limits = ImageLimits(max_bytes=64 << 10, max_entries=10)
+    members = []
+    for i in range(10):
+        info, data = member(f"f{i}", data=b"x")
+        info.pax_headers = {"comment": "x" * 60_000}
+        members.append((info, data))
+    tarball = gzip.compress(tar_bytes(members))  # 600 KB of headers for 10 bytes
+    assert len(tarball) < limits.max_tarball()  # small enough to be read
+    with pytest.raises(RootfsError, match=r"it decompresses to more than 146432 bytes"):
+        acquire(memfd(tarball), "headers.tar.gz", cache, limits)
+    assert os.listdir(cache) == []
+
+
+def test_what_tarfile_holds_in_memory_before_a_members_data_is_bounded(tmp_path):
+    """A GNU sparse map is read whole before the member's data (old GNU: 512-byte extension
+    blocks; pax 1.0: a line per number), and kept at 5 to 20 times its size; global headers are
+    kept for the rest of the archive: each is bounded, whatever the caps on the contents."""
+    cache = str(tmp_path / "cache")
+    # old GNU sparse: the extension blocks of a map of 100 000 extents (21 a block)
+    info = tarfile.TarInfo("sparse")
+    info.type, info.size = tarfile.GNUTYPE_SPARSE, 0
+    header = bytearray(info.tobuf(format=tarfile.GNU_FORMAT))
+    header[482] = 1  # isextended
+    header[148:156] = b"%06o\0 " % (sum(header[:148]) + sum(header[156:]) + 8 * 32)
+    block = bytearray(512)
+    for i in range(21):
+        block[i * 24:(i + 1) * 24] = b"%011o\0%011o\0" % ((i + 1) * 4096, 512)
+    block[504] = 1
+    gnu = bytes(header) + bytes(block) * 5000 + bytes(block[:504]) + bytes(8) + bytes(1024)
+    # pax GNU.sparse 1.0: a map of 10 million numbers at the start of the member's data
+    pax = tarfile.TarInfo("f")
+    pax.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": "f",
+                       "GNU.sparse.realsize": "4096"}
+    numbers = b"5000000\n" + b"0\n" * 10_000_000
+    pax.size = len(numbers) + 512
+    one_oh = tar_bytes([(pax, numbers + b"x" * 512)])
+    for name, data in (("gnu.tar", gnu), ("pax.tar.gz", gzip.compress(one_oh, 1))):
+        with pytest.raises(RootfsError, match=r"the headers of a member take more than 282624 bytes"):
+            acquire(memfd(data), name, cache, ImageLimits(64 << 30, 500_000))
+    # global headers: 64 KiB in all (git archive writes one of 52 bytes)
+    headers = tarfile.TarInfo._create_pax_generic_header({"comment": "x" * 30_000}, tarfile.XGLTYPE, "utf-8")
+    with pytest.raises(RootfsError, match="global extended headers of more than 65536 bytes"):
+        acquire(memfd(b"".join(headers + member(f"f{i}")[0].tobuf(tarfile.USTAR_FORMAT) for i in range(3))
+                      + bytes(1024)), "global.tar", cache)
+    # what tarfile's parsers raise on a damaged header is a refusal too, not a crash
+    with pytest.raises(RootfsError, match="cannot unpack bad.tar: "):
+        acquire(memfd(tar_bytes([(pax, b"5\n" + b"1" * (pax.size - 2))])), "bad.tar", cache)
+    assert os.listdir(cache) == []
+
+
+def slow_image(gib: int) -> bytes:
+    """A tarball that takes a while to unpack (a regular member of `gib` GiB of zeros, bzip2'd:
+    ~2.5 s a GiB here, and no disk: zeros are left as holes)."""
+    return bz2_bomb(tarfile.REGTYPE, gib * 10 * (100 << 20), gib * 10)
+
+
+def test_a_cancel_or_the_time_budget_ends_a_slow_unpack(box):
+    """The shepherd unpacks before its supervise loop, where a SIGTERM does nothing: the agent's
+    terminate.json (written before it signals) is what the unpack looks at, every few MiB."""
+    image = box.work / "slow.tar.bz2"
+    image.write_bytes(slow_image(6))
+    os.chown(image, box.user.pw_uid, box.user.pw_gid)
+    ctx = context(box, runtime="runc", container_image=str(image))
+    request = ctx.run_dir / spool.TERMINATE
+    cache = Path(ctx.node.image_cache)
+
+    def attempt() -> tuple[str, float]:
+        started = time.monotonic()
+        try:
+            image_rootfs(ctx)
+        except RuntimeRefused as exc:
+            return str(exc), time.monotonic() - started
+        return "accepted", time.monotonic() - started
+
+    def terminate(reason: str, after: float) -> threading.Timer:
+        timer = threading.Timer(after, lambda: spool.write_json_atomic(request, {"reason": reason, "time": 0}))
+        timer.start()
+        return timer
+
+    try:
+        terminate("cancel", 1.0)
+        message, took = within(60, attempt)
+        assert message == f"container image {image}: the run was cancelled while its image was unpacked"
+        assert took < 3, took  # the whole unpack takes ~15 s
+        assert [n for n in os.listdir(cache) if not n.endswith(".lock")] == []
+        # a preempt lets it go on (the run then starts and is preempted as usual; a refused launch
+        # would fail the job): here the time budget ends it
+        request.unlink()
+        terminate("preempt", 0.5).join()
+        with pytest.raises(RootfsError, match=r"unpacking it took more than 2 s \(isolation.image_unpack_timeout\)"):
+            fd = os.open(image, os.O_RDONLY)
+            try:
+                acquire(fd, str(image), str(cache), ImageLimits(unpack_timeout=2),
+                        cancelled=lambda: common._cancel_requested(ctx))
+            finally:
+                os.close(fd)
+        assert [n for n in os.listdir(cache) if not n.endswith(".lock")] == []
+    finally:
+        if request.exists():
+            request.unlink()
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 64 MiB tmpfs for the image cache, and the most of it that was ever used while the test ran."""
+    need_root()
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(mnt)], check=True)
+    peak, stop = [0], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            st = os.statvfs(mnt)
+            peak[0] = max(peak[0], (st.f_blocks - st.f_bfree) * st.f_frsize)
+            time.sleep(0.002)
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield mnt, peak
+    finally:
+        stop.set()
+        watcher.join()
+        if subprocess.run(["umount", str(mnt)]).returncode != 0:  # a failed test's fd still open there
+            subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def test_a_sparse_tarball_never_fills_the_image_cache(tmp_path, small_fs):
+    """`truncate -s 2G` costs the user no disk; before the fix the cache copied it, as root, into
+    the spool (which filled, and the node drained). No copy now, and zeros stay holes."""
+    mnt, peak = small_fs
+    cache = str(mnt / "cache")
+    sparse = tmp_path / "sparse.tar"
+    subprocess.run(["truncate", "-s", "2G", str(sparse)], check=True)
+    fd = os.open(sparse, os.O_RDONLY)
+    try:
+        with pytest.raises(RootfsError, match="the archive has no members"):
+            acquire(fd, "sparse.tar", cache, ImageLimits(64 << 30, 500_000, 256 << 30, 600))
+    finally:
+        os.close(fd)
+    assert peak[0] < 1 << 20, peak  # nothing but the cache's own dirs
+    # a real header before the holes: a member of 1.5 GiB of zeros, a hole in the cache as well,
+    # counted at its full size against image_max_bytes
+    info = tarfile.TarInfo("zeros")
+    info.size = 3 << 29
+    with open(sparse, "wb") as f:
+        f.write(info.tobuf(format=tarfile.GNU_FORMAT))
+        f.truncate(512 + info.size + 10240)
+    fd = os.open(sparse, os.O_RDONLY)
+    try:
+        with pytest.raises(RootfsError, match=r"it unpacks to more than 1073741824 bytes"):
+            acquire(fd, "sparse.tar", cache, ImageLimits(1 << 30, 500_000))
+        image = acquire(fd, "sparse.tar", cache)
+    finally:
+        os.close(fd)
+    st = os.stat(Path(image.path) / "zeros")
+    assert st.st_size == 3 << 29 and st.st_blocks == 0
+    assert json.loads(Path(f"{image.path}.lock").read_text())["bytes"] == 3 << 29
+    os.close(image.lock)
+    assert peak[0] < 1 << 20, peak
+
+
+def test_an_unpack_stops_before_the_cache_fills(tmp_path, small_fs):
+    """Real data (not zeros) that would fill the file system: the unpack stops while a fifth of a
+    small one (5 %, at least 1 GiB, of a big one) is still free, and leaves nothing."""
+    mnt, peak = small_fs
+    cache = str(mnt / "cache")
+    ones = 200 << 20
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tf:
+        tf.addfile(member("ones", size=ones)[0], io.BufferedReader(Ones(ones)))
+    with pytest.raises(RootfsError, match=r"the image cache's file system \(.*\) is nearly full: \d+ bytes free, "
+                                          r"and an unpack leaves at least 13421772"):
+        acquire(memfd(buf.getvalue()), "ones.tar.gz", cache, ImageLimits(64 << 30, 500_000, 256 << 30, 600))
+    assert os.listdir(cache) == []
+    assert (64 << 20) - peak[0] > 8 << 20, peak  # never near full (it stops by 51.2 MiB, + a few MiB)
+    st = os.statvfs(mnt)
+    assert (st.f_blocks - st.f_bfree) * st.f_frsize < 1 << 20
+
+
+def test_a_nearly_full_cache_makes_room_from_the_images_no_run_holds(tmp_path, small_fs):
+    """The cache's file system, not only image_cache_max_bytes, decides when unused images go:
+    a cache allowed more than its disk still takes new images while old ones are unused."""
+    mnt, _ = small_fs
+    cache = str(mnt / "cache")
+
+    def image(tag: str, size: int) -> int:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tf:
+            tf.addfile(member("tag", data=tag.encode())[0], io.BytesIO(tag.encode()))
+            tf.addfile(member("ones", size=size)[0], io.BufferedReader(Ones(size)))
+        return memfd(buf.getvalue())
+    old = acquire(image("old", 40 << 20), "old.tar.gz", cache)
+    (mnt / "other").write_bytes(b"\1" * (12 << 20))  # what else is on that disk: 12 MiB free are left
+    with pytest.raises(RootfsError, match="is nearly full"):  # the old image is in use: it stays
+        acquire(image("new", 1 << 20), "new.tar.gz", cache)
+    assert os.path.isdir(old.path)
+    os.close(old.lock)  # its run ended
+    new = acquire(image("new", 1 << 20), "new.tar.gz", cache)
+    assert not os.path.exists(old.path) and Path(new.path, "tag").read_text() == "new"
+    os.close(new.lock)
+
+
+class Ones(Zeros):
+    def readinto(self, b) -> int:
+        n = min(len(b), self.left)
+        b[:n] = b"\1" * n
+        self.left -= n
+        return n
+
+
 # -- the image cache --
 
 def image_of(tag: str, size: int) -> int:
@@ -374,21 +642,33 @@ def test_what_is_unpacked_is_exactly_what_was_hashed(tmp_path, monkeypatch):
         os.close(fd)
         monkeypatch.undo()
         assert done and os.listdir(cache) == []  # no image, no lock file, no copy
-    # 2. rewritten while it is unpacked: the unpack reads a copy of root's, 0600, with no name
+    # 2. rewritten once the unpack has begun, before it read the bytes: it reads the user's file
+    # itself, once (no copy: the third audit's H2), and what it read is not what it hashed
     users.write_bytes(good)
     done = []
     seen: list = []
 
-    def extract(f, *args):
-        st = os.fstat(f.fileno())
-        seen.append((st.st_uid, stat.S_IMODE(st.st_mode), st.st_nlink))
-        return real_extract(f, *args)
+    def extract(*args):
+        seen.append(sorted(n for n in os.listdir(cache) if not n.endswith(".lock")))
+        return real_extract(*args)
     real_extract = cache_mod.extract
     monkeypatch.setattr(cache_mod, "extract", rewrite(evil)(extract))
     fd = os.open(users, os.O_RDONLY)
+    with pytest.raises(RootfsError, match="the image changed while it was read"):
+        acquire(fd, "image.tar", cache)
+    os.close(fd)
+    monkeypatch.undo()
+    assert done and len(seen) == 1 and [n.startswith(".unpack-") for n in seen[0]] == [True], seen  # no copy
+    assert os.listdir(cache) == []  # the EVIL it unpacked is gone, and never had the name of the GOOD
+    # 3. rewritten after the unpack read it all: what was unpacked is what was hashed, GOOD
+    users.write_bytes(good)
+    done = []
+    monkeypatch.setattr(cache_mod, "_record", rewrite(evil)(cache_mod._record))
+    fd = os.open(users, os.O_RDONLY)
     image = acquire(fd, "image.tar", cache)
     os.close(fd)
-    assert done and seen == [(os.geteuid(), 0o600, 0)], seen
+    monkeypatch.undo()
+    assert done and users.read_bytes() == evil
     assert image.path == os.path.join(cache, digest)
     assert Path(image.path, "tag").read_bytes() == b"GOOD"
     assert sorted(os.listdir(cache)) == sorted([digest, f"{digest}.lock"])
@@ -501,14 +781,20 @@ def test_the_cache_limits_are_agent_config(tmp_path):
     path = tmp_path / "agent.toml"
     path.write_text('[agent]\nname = "n"\n')
     iso = load_agent_config(path).isolation
-    assert (iso.image_max_bytes, iso.image_max_entries, iso.image_cache_max_bytes) == (64 * 2**30, 500_000,
-                                                                                       256 * 2**30)
-    path.write_text('[agent]\nname = "n"\n[isolation]\nimage_max_bytes = 1000\nimage_cache_max_bytes = 0\n')
-    iso = load_agent_config(path).isolation
-    assert (iso.image_max_bytes, iso.image_cache_max_bytes) == (1000, 0)
-    path.write_text('[agent]\nname = "n"\n[isolation]\nimage_max_entries = -1\n')
-    with pytest.raises(ConfigError, match="image_max_entries must be >= 0"):
-        load_agent_config(path)
+    assert (iso.image_max_bytes, iso.image_max_entries, iso.image_cache_max_bytes, iso.image_unpack_timeout) == (
+        64 * 2**30, 500_000, 256 * 2**30, 600.0)
+    path.write_text('[agent]\nname = "n"\n[isolation]\nimage_max_bytes = 1000\nimage_cache_max_bytes = 0\n'
+                    'image_unpack_timeout = 30\n')
+    cfg = load_agent_config(path)
+    iso = cfg.isolation
+    assert (iso.image_max_bytes, iso.image_cache_max_bytes, iso.image_unpack_timeout) == (1000, 0, 30.0)
+    # ... and they reach the shepherd, in node.json
+    node = NodeIsolation.from_wire(json.loads(NodeIsolation.detect(cfg).wire_json))
+    assert (node.image_max_bytes, node.image_cache_max_bytes, node.image_unpack_timeout) == (1000, 0, 30.0)
+    for key in ("image_max_entries", "image_unpack_timeout"):
+        path.write_text(f'[agent]\nname = "n"\n[isolation]\n{key} = -1\n')
+        with pytest.raises(ConfigError, match=f"{key} must be >= 0"):
+            load_agent_config(path)
 
 
 # -- names that would be options --

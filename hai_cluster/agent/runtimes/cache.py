@@ -15,9 +15,17 @@ under the exclusive lock: whoever waited on it finds it unlinked and takes the n
 The tarball is the user's, who may rewrite it at any moment, and the cache is shared by every
 user under its hash: what is unpacked must be exactly the bytes that were hashed (issue 18, H2:
 a tarball rewritten between the hash and the unpack put one user's binary into another user's
-job). So an image not yet cached is unpacked from a copy only root can reach (0600 in the
-cache, unlinked at once), made in one read of the user's file and refused unless it has the
-digest the lookup used. Every read of the user's file stops at its size when it was opened.
+job). So an image not yet cached is unpacked in one read of the user's file, front to back,
+that hashes every byte it passes (and, after the archive's end, the rest of the file), into a
+directory of the cache's own (.unpack-*) that becomes the image only if that second hash is
+the one the lookup used; else it is removed and the run fails ("the image changed while it was
+read"). Every read of the user's file stops at its size when it was opened, and nothing of it
+is copied (the third audit, H2: a private copy of a sparse `truncate -s 2G` file filled the
+node's spool).
+
+The whole of it (hash, read, unpack) has a time budget (isolation.image_unpack_timeout), stops
+when the run is cancelled, and stops before the cache's file system is nearly full
+(rootfs.Guard), so that no image holds a root shepherd for hours or fills the spool.
 """
 from __future__ import annotations
 
@@ -31,25 +39,25 @@ import shutil
 import stat
 import tarfile
 from dataclasses import dataclass
+from typing import Callable
 
-from .rootfs import CHUNK, RootfsError, extract
+from .rootfs import CHUNK, Guard, RootfsError, extract, stream_cap
 
-# an uncompressed tarball is its contents plus a header block or two and padding per entry
-_TAR_OVERHEAD_PER_ENTRY = 1536
+DEFAULT_UNPACK_TIMEOUT = 600.0  # = config.IsolationConfig.image_unpack_timeout
 
 
 @dataclass(frozen=True)
 class ImageLimits:
-    """isolation.image_max_bytes, image_max_entries, image_cache_max_bytes (their defaults are in
-    config.py); 0 means no limit."""
+    """isolation.image_max_bytes, image_max_entries, image_cache_max_bytes, image_unpack_timeout
+    (their defaults are in config.py); 0 means no limit."""
     max_bytes: int = 0  # one image's unpacked file contents
     max_entries: int = 0  # one image's archive members
     cache_max_bytes: int = 0  # all the cache's images, unpacked
+    unpack_timeout: float = 0  # seconds for one acquire's hash, read and unpack together
 
     def max_tarball(self) -> int:
-        if not self.max_bytes or not self.max_entries:
-            return 0
-        return self.max_bytes + _TAR_OVERHEAD_PER_ENTRY * self.max_entries
+        """The largest tarball (and decompressed tar stream) an image within the caps can be."""
+        return stream_cap(self.max_bytes, self.max_entries)
 
 
 @dataclass(frozen=True)
@@ -88,69 +96,54 @@ def _lock(cache: str, digest: str, exclusive: bool = False) -> int | None:
 CHANGED = "the image changed while it was read (a tarball must not be written while jobs that use it start)"
 
 
-def _read(fd: int, size: int):
-    """The `size` bytes of the user's file on `fd`, a chunk at a time; RootfsError if it is
-    shorter or longer now: it changed, and no more than `size` is ever read."""
-    offset = 0
-    while offset < size:
-        chunk = os.pread(fd, min(CHUNK, size - offset), offset)
+class _Hashed:
+    """The user's file on `fd`, read once from its start, never past `size` (its size when it
+    was opened), every byte read hashed; RootfsError if it is shorter or longer now (it changed)."""
+
+    def __init__(self, fd: int, size: int, guard: Guard) -> None:
+        self.fd, self.size, self.guard = fd, size, guard
+        self.offset = 0
+        self.hash = hashlib.sha256()
+
+    def read(self, n: int = CHUNK) -> bytes:
+        n = min(n, CHUNK, self.size - self.offset)
+        if n <= 0:
+            return b""
+        self.guard.check(n)
+        chunk = os.pread(self.fd, n, self.offset)
         if not chunk:
             raise RootfsError(CHANGED)
-        offset += len(chunk)
-        yield chunk
-    if os.pread(fd, 1, size):
-        raise RootfsError(CHANGED)
+        self.offset += len(chunk)
+        self.hash.update(chunk)
+        return chunk
 
-
-def _digest(fd: int, size: int) -> str:
-    h = hashlib.sha256()
-    for chunk in _read(fd, size):
-        h.update(chunk)
-    return h.hexdigest()
-
-
-def _private_copy(fd: int, size: int, cache: str, digest: str) -> int:
-    """An fd of a copy of the user's tarball that only root can reach (0600, in the cache, with no
-    name), with exactly the bytes of `digest`: made in one read that is hashed as it goes."""
-    cache_fd = os.open(cache, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    name = f".copy-{digest[:16]}-{os.urandom(4).hex()}-{os.getpid()}"
-    try:
-        copy = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                       dir_fd=cache_fd)
-        os.unlink(name, dir_fd=cache_fd)  # freed when closed, whatever happens next
-    finally:
-        os.close(cache_fd)
-    try:
-        h = hashlib.sha256()
-        for chunk in _read(fd, size):
-            h.update(chunk)
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(copy, view):]
-        if h.hexdigest() != digest:
+    def finish(self) -> str:
+        """The digest of the whole file: what is left of it read (and hashed) first."""
+        while self.read(CHUNK):
+            pass
+        if os.pread(self.fd, 1, self.size):
             raise RootfsError(CHANGED)
-        os.lseek(copy, 0, os.SEEK_SET)
-        return copy
-    except BaseException:
-        os.close(copy)
-        raise
+        return self.hash.hexdigest()
 
 
-def acquire(fd: int, name: str, cache: str, limits: ImageLimits = ImageLimits()) -> CachedImage:
+def acquire(fd: int, name: str, cache: str, limits: ImageLimits = ImageLimits(),
+            cancelled: Callable[[], bool] | None = None) -> CachedImage:
     """The rootfs dir for the tarball open on `fd` (a regular file), unpacked the first time, and
     the lock that keeps it in the cache. Concurrent unpacks of one image race harmlessly (the
-    first rename wins)."""
+    first rename wins). `cancelled()` true (looked at every few MiB) ends it with
+    rootfs.CANCELLED, as its time budget (limits.unpack_timeout) does with its own error."""
+    guard = Guard(limits.unpack_timeout, cancelled)
     size = os.fstat(fd).st_size
     if limits.max_tarball() and size > limits.max_tarball():
         raise RootfsError(f"the tarball is {size} bytes, more than an image may unpack to "
                           f"(isolation.image_max_bytes = {limits.max_bytes})")
-    digest = _digest(fd, size)
+    digest = _Hashed(fd, size, guard).finish()
     os.makedirs(cache, 0o700, exist_ok=True)
     lock = _lock(cache, digest)
     try:
         final = os.path.join(cache, digest)
         if not os.path.isdir(final):
-            _unpack(fd, size, name, cache, digest, limits, lock)
+            _unpack(fd, size, name, cache, digest, limits, lock, guard)
             evict(cache, limits.cache_max_bytes, keep=digest)
         os.utime(lock)  # last use: the eviction order
         return CachedImage(final, lock)
@@ -177,20 +170,30 @@ def _record(fd: int, counted: dict) -> None:
     os.pwrite(fd, json.dumps(counted).encode(), 0)
 
 
-def _unpack(fd: int, size: int, name: str, cache: str, digest: str, limits: ImageLimits, lock: int) -> None:
+def _unpack(fd: int, size: int, name: str, cache: str, digest: str, limits: ImageLimits, lock: int,
+            guard: Guard) -> None:
     tmp = os.path.join(cache, f".unpack-{digest[:16]}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.mkdir(tmp, 0o755)
     try:
-        with os.fdopen(_private_copy(fd, size, cache, digest), "rb") as f:  # never the user's file
-            _record(lock, extract(f, tmp, limits.max_bytes, limits.max_entries))  # before it is seen
-        os.chmod(tmp, 0o755)
+        top = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            # now, and every few MiB it writes; short of room, the least recently used images go first
+            guard.watch_space(top, cache, lambda has_room: _make_room(cache, digest, has_room))
+            source = _Hashed(fd, size, guard)  # the user's file, read once: what it unpacks is what it hashed
+            counted = extract(source, tmp, limits.max_bytes, limits.max_entries, guard)
+            if source.finish() != digest:
+                raise RootfsError(CHANGED)
+            os.fchmod(top, 0o755)
+        finally:
+            os.close(top)
+        _record(lock, counted)  # before it is seen
         try:
             os.rename(tmp, os.path.join(cache, digest))
         except OSError:
             if not os.path.isdir(os.path.join(cache, digest)):
                 raise
-    except (tarfile.TarError, OSError, EOFError) as exc:
+    except (tarfile.TarError, OSError, EOFError, ValueError, IndexError) as exc:  # tarfile's, on bad headers
         raise RootfsError(f"cannot unpack {name}: {exc}") from None
     except RecursionError:  # a chain of thousands of extended headers
         raise RootfsError(f"cannot unpack {name}: too many extended headers in a row") from None
@@ -214,6 +217,15 @@ def evict(cache: str, max_bytes: int, keep: str = "") -> None:
             return
         if name != keep and _remove(cache, name):
             total -= size
+
+
+def _make_room(cache: str, keep: str, has_room: Callable[[], bool]) -> None:
+    """The cache's file system is nearly full: remove the least recently used images nobody
+    holds until it is not, whatever image_cache_max_bytes allows (a cache larger than its disk)."""
+    for _, name in sorted((_last_use(cache, n), n) for n in os.listdir(cache) if _is_digest(n) and n != keep):
+        if has_room():
+            return
+        _remove(cache, name)
 
 
 def _last_use(cache: str, name: str) -> float:
@@ -275,7 +287,8 @@ def _remove(cache: str, name: str) -> bool:
 
 
 def _remove_leftovers(cache: str) -> None:
-    """.unpack-* and .evict-* dirs, and .copy-* files, whose shepherd is gone (it crashed half way)."""
+    """.unpack-* and .evict-* dirs whose shepherd is gone (it crashed half way), and the .copy-*
+    files of the versions that unpacked from a copy."""
     for name in os.listdir(cache):
         if not name.startswith((".unpack-", ".evict-", ".copy-")):
             continue

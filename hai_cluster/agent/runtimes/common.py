@@ -9,6 +9,7 @@ import stat
 from dataclasses import dataclass, replace
 from typing import Iterator
 
+from .. import spool
 from . import Context, RuntimeRefused, Staged
 
 GPU_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
@@ -177,13 +178,30 @@ def image_rootfs(ctx: Context) -> ImageRoot:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise RuntimeRefused(f"container image {image}: neither a directory nor a regular file")
-        limits = ImageLimits(node.image_max_bytes, node.image_max_entries, node.image_cache_max_bytes)
-        cached = acquire(fd, image, node.image_cache, limits)
+        limits = ImageLimits(node.image_max_bytes, node.image_max_entries, node.image_cache_max_bytes,
+                             node.image_unpack_timeout)
+        cached = acquire(fd, image, node.image_cache, limits, cancelled=lambda: _cancel_requested(ctx))
         return ImageRoot(cached.path, lock=cached.lock)
     except RootfsError as exc:
         raise RuntimeRefused(f"container image {image}: {exc}") from None
     finally:
         os.close(fd)
+
+
+def _cancel_requested(ctx: Context) -> bool:
+    """Whether the agent asked to cancel the run (its terminate.json in the run dir, root's,
+    which it writes before it signals the shepherd): the image cache then stops unpacking. A
+    preempt, requeue or node failure lets the unpack finish instead (bounded by its time budget):
+    the run then starts and ends as asked, where a refused launch would fail the job."""
+    try:
+        req = spool.read_json(ctx.run_dir / spool.TERMINATE)
+    except ValueError:
+        return True  # as the shepherd reads it: a cancel
+    except OSError:
+        return False
+    if req is None:
+        return False
+    return not (isinstance(req, dict) and req.get("reason") in ("preempt", "requeue", "node_fail"))
 
 
 def mount_plan_dirs(ctx: Context, binds: list[Bind],
