@@ -46,6 +46,8 @@ def job_lines(job: dict, now: float) -> list[str]:
         [("GPUSeconds", f"{job['attained_gpu_seconds']:.0f}")],
     ]
     lines = [" ".join(f"{k}={v}" for k, v in row) for row in pairs]
+    if job.get("waiting"):  # a pending job: what keeps it from starting now, node by node
+        lines.insert(4, f"Waiting={job['waiting']}")
     for run in job["runs"]:
         lines.append(f"Run={run['attempt']} State={run['state']} NodeList={run['nodelist']} "
                      f"ExitCode={run['exit_code'] or 0}:{run['exit_signal'] or 0}"

@@ -359,6 +359,8 @@ def build_api(ctl: Controller) -> RpcTable:
             "environment", "script", "script_args")
         out["spec"] = {k: v for k, v in job["spec"].items() if k not in hidden}
         out["runs"] = await ctl.db(repo().runs, job_ids=[job_id])
+        if job["state"] == JobState.PENDING.value and not job["hold"]:
+            out["waiting"] = await ctl.db(repo().why_waiting, job_id)
         return {"now": time.time(), "job": out}
 
     async def task_job_id(body: Any) -> int:

@@ -22,6 +22,7 @@ from ..scheduling.registry import make_policy
 from ..store.engine import make_engine, upgrade
 from ..store.events import add_events, prune_events
 from ..store.lease import Fenced
+from ..store.applier import StartRequest
 from ..store.repository import RankRef, Repository
 from ..transport.rpc import ConnectionLost, RequestError, RpcError
 from . import membership
@@ -209,10 +210,12 @@ class Controller:
         for p in plan.preempts:
             await self.preempt(p.job_id, "preempt", p.reason, for_job=p.for_job, by="scheduler")
         # All of the pass's starts recorded in one transaction, before any agent is told of them.
-        recorded = await self.db(self.repo.start_runs, [(s.job_id, s.placement) for s in plan.starts], time.time())
+        seen = {j.id: j.version for j in snapshot.jobs}  # the applier starts only the jobs the policy saw
+        recorded = await self.db(self.repo.start_runs, [StartRequest(s.job_id, s.placement, seen.get(s.job_id))
+                                                        for s in plan.starts], time.time())
         for start, job in zip(plan.starts, recorded):
-            if job is None:
-                log.info("job %d: start no longer possible, re-planning next tick", start.job_id)
+            if not job:
+                log.info("job %d: start no longer possible (%s), re-planning next tick", start.job_id, job.reason)
                 continue
             self.events.record("started", job["id"], ",".join(start.placement.nodes), attempt=job["attempt"],
                                gpus=" ".join(f"{n}:{','.join(map(str, g))}" for n, g in

@@ -163,6 +163,7 @@ class JobView:
     gpu_share: GpuShare | None = None  # a sharing job: one card share per rank (gpus_per_node is 0)
     gpu_charge: float = 0.0  # a sharing job's current run: GPU-equivalents charged (sharing.share_charge)
     mig: tuple[str, ...] = ()  # a sharing job on MIG cards: per rank of allocation, its instance ("" none)
+    version: int = 0  # the store's row version: the applier starts a job only as the policy saw it
 
     @property
     def gpus(self) -> int:

@@ -1,10 +1,12 @@
-"""Does a request fit on a node? One function, used by the policy and by the applier's re-check."""
+"""Does a request fit on a node? `fits()` answers for the policy's placement; `placement_misfit()`
+checks a whole placement with it, for the controller's applier and the simulator alike."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Mapping, Sequence
 
-from .model import JobView, NodeView
-from .sharing import share_misfit
+from .model import JobView, NodeView, Placement
+from .sharing import add_share, card_misfit, share_misfit
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ def fits(job: JobView, node: NodeView, *, ignore_usage: bool = False) -> Fit:
         why = "not responding" if not node.responding else node.state
         return Fit(False, f"{node.name} is {why}")
     if len(node.free_gpus) < job.gpus_per_node:
-        return Fit(False, f"{node.name} has {len(node.free_gpus)} free GPUs")
+        return Fit(False, f"{node.name} has {len(node.free_gpus)} of {len(node.gpus)} GPUs free")
     if node.cpus - node.used_cpus < job.cpus_per_task:
         return Fit(False, f"{node.name} has {node.cpus - node.used_cpus} free CPUs")
     if job.mem_mb and node.mem_mb - node.used_mem_mb < job.mem_mb:
@@ -67,3 +69,95 @@ def could_ever_fit(job: JobView, nodes: tuple[NodeView, ...]) -> Fit:
                       f"{f', {job.mem_mb} MiB' if job.mem_mb else ''}"
                       f"{f', the {job.runtime} runtime' if job.runtime else ''} each are needed; "
                       f"{len(candidates)} node(s) qualify (largest node has {best} GPUs)")
+
+
+def why_waiting(job: JobView, nodes: Sequence[NodeView], shown: int = 8) -> str:
+    """What keeps `job` from starting on the nodes as they are now, node by node, with fits()'s
+    reasons (hcontrol show job: "node3 has 2 of 4 GPUs free; node4 is drain"). Nodes outside the
+    job's partitions are counted, not listed."""
+    outside = [n for n in nodes if job.partitions and n.partitions and not set(job.partitions) & set(n.partitions)]
+    refused, free = [], []
+    for n in sorted((n for n in nodes if n not in outside), key=lambda n: n.name):
+        fit = fits(job, n)
+        (free if fit else refused).append(n.name if fit else fit.reason)
+    parts = refused[:shown] + ([f"{len(refused) - shown} more node(s) refuse it"] if len(refused) > shown else [])
+    if free:
+        parts.append(f"{len(free)} node(s) can take a rank now ({', '.join(free[:shown])}"
+                     f"{', ...' if len(free) > shown else ''}); it needs {job.nodes}")
+    if outside:
+        parts.append(f"{len(outside)} node(s) outside partition {job.partition}")
+    return "; ".join(parts) or "the cluster has no nodes"
+
+
+def placement_misfit(job: JobView, placement: Placement, nodes: Mapping[str, NodeView]) -> str | None:
+    """Why `placement` cannot start `job` on `nodes` as they are now (None: it can).
+
+    Each rank is checked with fits() and then for the very GPUs (or card share, or MIG instance)
+    it was given. Ranks go on distinct nodes (-N counts nodes)."""
+    if len(placement.nodes) != job.nodes or len(placement.gpus) != job.nodes:
+        return f"the placement has {len(placement.nodes)} rank(s), job {job.id} has {job.nodes}"
+    if len(set(placement.nodes)) != len(placement.nodes):
+        return f"the placement puts two ranks of job {job.id} on one node"
+    if placement.shares and len(placement.shares) != job.nodes:
+        return f"the placement gives {len(placement.shares)} card share(s) to {job.nodes} rank(s)"
+    views = dict(nodes)
+    for rank, (name, gpu_ids) in enumerate(zip(placement.nodes, placement.gpus)):
+        node = views.get(name)
+        if node is None:
+            return f"{name} is not a node"
+        fit = fits(job, node)
+        if not fit:
+            return fit.reason
+        mig = placement.mig[rank] if placement.mig else ""
+        why = (_share_misfit(job, node, gpu_ids, placement.shares[rank], mig) if placement.shares
+               else _gpus_misfit(job, node, gpu_ids))
+        if why:
+            return why
+        views[name] = _with_rank(job, node, gpu_ids, placement.shares[rank] if placement.shares else None, mig)
+    return None
+
+
+def _gpus_misfit(job: JobView, node: NodeView, gpu_ids) -> str | None:
+    if job.gpu_share is not None:
+        return f"job {job.id} shares a GPU; the placement gives it whole GPUs"
+    if len(gpu_ids) != job.gpus_per_node or len(set(gpu_ids)) != len(gpu_ids):
+        return f"{node.name}: GPUs {list(gpu_ids)} given, job {job.id} needs {job.gpus_per_node} distinct ones"
+    known = {g.index for g in node.gpus}
+    if not known.issuperset(gpu_ids):
+        return f"{node.name} has no GPU {sorted(set(gpu_ids) - known)[0]}"
+    if taken := sorted(node.used_gpus.intersection(gpu_ids)):
+        return f"{node.name}: GPU {taken[0]} is in use"
+    return None
+
+
+def _share_misfit(job: JobView, node: NodeView, gpu_ids, share: tuple[int, int], mig: str) -> str | None:
+    """One rank's card share: the card takes shares, and the share (the amounts the placement
+    gives, a MIG instance's own for MIG) stays within it with what it holds already."""
+    if job.gpu_share is None or len(gpu_ids) != 1:
+        return f"{node.name}: a card share needs one GPU, got {list(gpu_ids)}"
+    card = next((g for g in node.gpus if g.index == gpu_ids[0]), None)
+    if card is None:
+        return f"{node.name} has no GPU {gpu_ids[0]}"
+    if why := card_misfit(job.gpu_share, card, node):
+        return f"{node.name}: {why}"
+    if card.isolation == "mig" or mig:
+        layout = {m[0]: m for m in card.mig}
+        if mig not in layout or (layout[mig][2], layout[mig][3]) != tuple(share):
+            return f"{node.name}: GPU {card.index} has no MIG instance {mig!r} of that size"
+        if mig in node.mig_used:
+            return f"{node.name}: MIG instance {mig} is in use"
+        return None
+    mem, compute = share
+    used = next(((m, c) for i, m, c, _n in node.shared if i == card.index), (0, 0))
+    if used[0] + mem > card.memory_mb or used[1] + compute > 100:
+        return f"{node.name}: GPU {card.index} cannot take {mem} MiB and {compute}% more"
+    return None
+
+
+def _with_rank(job: JobView, node: NodeView, gpu_ids, share: tuple[int, int] | None, mig: str) -> NodeView:
+    """`node` with one more rank of `job` on it."""
+    node = replace(node, used_cpus=node.used_cpus + job.cpus_per_task, used_mem_mb=node.used_mem_mb + (job.mem_mb or 0))
+    if share is None:
+        return replace(node, used_gpus=node.used_gpus | frozenset(gpu_ids))
+    node = add_share(node, gpu_ids[0], *share)
+    return replace(node, mig_used=node.mig_used | {mig}) if mig else node

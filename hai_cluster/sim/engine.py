@@ -27,7 +27,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
-from ..core.model import JobView, Snapshot
+from ..core.model import JobView, NodeView, Snapshot
+from ..core.resources import placement_misfit
 from ..core.sharing import GpuShare
 from ..core.states import JobState
 from ..scheduling.plan import Plan, Policy, Preempt, Start, Wait
@@ -210,11 +211,8 @@ class _Engine:
         for _ in range(self.max_rounds):
             if not self.n_pending:
                 return None
-            for idx in self.dirty:
-                self.node_views[idx] = replace(self.node_views[idx], used_gpus=self.all_gpus - self.free[idx],
-                                               used_cpus=self.ranks[idx],
-                                               shared=tuple((c, *u) for c, u in sorted(self.shared[idx].items())))
-            self.dirty.clear()
+            for idx in tuple(self.dirty):
+                self._node_now(idx)
             snap = Snapshot(now=t, jobs=tuple(self.views.values()), nodes=tuple(self.node_views))
             started = time.perf_counter()
             plan = self.policy.decide(snap)
@@ -256,34 +254,24 @@ class _Engine:
         return bool(preempts)
 
     def _check_placement(self, job: _Job, a: Start, t: float) -> tuple:
-        p = a.placement
-        if len(p.nodes) != job.nodes or len(p.gpus) != job.nodes or len(set(p.nodes)) != job.nodes:
-            self._fail(t, f"places job {job.id} ({job.nodes} x {job.gpn} GPUs) on nodes {p.nodes}")
-        alloc = []
-        for name, gpus in zip(p.nodes, p.gpus):
+        """The placement checked as the controller's applier checks it (core.resources)."""
+        p, views = a.placement, {}
+        for name in p.nodes:
             idx = self.node_index.get(name)
             if idx is None:
                 self._fail(t, f"places job {job.id} on unknown node {name!r}")
-            if job.share is not None:
-                alloc.append((name, self._check_share(job, idx, tuple(gpus), t)))
-                continue
-            if len(gpus) != job.gpn or len(set(gpus)) != len(gpus):
-                self._fail(t, f"gives job {job.id} GPUs {gpus} on {name}; it needs {job.gpn} distinct ones")
-            busy = set(gpus) - self.free[idx]
-            if busy:
-                self._fail(t, f"double-books GPU(s) {sorted(busy)} on {name} for job {job.id}")
-            alloc.append((name, tuple(gpus)))
-        return tuple(alloc)
+            views[name] = self._node_now(idx)
+        if why := placement_misfit(self.views[job.id], p, views):
+            self._fail(t, f"cannot start job {job.id} as placed: {why}")
+        return tuple((name, tuple(gpus)) for name, gpus in zip(p.nodes, p.gpus))
 
-    def _check_share(self, job: _Job, idx: int, gpus: tuple, t: float) -> tuple:
-        card = gpus[0] if len(gpus) == 1 else None
-        if card not in self.all_gpus or (card not in self.free[idx] and card not in self.shared[idx]):
-            self._fail(t, f"gives job {job.id} (a GPU share) GPUs {gpus} on node {idx}; it needs one shareable card")
-        mem, compute, _ = self.shared[idx].get(card, (0, 0, 0))
-        info = self.node_views[idx].gpus[card]
-        if mem + job.share.mem_on(info) > info.memory_mb or compute + job.share.reserved_compute > 100:
-            self._fail(t, f"overcommits GPU {card} on node {idx} with job {job.id}'s share")
-        return gpus
+    def _node_now(self, idx: int) -> NodeView:
+        if idx in self.dirty:
+            self.node_views[idx] = replace(self.node_views[idx], used_gpus=self.all_gpus - self.free[idx],
+                                           used_cpus=self.ranks[idx],
+                                           shared=tuple((c, *u) for c, u in sorted(self.shared[idx].items())))
+            self.dirty.discard(idx)
+        return self.node_views[idx]
 
     def _fail(self, t: float, what: str):
         raise PolicyError(f"policy {self.policy.name!r} at t={t:g} {what}")

@@ -1,12 +1,10 @@
 """Reads and writes of the job table. Synchronous; the controller runs it on one worker thread.
 
-Writes that act on a decision re-check it inside the transaction (the job is still pending with
-the version the policy saw, the GPUs are still free), so a stale plan can never double-book.
+Starts are recorded by the applier (store/applier.py), which re-checks each one in its transaction.
 """
 from __future__ import annotations
 
 import json
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -14,12 +12,15 @@ from sqlalchemy import Engine, bindparam, delete, func, insert, or_, select, tup
 
 from ..core.dependency import Target, evaluate, parse_dependency
 from ..core.jobids import parse_array
-from ..core.model import GpuInfo, JobSpec, JobView, NodeView, Placement, Snapshot, held_reason
+from ..core.model import JobSpec, NodeView, Placement, Snapshot, held_reason
 from ..core.outcome import combine, job_state_after
-from ..core.sharing import share_charge, share_of
+from ..core.resources import why_waiting
 from ..core.states import ACTIVE_STATES, FINAL_STATES, JobState
+from . import applier
 from . import statements as st
+from .applier import Refused, StartRequest
 from .schema import array_specs, gpus, jobs, nodes, run_ranks, runs
+from .views import full_spec, job_view, live_ranks, node_views
 
 ACTIVE = [s.value for s in ACTIVE_STATES]
 FINAL = [s.value for s in FINAL_STATES]
@@ -27,7 +28,7 @@ NOT_RESPONDING = "Not responding"
 CANCEL_CHUNK = 500  # ids per IN (...): SQLite before 3.32 takes at most 999 parameters
 SNAPSHOT_COLUMNS = [jobs.c[name] for name in (
     "id", "user", "state", "submit_time", "nodes", "gpus_per_node", "cpus_per_task", "mem_mb", "partition",
-    "priority", "hold", "hold_admin", "restart_count", "attained_gpu_seconds", "start_time", "nodelist",
+    "priority", "hold", "hold_admin", "version", "restart_count", "attained_gpu_seconds", "start_time", "nodelist",
     "preemptible", "pending_since", "last_run_end", "time_limit", "runtime", "begin_time", "array_job_id",
     "array_task_limit", "dependency", "name", "account", "gpu_fraction", "gpu_mem_mb", "gpu_compute", "gpu_qos")]
 # What job listings return: everything but the spec (script and environment can be large).
@@ -99,15 +100,6 @@ def drop_payloads(c, job_ids: Sequence[int]) -> None:
             c.execute(*st.update_by_id(jobs, array_id, {"spec_bytes": spec_size(base)}))
 
 
-def _full_spec(c, job) -> dict:
-    """A job row's spec: an array task's is its array's (stored once) with the task's own changes."""
-    if job.array_job_id is not None:
-        base = c.execute(st.ARRAY_SPEC_OF, {"p_id": job.array_job_id}).scalar()
-        if base is not None:
-            return {**base, **job.spec}
-    return job.spec
-
-
 def _selected(ids: Sequence[int] | None, tasks: Sequence[tuple[int, int]] | None):
     """Jobs named by id (an array's id names all its tasks) or by (array id, task id)."""
     terms = []
@@ -116,17 +108,6 @@ def _selected(ids: Sequence[int] | None, tasks: Sequence[tuple[int, int]] | None
     if tasks:  # one row-value IN: an OR per task is an expression too deep for SQLite past ~1000
         terms.append(tuple_(jobs.c.array_job_id, jobs.c.array_task_id).in_([tuple(t) for t in tasks]))
     return or_(*terms)
-def _shared(ranks) -> tuple[tuple[int, int, int, int], ...]:
-    """Per card holding shares: (index, MiB, reserved compute %, ranks), from live sharing ranks."""
-    use: dict[int, list[int]] = {}
-    for r in ranks:
-        if r.gpu_mem_mb is not None:
-            for i in r.gpus:
-                u = use.setdefault(i, [0, 0, 0])
-                u[0], u[1], u[2] = u[0] + r.gpu_mem_mb, u[1] + (r.gpu_compute or 0), u[2] + 1
-    return tuple((i, *u) for i, u in sorted(use.items()))
-
-
 def _with_shares(c, rows: list[dict]) -> list[dict]:
     """Add gpu_share_mb, the card memory the current run of a sharing job got (rank 0's), and
     gpu_charge, the GPU-equivalents that run is charged."""
@@ -312,67 +293,28 @@ class Repository:
             # Only what the policy looks at: the spec (script, environment) is large and not needed.
             job_rows = c.execute(select(*SNAPSHOT_COLUMNS).where(
                 jobs.c.state.in_([JobState.PENDING.value] + ACTIVE))).all()
-            live = self._live_ranks(c)
-            node_views = self._node_views(c, live)
+            live = live_ranks(c)
+            nodes_now = node_views(c, live)
             waits = self._dependency_reasons(c, job_rows)
         held: dict[int, list] = {}  # job id -> its live ranks, in rank order
         for r in live:
             held.setdefault(r.job_id, []).append(r)
-        job_views = tuple(self._job_view(j, held.get(j.id, ()), waits.get(j.id)) for j in job_rows)
-        return Snapshot(now=now, jobs=job_views, nodes=node_views)
+        job_views = tuple(job_view(j, held.get(j.id, ()), waits.get(j.id)) for j in job_rows)
+        return Snapshot(now=now, jobs=job_views, nodes=nodes_now)
+
+    def why_waiting(self, job_id: int) -> str | None:
+        """For a pending job: what keeps it from starting now, node by node (core.resources)."""
+        with self.engine.connect() as c:
+            j = c.execute(st.JOB_BY_ID, {"p_id": job_id}).first()
+            if j is None or j.state != JobState.PENDING.value:
+                return None
+            nodes_now = node_views(c, live_ranks(c))
+        return why_waiting(job_view(j), nodes_now)
 
     def load_nodes(self) -> tuple[NodeView, ...]:
         """The nodes as the policy sees them, without the jobs (e.g. to check a submission fits)."""
         with self.engine.connect() as c:
-            return self._node_views(c, self._live_ranks(c))
-
-    @staticmethod
-    def _live_ranks(c) -> list:
-        return c.execute(select(run_ranks, runs.c.job_id, runs.c.gpu_charge).join(runs, runs.c.id == run_ranks.c.run_id)
-                         .where(run_ranks.c.state != "ended").order_by(run_ranks.c.rank)).all()
-
-    @staticmethod
-    def _node_views(c, live) -> tuple[NodeView, ...]:
-        node_rows = c.execute(select(nodes)).all()
-        gpu_rows = c.execute(select(gpus).order_by(gpus.c.node, gpus.c.index)).all()
-        used: dict[str, list] = {}
-        for r in live:
-            used.setdefault(r.node, []).append(r)
-        node_gpus: dict[str, list[GpuInfo]] = {}
-        for g in gpu_rows:
-            node_gpus.setdefault(g.node, []).append(GpuInfo(
-                g.index, g.uuid, g.name, g.memory_mb, shareable=g.shareable, isolation=g.isolation,
-                links=tuple(tuple(x) for x in g.links or ()), mig=tuple(tuple(m) for m in g.mig or ())))
-        return tuple(
-            NodeView(
-                name=n.name, gpus=tuple(node_gpus.get(n.name, ())), cpus=n.cpus, mem_mb=n.mem_mb,
-                partitions=tuple(n.partitions), state=n.state, responding=n.responding,
-                used_gpus=frozenset(i for r in used.get(n.name, ()) for i in r.gpus),
-                used_cpus=sum(r.cpus for r in used.get(n.name, ())),
-                used_mem_mb=sum(r.mem_mb for r in used.get(n.name, ())),
-                runtimes=tuple(n.runtimes or ("none",)), container_runtime=n.container_runtime,
-                shared=_shared(used.get(n.name, ())),
-                mig_used=frozenset(r.mig_uuid for r in used.get(n.name, ()) if r.mig_uuid),
-            )
-            for n in node_rows
-        )
-
-    @staticmethod
-    def _job_view(j, ranks, dependency: str | None = None) -> JobView:
-        return JobView(
-            id=j.id, user=j.user, state=JobState(j.state), submit_time=j.submit_time, nodes=j.nodes,
-            gpus_per_node=j.gpus_per_node, cpus_per_task=j.cpus_per_task, mem_mb=j.mem_mb,
-            partition=j.partition, priority=j.priority, hold=j.hold, held_by_admin=j.hold_admin,
-            restart_count=j.restart_count,
-            attained_gpu_seconds=j.attained_gpu_seconds, run_start=j.start_time,
-            nodelist=tuple(x for x in j.nodelist.split(",") if x),
-            allocation=tuple((r.node, tuple(r.gpus)) for r in ranks),
-            preemptible=j.preemptible, pending_since=j.pending_since, last_run_end=j.last_run_end,
-            time_limit=j.time_limit, runtime=j.runtime, begin_time=j.begin_time, array_job_id=j.array_job_id,
-            array_task_limit=j.array_task_limit, dependency=dependency, account=j.account or "default",
-            gpu_share=share_of(j.gpu_fraction, j.gpu_mem_mb, j.gpu_compute, j.gpu_qos),
-            gpu_charge=(ranks[0].gpu_charge or 0.0) if ranks else 0.0,
-            mig=tuple(r.mig_uuid or "" for r in ranks) if any(r.mig_uuid for r in ranks) else ())
+            return node_views(c, live_ranks(c))
 
     def set_reasons(self, reasons: Mapping[int, str]) -> dict[int, str]:
         """Store the pending reasons that changed (most do not, tick after tick); returns those."""
@@ -387,95 +329,13 @@ class Repository:
                           .values(reason=bindparam("new")), changed)
             return {r["jid"]: r["new"] for r in changed}
 
-    def start_runs(self, starts: Sequence[tuple[int, Placement]], now: float) -> list[dict | None]:
-        """start_run for each of a pass's starts, in one transaction (one commit: a pass that starts
-        many jobs waits for one sync, not one each). Each is checked after those before it."""
-        if not starts:
-            return []
-        with self.engine.begin() as c:
-            return [self.start_run(job_id, placement, now, c) for job_id, placement in starts]
+    def start_runs(self, starts: Sequence[StartRequest | tuple], now: float) -> list[dict | Refused]:
+        """Record a pass's starts (store/applier.py): a run each, or why not."""
+        return applier.start_runs(self.engine, [s if isinstance(s, StartRequest) else StartRequest(*s)
+                                                for s in starts], now)
 
-    def start_run(self, job_id: int, placement: Placement, now: float, conn=None) -> dict | None:
-        """Record a run of a pending job on `placement`. None if the decision no longer holds.
-        `conn`: a transaction under way (start_runs) instead of one of its own."""
-        with (self.engine.begin() if conn is None else nullcontext(conn)) as c:
-            job = c.execute(st.JOB_BY_ID, {"p_id": job_id}).first()
-            if job is None or job.state != JobState.PENDING.value or job.hold:
-                return None
-            names = list(placement.nodes)
-            node_rows = {n.name: n for n in c.execute(st.NODES_NAMED, {"p_names": names})}
-            live = c.execute(st.LIVE_RANKS_ON, {"p_names": names}).all()
-            busy = {(r.node, g) for r in live for g in r.gpus}
-            for rank, (name, gpu_ids) in enumerate(zip(placement.nodes, placement.gpus)):
-                n = node_rows.get(name)
-                if n is None or n.state != "up" or not n.responding:
-                    return None
-                if placement.shares:
-                    mig = placement.mig[rank] if placement.mig else ""
-                    if not self._share_still_fits(c, name, gpu_ids, placement.shares[rank], live, mig):
-                        return None
-                elif any((name, g) in busy for g in gpu_ids):
-                    return None
-            attempt = job.attempts
-            # -p a,b: the run is in the first candidate partition that holds all its nodes
-            partition = next((p for p in job.partition.split(",")
-                              if all(not node_rows[n].partitions or p in node_rows[n].partitions
-                                     for n in placement.nodes)), job.partition)
-            res = c.execute(*st.update_by_id(jobs, job_id, dict(
-                state=JobState.RUNNING.value, reason="None", start_time=now, end_time=None,
-                attempts=attempt + 1, nodelist=",".join(placement.nodes), version=job.version + 1,
-                partition=partition), version=job.version))
-            if res.rowcount != 1:
-                return None
-            run_id = c.execute(st.RUN_INSERT, dict(
-                job_id=job_id, attempt=attempt, state=JobState.RUNNING.value, start_time=now,
-                # Whole GPUs held: a card share counts none; it is charged its share (gpu_charge).
-                nodelist=",".join(placement.nodes), gpus=0 if placement.shares else sum(len(g) for g in placement.gpus),
-                gpu_charge=self._share_charge(c, job, placement) if placement.shares else None,
-            )).inserted_primary_key[0]
-            c.execute(st.RANK_INSERT, [dict(
-                run_id=run_id, rank=rank, node=name, gpus=list(gpu_ids), cpus=job.cpus_per_task,
-                mem_mb=job.mem_mb or 0, state="starting", killed=False,
-                gpu_mem_mb=placement.shares[rank][0] if placement.shares else None,
-                gpu_compute=placement.shares[rank][1] if placement.shares else None,
-                mig_uuid=(placement.mig[rank] or None) if placement.mig else None)
-                for rank, (name, gpu_ids) in enumerate(zip(placement.nodes, placement.gpus))])
-            return {**_row(job), "spec": _full_spec(c, job), "partition": partition, "attempt": attempt,
-                    "run_id": run_id, "gpu_mig": list(placement.mig)}
-
-    @staticmethod
-    def _share_charge(c, job, placement: Placement) -> float:
-        """The GPU-equivalents a sharing run is charged: each rank's share of its card."""
-        share = share_of(job.gpu_fraction, job.gpu_mem_mb, job.gpu_compute, job.gpu_qos)
-        total = 0.0
-        for rank, (name, gpu_ids) in enumerate(zip(placement.nodes, placement.gpus)):
-            mem = c.execute(select(gpus.c.memory_mb).where(gpus.c.node == name, gpus.c.index == gpu_ids[0])).scalar()
-            if placement.mig and placement.mig[rank]:  # a whole MIG instance: charged the instance
-                inst_mem, inst_compute = placement.shares[rank]
-                total += min(1.0, max(inst_mem / max(1, mem or 0), inst_compute / 100))
-            else:
-                total += share_charge(share, mem or 0)
-        return round(total, 6)
-
-    @staticmethod
-    def _share_still_fits(c, node: str, gpu_ids, share: Sequence[int], live, mig: str = "") -> bool:
-        """A card share re-checked: the card takes shares, holds no whole-GPU run, and its memory
-        and reserved compute stay within the card with this share added."""
-        if len(gpu_ids) != 1:
-            return False
-        card = c.execute(select(gpus).where(gpus.c.node == node, gpus.c.index == gpu_ids[0])).first()
-        if card is None or not card.shareable:
-            return False
-        if card.isolation == "mig" or mig:  # one job per instance, of the card's layout
-            layout = {m[0]: m for m in card.mig or ()}
-            return (mig in layout and (layout[mig][2], layout[mig][3]) == tuple(share)
-                    and not any(r.mig_uuid == mig for r in live))
-        on_card = [r for r in live if r.node == node and gpu_ids[0] in r.gpus]
-        if any(r.gpu_mem_mb is None for r in on_card):
-            return False  # held whole
-        mem = sum(r.gpu_mem_mb for r in on_card) + share[0]
-        compute = sum(r.gpu_compute or 0 for r in on_card) + share[1]
-        return mem <= card.memory_mb and compute <= 100
+    def start_run(self, job_id: int, placement: Placement, now: float, version: int | None = None) -> dict | Refused:
+        return self.start_runs([StartRequest(job_id, placement, version)], now)[0]
 
     # ---- what agents report --------------------------------------------------------------
     def live_ranks(self, node: str | None = None) -> list[RankRef]:
@@ -543,7 +403,7 @@ class Repository:
         c.execute(*st.update_by_id(runs, run.id, dict(
             state=outcome.state.value, end_time=end, exit_code=outcome.exit_code,
             exit_signal=outcome.signal, reason=why)))
-        spec = JobSpec.from_wire(_full_spec(c, job))
+        spec = JobSpec.from_wire(full_spec(c, job))
         new_state = job_state_after(outcome.state, spec.requeue)
         gpu_seconds = max(0.0, end - run.start_time) * (run.gpu_charge or run.gpus)
         values: dict[str, Any] = dict(
@@ -655,7 +515,7 @@ class Repository:
     def job(self, job_id: int) -> dict | None:
         with self.engine.connect() as c:
             r = c.execute(st.JOB_BY_ID, {"p_id": job_id}).first()
-            return _with_shares(c, [{**_row(r), "spec": _full_spec(c, r)}])[0] if r else None
+            return _with_shares(c, [{**_row(r), "spec": full_spec(c, r)}])[0] if r else None
 
     def runs(self, *, job_ids: Sequence[int] | None = None, users: Sequence[str] | None = None,
              tasks: Sequence[tuple[int, int]] | None = None, of_jobs: Sequence[int] | None = None) -> list[dict]:

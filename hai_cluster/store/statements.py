@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from sqlalchemy import Table, bindparam, select, update
 
-from .schema import array_specs, jobs, nodes, run_ranks, runs
+from .schema import array_specs, gpus, jobs, nodes, run_ranks, runs
 
 JOB_INSERT, RUN_INSERT, RANK_INSERT = jobs.insert(), runs.insert(), run_ranks.insert()
 JOB_BY_ID = select(jobs).where(jobs.c.id == bindparam("p_id"))
@@ -20,10 +20,13 @@ RUN_OF_ATTEMPT = select(runs).where(runs.c.job_id == bindparam("p_job"), runs.c.
 RUN_ID_OF_ATTEMPT = select(runs.c.id).where(runs.c.job_id == bindparam("p_job"),
                                             runs.c.attempt == bindparam("p_attempt"))
 RANKS_OF_RUN = select(run_ranks).where(run_ranks.c.run_id == bindparam("p_run")).order_by(run_ranks.c.rank)
+# The applier's fresh views of the nodes a start touches (store/views.py)
 NODES_NAMED = select(nodes).where(nodes.c.name.in_(bindparam("p_names", expanding=True)))
-LIVE_RANKS_ON = select(run_ranks.c.node, run_ranks.c.gpus, run_ranks.c.gpu_mem_mb, run_ranks.c.gpu_compute,
-                       run_ranks.c.mig_uuid).where(run_ranks.c.node.in_(bindparam("p_names", expanding=True)),
-                                                   run_ranks.c.state != "ended")
+GPUS_ON = (select(gpus).where(gpus.c.node.in_(bindparam("p_names", expanding=True)))
+           .order_by(gpus.c.node, gpus.c.index))
+LIVE_RANKS = (select(run_ranks, runs.c.job_id, runs.c.gpu_charge).join(runs, runs.c.id == run_ranks.c.run_id)
+              .where(run_ranks.c.state != "ended").order_by(run_ranks.c.rank))
+LIVE_RANKS_ON = LIVE_RANKS.where(run_ranks.c.node.in_(bindparam("p_names", expanding=True)))
 RANK_RUNNING = update(run_ranks).where(run_ranks.c.run_id == bindparam("p_run"), run_ranks.c.node == bindparam("p_node"),
                                        run_ranks.c.state == "starting").values(state="running")
 RANK_ENDED = update(run_ranks).where(

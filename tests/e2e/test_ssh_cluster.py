@@ -52,7 +52,7 @@ echo "user=$(id -un) arg=$1"
     assert default[0].split() == ["JobID", "JobName", "Partition", "Account", "AllocCPUS", "State", "ExitCode"]
 
 
-def test_cancel_pending_and_running(cluster):
+def test_cancel_pending_and_running(cluster, ssh_nodes):
     pidfile = user_dir(cluster.workdir, TEST_USER) / "running.pid"
     script = write_script(cluster, "sleep.sh", f"#!/bin/bash\necho $$ > {pidfile}\nsleep 300 & wait\n")
     running = cluster.submit("-N", "2", f"--gpus-per-node={GPUS_PER_NODE}", str(script))
@@ -63,6 +63,11 @@ def test_cancel_pending_and_running(cluster):
     wait_for(lambda: cluster.job(pending)["reason"] == "Resources", 10, what="reason Resources")
     queue = cluster.cli("hqueue").stdout
     assert "(Resources)" in queue and f"{running}" in queue
+    # hcontrol show job says, node by node, what keeps it waiting (the fit test placement uses)
+    shown = cluster.cli("hcontrol", "show", "job", str(pending)).stdout
+    waiting = next(line.strip() for line in shown.splitlines() if line.strip().startswith("Waiting="))
+    assert waiting == "Waiting=" + "; ".join(f"{n} has 0 of {GPUS_PER_NODE} GPUs free"
+                                             for n in sorted(n.name for n in ssh_nodes))
     cluster.cli("hcancel", str(pending))
     assert cluster.job(pending)["state"] == "CANCELLED"
     cluster.cli("hcancel", str(running))

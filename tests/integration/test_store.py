@@ -6,6 +6,7 @@ from hai_cluster.core.model import JobSpec, Placement
 from hai_cluster.core.states import JobState
 from hai_cluster.store.engine import current_revision, downgrade, head_revision, make_engine, upgrade
 from hai_cluster.store import repository
+from hai_cluster.store.applier import Refused
 from hai_cluster.store.repository import RankRef, Repository
 from hai_cluster.store.schema import metadata
 
@@ -57,15 +58,60 @@ def test_snapshot_reflects_allocations(repo):
     assert {j.id: j.state for j in snap.jobs}[a] == JobState.RUNNING
 
 
+def refused(result, why: str) -> bool:
+    """The applier refused a start, saying `why`."""
+    return isinstance(result, Refused) and not result and why in result.reason
+
+
 def test_start_is_rechecked_against_current_state(repo):
     a = repo.submit(spec(gpus_per_node=1), user="u", uid=1, gid=1, partition="gpu", now=1)
     b = repo.submit(spec(gpus_per_node=1), user="u", uid=1, gid=1, partition="gpu", now=2)
-    assert repo.start_run(a, Placement(("a",), ((0,),)), now=3) is not None
-    assert repo.start_run(a, Placement(("b",), ((0,),)), now=3) is None  # no longer pending
-    assert repo.start_run(b, Placement(("a",), ((0,),)), now=3) is None  # GPU taken
+    assert repo.start_run(a, Placement(("a",), ((0,),)), now=3)
+    assert refused(repo.start_run(a, Placement(("b",), ((0,),)), now=3), "RUNNING, not pending")
+    assert refused(repo.start_run(b, Placement(("a",), ((0,),)), now=3), "a: GPU 0 is in use")
     repo.set_responding("b", False, now=3)
-    assert repo.start_run(b, Placement(("b",), ((1,),)), now=3) is None  # node not responding
-    assert repo.start_run(b, Placement(("a",), ((1,),)), now=3) is not None
+    assert refused(repo.start_run(b, Placement(("b",), ((1,),)), now=3), "b is not responding")
+    assert repo.start_run(b, Placement(("a",), ((1,),)), now=3)
+
+
+def test_start_is_refused_when_cpus_or_memory_were_taken_after_the_snapshot(repo):
+    """The applier checks with the policy's fits(): CPUs and memory too, not only GPUs."""
+    cpu_hog = repo.submit(spec(cpus_per_task=6), user="u", uid=1, gid=1, partition="gpu", now=1)
+    mem_hog = repo.submit(spec(mem_mb=700), user="u", uid=1, gid=1, partition="gpu", now=1)
+    wants_cpus = repo.submit(spec(gpus_per_node=1, cpus_per_task=4), user="u", uid=1, gid=1, partition="gpu", now=2)
+    wants_mem = repo.submit(spec(gpus_per_node=1, mem_mb=400), user="u", uid=1, gid=1, partition="gpu", now=2)
+    snap = repo.load_snapshot(now=3)  # the policy sees both nodes empty: all four fit
+    seen = {j.id: j.version for j in snap.jobs}
+    assert repo.start_run(cpu_hog, Placement(("a",), ((),)), now=4)
+    assert repo.start_run(mem_hog, Placement(("b",), ((),)), now=4)
+    assert refused(repo.start_run(wants_cpus, Placement(("a",), ((0,),)), now=5, version=seen[wants_cpus]),
+                   "a has 2 free CPUs")
+    assert refused(repo.start_run(wants_mem, Placement(("b",), ((0,),)), now=5, version=seen[wants_mem]),
+                   "b has 300 MiB free memory")
+    assert repo.start_run(wants_cpus, Placement(("b",), ((0,),)), now=5, version=seen[wants_cpus])
+    states = {j.id: j.state for j in repo.load_snapshot(now=6).jobs}
+    assert states[wants_mem] == JobState.PENDING and states[wants_cpus] == JobState.RUNNING
+
+
+def test_start_is_refused_for_a_job_changed_since_the_snapshot(repo):
+    j = repo.submit(spec(gpus_per_node=1), user="u", uid=1, gid=1, partition="gpu", now=1)
+    version = {v.id: v.version for v in repo.load_snapshot(now=2).jobs}[j]
+    assert repo.update_pending(j, {"time_limit": 60}) is None  # hcontrol update after the pass read the job
+    assert refused(repo.start_run(j, Placement(("a",), ((0,),)), now=3, version=version), "changed since the snapshot")
+    assert refused(repo.start_run(j, Placement(("a",), ((0, 1),)), now=3), "GPUs [0, 1] given, job")
+    assert repo.start_run(j, Placement(("a",), ((0,),)), now=3, version=version + 1)
+
+
+def test_start_is_refused_off_partition_or_with_a_missing_runtime(repo):
+    other = repo.submit(spec(partition="cpu"), user="u", uid=1, gid=1, partition="cpu", now=1)
+    boxed = repo.submit(spec(runtime="bwrap"), user="u", uid=1, gid=1, partition="gpu", now=1)
+    gang = repo.submit(spec(nodes=2, gpus_per_node=1), user="u", uid=1, gid=1, partition="gpu", now=1)
+    assert refused(repo.start_run(other, Placement(("a",), ((),)), now=2), "a is not in partition cpu")
+    assert refused(repo.start_run(boxed, Placement(("a",), ((),)), now=2), "a has no bwrap runtime")
+    assert refused(repo.start_run(gang, Placement(("a", "a"), ((0,), (1,))), now=2), "two ranks of job")
+    assert refused(repo.start_run(gang, Placement(("a",), ((0,),)), now=2), "1 rank(s), job")
+    assert refused(repo.start_run(gang, Placement(("a", "zz"), ((0,), (0,))), now=2), "zz is not a node")
+    assert repo.start_run(gang, Placement(("a", "b"), ((0,), (1,))), now=2)
 
 
 def test_gang_run_ends_when_every_rank_has_ended(repo):

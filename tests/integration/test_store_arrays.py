@@ -65,7 +65,7 @@ def test_an_arrays_spec_is_stored_once(repo, engine):
     assert repo.update_pending(last, {"time_limit": 60}) is None
     assert repo.job(last)["spec"]["time_limit"] == 60 and repo.job(last)["spec"]["script"] == big
     assert repo.job(array_id)["spec"]["time_limit"] == 600  # the others keep the array's
-    started = repo.start_run(last, Placement(("a",), ((0,),)), now=2.0)
+    started = repo.start_run(last, Placement(("a",), ((),)), now=2.0)
     assert started["spec"]["script"] == big and started["spec"]["time_limit"] == 60
 
 
@@ -80,7 +80,7 @@ def test_a_final_jobs_script_and_environment_leave_the_store(repo, engine):
     spec = repo.job(job)["spec"]
     assert (spec["script"], spec["environment"], spec["workdir"]) == ("", {}, "/tmp")
     assert repo.job(array + 2)["spec"]["script"] == big  # a task of the array still pending needs it
-    repo.start_run(array + 2, Placement(("a",), ((0,),)), now=3.0)
+    repo.start_run(array + 2, Placement(("a",), ((),)), now=3.0)
     repo.rank_ended(array + 2, 0, "a", {"exit_code": 0, "signal": None}, now=4.0)  # the array's last task
     assert repo.job(array + 2)["spec"]["script"] == "" and repo.job(array)["spec"]["script"] == ""
     with engine.connect() as c:
@@ -106,7 +106,7 @@ def verdicts(repo):
 
 
 def finish(repo, job_id, exit_code):
-    repo.start_run(job_id, Placement(("a",), ((0,),)), now=2.0)
+    repo.start_run(job_id, Placement(("a",), ((),)), now=2.0)
     repo.rank_ended(job_id, 0, "a", {"exit_code": exit_code, "signal": None}, now=3.0)
 
 

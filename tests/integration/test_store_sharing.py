@@ -38,8 +38,8 @@ def test_inventory_and_snapshot_carry_shares(repo):
     views = {v.id: v for v in snap.jobs}
     assert views[j].gpu_share == GpuShare(fraction=0.5, qos="best-effort")
     assert views[w].gpu_share == GpuShare(mem_mb=8192, compute=30) and views[w].gpus_per_node == 0
-    assert repo.start_run(j, Placement(("a",), ((0,),), shares=((40960, 0),)), now=3) is not None
-    assert repo.start_run(w, Placement(("a",), ((0,),), shares=((8192, 30),)), now=3) is not None
+    assert repo.start_run(j, Placement(("a",), ((0,),), shares=((40960, 0),)), now=3)
+    assert repo.start_run(w, Placement(("a",), ((0,),), shares=((8192, 30),)), now=3)
     (node,) = repo.load_snapshot(now=4).nodes
     assert node.shared == ((0, 49152, 30, 2),) and node.used_gpus == {0}
     ranks = repo.runs(job_ids=[w])
@@ -48,17 +48,17 @@ def test_inventory_and_snapshot_carry_shares(repo):
 
 def test_start_of_a_share_is_rechecked(repo):
     a, b, c, d = (submit(repo, gpu_mem_mb=40960) for _ in range(4))
-    assert repo.start_run(a, Placement(("a",), ((0,),), shares=((40960, 0),)), now=2) is not None
-    assert repo.start_run(b, Placement(("a",), ((0,),), shares=((40960, 0),)), now=2) is not None
-    assert repo.start_run(c, Placement(("a",), ((0,),), shares=((40960, 0),)), now=2) is None  # memory full
-    assert repo.start_run(c, Placement(("a",), ((1,),), shares=((40960, 0),)), now=2) is None  # not shareable
+    assert repo.start_run(a, Placement(("a",), ((0,),), shares=((40960, 0),)), now=2)
+    assert repo.start_run(b, Placement(("a",), ((0,),), shares=((40960, 0),)), now=2)
+    assert not repo.start_run(c, Placement(("a",), ((0,),), shares=((40960, 0),)), now=2)  # memory full
+    assert not repo.start_run(c, Placement(("a",), ((1,),), shares=((40960, 0),)), now=2)  # not shareable
     whole = submit(repo, gpus_per_node=1)
-    assert repo.start_run(whole, Placement(("a",), ((0,),)), now=2) is None  # holds shares
-    assert repo.start_run(whole, Placement(("a",), ((1,),)), now=2) is not None
+    assert not repo.start_run(whole, Placement(("a",), ((0,),)), now=2)  # holds shares
+    assert repo.start_run(whole, Placement(("a",), ((1,),)), now=2)
     repo.update_inventory("a", {"cpus": 8, "mem_mb": 1000, "gpu_backend": "simulated", "gpus": [
         {"index": i, "uuid": f"a{i}", "name": "sim", "memory_mb": 81920, "shareable": True} for i in (0, 1)]},
         now=3)
-    assert repo.start_run(d, Placement(("a",), ((1,),), shares=((40960, 0),)), now=3) is None  # held whole
+    assert not repo.start_run(d, Placement(("a",), ((1,),), shares=((40960, 0),)), now=3)  # held whole
 
 
 def test_an_agent_without_sharing_fields_is_understood(repo):
@@ -72,8 +72,8 @@ def test_sharing_runs_are_charged_their_share(repo):
     from hai_cluster.store.accounts import usage_runs
     half = submit(repo, gpu_fraction=0.5)  # half the card: 0.5
     small = submit(repo, gpu_mem_mb=8192, gpu_compute=30)  # 8/80 of the memory, 30 % compute: 0.3
-    assert repo.start_run(half, Placement(("a",), ((0,),), shares=((40960, 50),)), now=10) is not None
-    assert repo.start_run(small, Placement(("a",), ((0,),), shares=((8192, 30),)), now=10) is not None
+    assert repo.start_run(half, Placement(("a",), ((0,),), shares=((40960, 50),)), now=10)
+    assert repo.start_run(small, Placement(("a",), ((0,),), shares=((8192, 30),)), now=10)
     views = {v.id: v for v in repo.load_snapshot(now=110).jobs}
     assert views[half].gpu_charge == 0.5 and views[half].attained(110) == pytest.approx(50.0)
     assert views[small].gpu_charge == 0.3 and views[small].attained(110) == pytest.approx(30.0)
@@ -94,11 +94,11 @@ def test_mig_instances_in_the_store(repo):
         {"index": 0, "uuid": "a0", "name": "sim", "memory_mb": 81920, "shareable": True, "isolation": "mig",
          "mig": layout}]}, now=2)
     one, two, three = (submit(repo, gpu_fraction=0.25) for _ in range(3))
-    assert repo.start_run(one, Placement(("a",), ((0,),), shares=((20480, 28),), mig=("MIG-b",)), now=3) is not None
+    assert repo.start_run(one, Placement(("a",), ((0,),), shares=((20480, 28),), mig=("MIG-b",)), now=3)
     # The instance is taken, or its amounts differ from the layout's, or no instance is named: refused.
-    assert repo.start_run(two, Placement(("a",), ((0,),), shares=((20480, 28),), mig=("MIG-b",)), now=3) is None
-    assert repo.start_run(two, Placement(("a",), ((0,),), shares=((20480, 28),), mig=("MIG-a",)), now=3) is None
-    assert repo.start_run(two, Placement(("a",), ((0,),), shares=((20480, 25),)), now=3) is None
+    assert not repo.start_run(two, Placement(("a",), ((0,),), shares=((20480, 28),), mig=("MIG-b",)), now=3)
+    assert not repo.start_run(two, Placement(("a",), ((0,),), shares=((20480, 28),), mig=("MIG-a",)), now=3)
+    assert not repo.start_run(two, Placement(("a",), ((0,),), shares=((20480, 25),)), now=3)
     started = repo.start_run(two, Placement(("a",), ((0,),), shares=((40960, 42),), mig=("MIG-a",)), now=3)
     assert started["gpu_mig"] == ["MIG-a"]
     snap = repo.load_snapshot(now=4)

@@ -151,7 +151,7 @@ def test_wake_at_is_honoured():
 
 @pytest.mark.parametrize("plan_for, message", [
     (lambda s, jid: Plan((Start(jid, Placement(("node01",), ((0,),)), "x"),
-                          Start(jid + 1, Placement(("node01",), ((0,),)), "x"))), "double-books"),
+                          Start(jid + 1, Placement(("node01",), ((0,),)), "x"))), "GPU 0 is in use"),
     (lambda s, jid: Plan((Start(jid, Placement(("nodeX",), ((0,),)), "x"),)), "unknown node"),
     (lambda s, jid: Plan((Start(jid, Placement(("node01",), ((0, 1),)), "x"),)), "needs 1 distinct"),
     (lambda s, jid: Plan((Preempt(jid, "x"),)), "which is PENDING"),

@@ -1,0 +1,91 @@
+"""What the store's rows read as: the policy's node and job views, and a job's whole spec.
+
+One place builds them, for the snapshot and for the applier's re-check alike."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from sqlalchemy import select
+
+from ..core.model import GpuInfo, JobView, NodeView
+from ..core.sharing import share_of
+from ..core.states import JobState
+from . import statements as st
+from .schema import gpus, nodes
+
+
+def full_spec(c, job) -> dict:
+    """A job row's spec: an array task's is its array's (stored once) with the task's own changes."""
+    if job.array_job_id is not None:
+        base = c.execute(st.ARRAY_SPEC_OF, {"p_id": job.array_job_id}).scalar()
+        if base is not None:
+            return {**base, **job.spec}
+    return job.spec
+
+
+def live_ranks(c, names: Sequence[str] | None = None) -> list:
+    """The ranks not ended (of runs on `names`, or everywhere), with their job and charge, in rank order."""
+    if names is None:
+        return c.execute(st.LIVE_RANKS).all()
+    return c.execute(st.LIVE_RANKS_ON, {"p_names": list(names)}).all()
+
+
+def shared_use(ranks) -> tuple[tuple[int, int, int, int], ...]:
+    """Per card holding shares: (index, MiB, reserved compute %, ranks), from live sharing ranks."""
+    use: dict[int, list[int]] = {}
+    for r in ranks:
+        if r.gpu_mem_mb is not None:
+            for i in r.gpus:
+                u = use.setdefault(i, [0, 0, 0])
+                u[0], u[1], u[2] = u[0] + r.gpu_mem_mb, u[1] + (r.gpu_compute or 0), u[2] + 1
+    return tuple((i, *u) for i, u in sorted(use.items()))
+
+
+def node_views(c, live, names: Sequence[str] | None = None) -> tuple[NodeView, ...]:
+    """The nodes (all, or those named) as the policy sees them, holding the `live` ranks."""
+    if names is None:
+        node_rows = c.execute(select(nodes)).all()
+        gpu_rows = c.execute(select(gpus).order_by(gpus.c.node, gpus.c.index)).all()
+    else:
+        node_rows = c.execute(st.NODES_NAMED, {"p_names": list(names)}).all()
+        gpu_rows = c.execute(st.GPUS_ON, {"p_names": list(names)}).all()
+    used: dict[str, list] = {}
+    for r in live:
+        used.setdefault(r.node, []).append(r)
+    node_gpus: dict[str, list[GpuInfo]] = {}
+    for g in gpu_rows:
+        node_gpus.setdefault(g.node, []).append(GpuInfo(
+            g.index, g.uuid, g.name, g.memory_mb, shareable=g.shareable, isolation=g.isolation,
+            links=tuple(tuple(x) for x in g.links or ()), mig=tuple(tuple(m) for m in g.mig or ())))
+    return tuple(
+        NodeView(
+            name=n.name, gpus=tuple(node_gpus.get(n.name, ())), cpus=n.cpus, mem_mb=n.mem_mb,
+            partitions=tuple(n.partitions), state=n.state, responding=n.responding,
+            used_gpus=frozenset(i for r in used.get(n.name, ()) for i in r.gpus),
+            used_cpus=sum(r.cpus for r in used.get(n.name, ())),
+            used_mem_mb=sum(r.mem_mb for r in used.get(n.name, ())),
+            runtimes=tuple(n.runtimes or ("none",)), container_runtime=n.container_runtime,
+            shared=shared_use(used.get(n.name, ())),
+            mig_used=frozenset(r.mig_uuid for r in used.get(n.name, ()) if r.mig_uuid),
+        )
+        for n in node_rows
+    )
+
+
+def job_view(j, ranks=(), dependency: str | None = None) -> JobView:
+    """A job row (the snapshot's columns at least) as the policy sees it, holding `ranks`."""
+    return JobView(
+        id=j.id, user=j.user, state=JobState(j.state), submit_time=j.submit_time, nodes=j.nodes,
+        gpus_per_node=j.gpus_per_node, cpus_per_task=j.cpus_per_task, mem_mb=j.mem_mb,
+        partition=j.partition, priority=j.priority, hold=j.hold, held_by_admin=j.hold_admin,
+        restart_count=j.restart_count,
+        attained_gpu_seconds=j.attained_gpu_seconds, run_start=j.start_time,
+        nodelist=tuple(x for x in j.nodelist.split(",") if x),
+        allocation=tuple((r.node, tuple(r.gpus)) for r in ranks),
+        preemptible=j.preemptible, pending_since=j.pending_since, last_run_end=j.last_run_end,
+        time_limit=j.time_limit, runtime=j.runtime, begin_time=j.begin_time, array_job_id=j.array_job_id,
+        array_task_limit=j.array_task_limit, dependency=dependency, account=j.account or "default",
+        gpu_share=share_of(j.gpu_fraction, j.gpu_mem_mb, j.gpu_compute, j.gpu_qos),
+        gpu_charge=(ranks[0].gpu_charge or 0.0) if ranks else 0.0,
+        mig=tuple(r.mig_uuid or "" for r in ranks) if any(r.mig_uuid for r in ranks) else (),
+        version=j.version)
