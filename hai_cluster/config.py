@@ -10,8 +10,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .core.model import PRIORITY_CLASSES
+from .core.runtimes import RUNTIMES
 from .core.timefmt import parse_time_limit
 from .scheduling.mlfq import MlfqConfig
+from .scheduling.registry import CONTROLLER_POLICIES
 
 from .paths import DEFAULT_AGENT_SOCKET, DEFAULT_CONTROLLER_SOCKET
 
@@ -46,7 +49,6 @@ class SharingConfig:
     run_dir: str = ""  # MPS pipe and log directories, one per card; "" = <spool>/mps
 
 
-RUNTIMES = ("none", "bwrap", "runc", "podman", "apptainer", "enroot")  # = agent.runspec.RUNTIMES
 
 
 RLIMIT_NAMES = ("as", "core", "cpu", "data", "fsize", "memlock", "nofile", "nproc", "stack")
@@ -146,7 +148,6 @@ class SshConfig:
     connect_timeout: float = 10.0
 
 
-PRIORITY_CLASSES = ("urgent", "high", "normal", "low")
 
 
 @dataclass(frozen=True)
@@ -856,8 +857,8 @@ def parse_scheduler(path: str, raw: Any, gpu_pack: str | None = None) -> Schedul
     except ValueError as exc:
         raise ConfigError(f"{path}: [scheduler] {exc}") from None
     sec.done()
-    if policy not in ("mlfq", "fifo"):
-        raise ConfigError(f"{path}: scheduler.policy must be mlfq or fifo, got {policy!r}")
+    if policy not in CONTROLLER_POLICIES:
+        raise ConfigError(f"{path}: scheduler.policy must be {' or '.join(CONTROLLER_POLICIES)}, got {policy!r}")
     if max_prio not in PRIORITY_CLASSES:
         raise ConfigError(f"{path}: scheduler.max_user_priority must be one of {', '.join(PRIORITY_CLASSES)}")
     return SchedulerConfig(policy=policy, mlfq=mlfq, max_user_priority=max_prio)

@@ -338,3 +338,10 @@ class RunCgroup:
                         break
                     self.kill()
                     time.sleep(0.05)
+
+
+def agent_cgroup(node: str, spool: str) -> str:
+    """The agent's own level in the cgroup tree: its node name, and a hash of its spool, so that
+    two agents on one machine (test clusters, concurrent test runs) never share run cgroups."""
+    import hashlib
+    return f"{node}-{hashlib.sha256(os.path.realpath(spool).encode()).hexdigest()[:8]}"

@@ -14,7 +14,7 @@ from pathlib import Path
 from . import runtimes, spool
 from .cgroups import RunCgroup
 from .isolation import NodeIsolation
-from .runspec import RunSpec
+from ..protocol.runspec import RunSpec
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from ..config import AgentConfig
 from ..core.model import GpuInfo
 from ..core.sharing import GpuShare
 from .mps import MpsControl, MpsError
-from .runspec import RunSpec
+from ..protocol.runspec import RunSpec
 
 log = logging.getLogger(__name__)
 

@@ -14,26 +14,18 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Mapping
 
 from . import cgroups, rlimits
-from .runspec import RunSpec
+from ..core.runtimes import SUPPORTED, TOOLS
+from ..protocol.runspec import RunSpec
 
 if TYPE_CHECKING:
     from ..config import AgentConfig
 
 log = logging.getLogger(__name__)
 
-TOOLS = {"bwrap": "bwrap", "runc": "runc", "podman": "podman", "apptainer": "apptainer", "enroot": "enroot"}
-SUPPORTED = ("bwrap", "runc", "podman")  # apptainer, enroot: found, but refused (runtimes.NotSupported)
 # Static init binaries that can be bound into any image as its PID 1 (see runtimes/runc.py).
 INITS = ("/usr/bin/tini-static", "/usr/local/bin/tini-static", "/usr/bin/catatonit",
          "/usr/libexec/podman/catatonit")
 _SEARCH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-def agent_cgroup(node: str, spool: str) -> str:
-    """The agent's own level in the cgroup tree: its node name, and a hash of its spool, so that
-    two agents on one machine (test clusters, concurrent test runs) never share run cgroups."""
-    import hashlib
-    return f"{node}-{hashlib.sha256(os.path.realpath(spool).encode()).hexdigest()[:8]}"
 
 
 @dataclass(frozen=True)
@@ -77,7 +69,7 @@ class NodeIsolation:
             init = iso.container_init
         caps = None
         if iso.cgroups:
-            caps = cgroups.detect(f"{iso.cgroup_parent.strip('/')}/{agent_cgroup(cfg.name, cfg.spool)}")
+            caps = cgroups.detect(f"{iso.cgroup_parent.strip('/')}/{cgroups.agent_cgroup(cfg.name, cfg.spool)}")
         node = cls(node=cfg.name, default_runtime=iso.default_runtime,
                    default_container_runtime=iso.default_container_runtime, device_dir=iso.device_dir,
                    pids_limit=iso.pids_limit, rlimits=rlimits.effective(iso.rlimits),

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, NoReturn, Sequence
 from ..core.envfilter import helper_env
 from . import rlimits
 from .rlimits import Limit
-from .runspec import RunSpec
+from ..protocol.runspec import RunSpec
 
 if TYPE_CHECKING:
     from .runtimes import Launch

@@ -15,7 +15,7 @@ from pathlib import Path
 from .. import timeouts
 from . import contain, spool
 from .isolation import NodeIsolation
-from .runspec import RunSpec, RunStatus
+from ..protocol.runspec import RunSpec, RunStatus
 from .starter import ShepherdStarter
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from typing import Callable
 
 from . import launcher, spool
 from .isolation import NodeIsolation
-from .runspec import RunSpec, RunStatus
+from ..protocol.runspec import RunSpec, RunStatus
 from .starter import ShepherdStarter
 
 log = logging.getLogger(__name__)

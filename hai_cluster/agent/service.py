@@ -14,7 +14,7 @@ from ..transport.rpc import RequestError, RpcTable
 from .gpushare import ShareError
 from .fencing import EpochGate
 from .runs import RunError
-from .runspec import TERMINATE_REASONS, RunSpec, SpecError, check_keys, nonneg_int, valid_signal
+from ..protocol.runspec import TERMINATE_REASONS, RunSpec, SpecError, check_keys, nonneg_int, valid_signal
 
 if TYPE_CHECKING:
     from .daemon import Agent

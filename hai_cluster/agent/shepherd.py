@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 from . import spool
 from .jobproc import start_job
 from .outputs import output_problem
-from .runspec import TERMINATE_REASONS, RunSpec, RunStatus
+from ..protocol.runspec import TERMINATE_REASONS, RunSpec, RunStatus
 
 if TYPE_CHECKING:
     from .contain import Containment

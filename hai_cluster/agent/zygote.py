@@ -43,8 +43,8 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from . import contain, shepherd, spool  # noqa: F401 - imported once here, for every child
-from .runtimes import bwrap, plain, podman, runc  # noqa: F401 - likewise (shepherd imports them lazily)
+from . import contain, runtimes, shepherd, spool  # noqa: F401 - imported once here, for every child
+from ..core.runtimes import TABLE
 
 MAX_MESSAGE = 65536
 REQUEST_FDS = 2  # the report pipe and the shepherd log
@@ -203,6 +203,8 @@ def warm() -> None:
     """Do once, here, what every shepherd would otherwise do first on its own copy of this
     process: each first time writes memory that a child then copies page by page (~80 pages
     for the logging setup, ~20 for loading the NSS modules of its group lookup)."""
+    for name in TABLE:  # every runtime's module, imported once here (shepherds import them lazily)
+        runtimes.get(name)
     shepherd.configure_logging()  # to sys.stderr, which each child points at its shepherd.log
     for handler in logging.getLogger().handlers:  # a line formatted: the time zone is read on first use
         handler.format(logging.makeLogRecord({"msg": "warm"}))

@@ -10,7 +10,7 @@ import functools
 import signal as signals
 import time
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..config import PRIORITY_CLASSES
 from ..core.dependency import parse_dependency
@@ -30,64 +30,22 @@ from . import membership
 from .access import Caller, deny, may_act_on
 from .outputcheck import RecentlyWritable, outputs_problem
 from .partitions import PartitionRefused, admit, groups_of
-from .service import Controller
+from .requests import expect, int_list, str_list, task_list
 from .submitrate import OverRate, SubmitRate
 from .telemetry_view import job_telemetry, nodes_telemetry
+
+if TYPE_CHECKING:
+    from .service import Controller
 
 NOT_FINAL = [s.value for s in JobState if s not in FINAL_STATES and s not in (JobState.PREEMPTED,
                                                                                 JobState.REQUEUED)]
 
 
-def _expect(body: Any, key: str, typ: type | tuple, *, required: bool = False, default: Any = None) -> Any:
-    if not isinstance(body, dict):
-        raise RequestError("request body must be a map")
-    if key not in body or body[key] is None:
-        if required:
-            raise RequestError(f"missing field {key!r}")
-        return default
-    value = body[key]
-    if not isinstance(value, typ) or isinstance(value, bool) and typ is int:
-        raise RequestError(f"field {key!r} has the wrong type")
-    return value
-
-
-MAX_LIST = 10_000  # entries of one list in a request (ids, tasks, users, ...): every id costs a lookup
 # Rows of one reply (jobs, acct; events): it is built and encoded on the event loop, so a listing of
 # half a million jobs took 20 s and 3 GB there. Clients page with "after" (the last id they got).
 PAGE_ROWS = 10_000
 PARSE_ON_LOOP = 64 * 1024  # a script under this is parsed on the event loop (microseconds)
 MAX_EVENTS = 10_000
-
-
-def _list(body: Any, key: str) -> list | None:
-    values = _expect(body, key, list)
-    if values is not None and len(values) > MAX_LIST:
-        raise RequestError(f"field {key!r} has too many entries ({len(values)}; at most {MAX_LIST} per request)")
-    return values
-
-
-def _int_list(body: Any, key: str) -> list[int] | None:
-    values = _list(body, key)
-    if values is not None and not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise RequestError(f"field {key!r} must be a list of job ids")
-    return values
-
-
-def _task_list(body: Any) -> list[tuple[int, int]] | None:
-    """'tasks': [[array job id, task id], ...] (hcancel 12_4, hqueue -j 12_[1-3])."""
-    values = _list(body, "tasks")
-    if values is not None and not all(
-            isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
-            for v in values):
-        raise RequestError("field 'tasks' must be a list of [array job id, task id] pairs")
-    return [tuple(v) for v in values] if values is not None else None
-
-
-def _str_list(body: Any, key: str) -> list[str] | None:
-    values = _list(body, key)
-    if values is not None and not all(isinstance(v, str) for v in values):
-        raise RequestError(f"field {key!r} must be a list of strings")
-    return values
 
 
 # What a listing may ask for (`fields`): the job table's columns but the spec, and what _public adds.
@@ -148,18 +106,18 @@ def build_api(ctl: Controller) -> RpcTable:
                                                             for o in split["options"]):
                 return {"need_script": True, **split}  # the client reads the file (or stdin), asks again
             body = {**body, "option_args": split["options"], "script_args": split["script_args"]}
-        script = _expect(body, "script", str)
-        option_args = _str_list(body, "option_args") or []
-        script_args = _str_list(body, "script_args") or []
-        cwd = _expect(body, "cwd", str, required=True)
-        env = _expect(body, "env", dict, default={})
+        script = expect(body, "script", str)
+        option_args = str_list(body, "option_args") or []
+        script_args = str_list(body, "script_args") or []
+        cwd = expect(body, "cwd", str, required=True)
+        env = expect(body, "env", dict, default={})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise RequestError("field 'env' must map strings to strings")
         env = submitted_env(env)
-        umask = _expect(body, "umask", int)
+        umask = expect(body, "umask", int)
         if umask is not None and not 0 <= umask <= 0o777:
             raise RequestError(f"field 'umask' must be between 0 and 0777, got {umask}")
-        script_name = _expect(body, "script_name", str)
+        script_name = expect(body, "script_name", str)
         too_big = script_too_big(script, option_args, script_args)
         if too_big:
             raise RequestError(too_big)
@@ -257,7 +215,7 @@ def build_api(ctl: Controller) -> RpcTable:
         import the job script parser (a fifth of its start-up) to know which file to read, and a
         --wrap submission takes one round trip."""
         try:
-            options, script_path, script_args = split_command_line(_str_list(body, "argv") or [])
+            options, script_path, script_args = split_command_line(str_list(body, "argv") or [])
         except JobScriptError as exc:
             raise RequestError(str(exc)) from None
         return {"options": options, "script_path": script_path, "script_args": script_args}
@@ -281,16 +239,16 @@ def build_api(ctl: Controller) -> RpcTable:
 
     @api.expose("jobs")
     async def jobs(body, caller: Caller):
-        states = _str_list(body, "states")
+        states = str_list(body, "states")
         try:
             states = [parse_state(s).value for s in states] if states else None
         except ValueError as exc:
             raise RequestError(str(exc)) from None
-        if _expect(body, "all", bool, default=False):
+        if expect(body, "all", bool, default=False):
             states = states or None
         else:
             states = states or NOT_FINAL
-        fields = _str_list(body, "fields")  # only these keys per job (hqueue asks for its columns)
+        fields = str_list(body, "fields")  # only these keys per job (hqueue asks for its columns)
         columns, telemetry = None, True
         if fields is not None:
             if unknown := sorted(set(fields) - LISTING_FIELDS):
@@ -303,9 +261,9 @@ def build_api(ctl: Controller) -> RpcTable:
                 need.update(_SHARE_NEEDS)
             columns = sorted(need)
         after, limit = page(body)
-        rows = await ctl.db(repo().jobs, ids=_int_list(body, "ids"), states=states,
-                            users=_str_list(body, "users"), names=_str_list(body, "names"),
-                            partitions=_str_list(body, "partitions"), columns=columns, tasks=_task_list(body),
+        rows = await ctl.db(repo().jobs, ids=int_list(body, "ids"), states=states,
+                            users=str_list(body, "users"), names=str_list(body, "names"),
+                            partitions=str_list(body, "partitions"), columns=columns, tasks=task_list(body),
                             after_id=after, limit=limit + 1)
         more = {"more": len(rows) > limit, "next": rows[limit - 1]["id"] if len(rows) > limit else None}
         listed = map(public, rows[:limit])
@@ -318,7 +276,7 @@ def build_api(ctl: Controller) -> RpcTable:
     def page(body: Any) -> tuple[int | None, int]:
         """A listing's page: ids after `after`, at most `limit` (PAGE_ROWS at most) rows; the reply
         says `more` and the `next` after to ask with (cli.common.call_pages)."""
-        after, limit = _expect(body, "after", int), _expect(body, "limit", int, default=PAGE_ROWS)
+        after, limit = expect(body, "after", int), expect(body, "limit", int, default=PAGE_ROWS)
         if limit <= 0:
             raise RequestError("limit must be positive")
         return after, min(limit, PAGE_ROWS)
@@ -333,7 +291,7 @@ def build_api(ctl: Controller) -> RpcTable:
     async def telemetry(body, caller: Caller):
         """hstat and hinfo --gpus: each node's GPUs with their latest reading and the job holding
         them; with job_id, that job's runs (rollups) and its recent history."""
-        job_id = _expect(body, "job_id", int)
+        job_id = expect(body, "job_id", int)
         if job_id is not None:
             job = await ctl.db(repo().job, job_id)
             if job is None:
@@ -365,10 +323,10 @@ def build_api(ctl: Controller) -> RpcTable:
 
     async def task_job_id(body: Any) -> int:
         """'job_id', or 'array_job_id' with 'task_id' (hcontrol ... 12_4): the job id of that task."""
-        task = _expect(body, "task_id", int)
+        task = expect(body, "task_id", int)
         if task is None:
-            return _expect(body, "job_id", int, required=True)
-        array_id = _expect(body, "job_id", int, required=True)
+            return expect(body, "job_id", int, required=True)
+        array_id = expect(body, "job_id", int, required=True)
         rows = await ctl.db(repo().jobs, tasks=[(array_id, task)])
         if not rows:
             raise RequestError(f"Invalid job id specified: {array_id}_{task}")
@@ -376,13 +334,13 @@ def build_api(ctl: Controller) -> RpcTable:
 
     @api.expose("cancel")
     async def cancel(body, caller: Caller):
-        ids = _int_list(body, "ids")
-        tasks = _task_list(body)
-        users = _str_list(body, "users")
-        states = _str_list(body, "states")
-        names = _str_list(body, "names")
-        partitions = _str_list(body, "partitions")
-        signum = _expect(body, "signal", int)
+        ids = int_list(body, "ids")
+        tasks = task_list(body)
+        users = str_list(body, "users")
+        states = str_list(body, "states")
+        names = str_list(body, "names")
+        partitions = str_list(body, "partitions")
+        signum = expect(body, "signal", int)
         if not (ids or tasks or users or states or names or partitions):
             raise RequestError("No job identification provided")
         if signum is not None and signum not in set(signals.valid_signals()):
@@ -448,10 +406,10 @@ def build_api(ctl: Controller) -> RpcTable:
 
     @api.expose("acct")
     async def acct(body, caller: Caller):
-        ids = _int_list(body, "ids")
-        users = _str_list(body, "users")
-        tasks = _task_list(body)
-        since = _expect(body, "since", (int, float))  # jobs that had not ended before then (hacct -S)
+        ids = int_list(body, "ids")
+        users = str_list(body, "users")
+        tasks = task_list(body)
+        since = expect(body, "since", (int, float))  # jobs that had not ended before then (hacct -S)
         after, limit = page(body)
         job_rows = await ctl.db(repo().jobs, ids=ids, users=users, tasks=tasks, after_id=after, limit=limit + 1,
                                 ended_since=since)
@@ -498,9 +456,9 @@ def build_api(ctl: Controller) -> RpcTable:
         """Operators: drain a node (running jobs finish, nothing new starts) or resume it; admins also set it down."""
         if not caller.operator:
             raise deny(caller, "only operators and administrators may change node state")
-        name = _expect(body, "name", str, required=True)
-        state = _expect(body, "state", str, required=True).lower()
-        reason = _expect(body, "reason", str)
+        name = expect(body, "name", str, required=True)
+        state = expect(body, "state", str, required=True).lower()
+        reason = expect(body, "reason", str)
         target = {"drain": "drain", "resume": "up", "up": "up", "idle": "up", "down": "down"}.get(state)
         if target is None:
             raise RequestError(f"Invalid node state specified: {state} (use drain, resume or down)")
@@ -541,7 +499,7 @@ def build_api(ctl: Controller) -> RpcTable:
         """scontrol update JobId=N TimeLimit= Partition= Dependency= (pending jobs; owner or admin;
         a user may only lower the time limit)."""
         job = await own_job(body, caller, "update", operators=False)
-        fields = _expect(body, "fields", dict, required=True)
+        fields = expect(body, "fields", dict, required=True)
         if not fields or not all(isinstance(k, str) and isinstance(v, str) for k, v in fields.items()):
             raise RequestError("field 'fields' must map job fields to values")
         changes: dict[str, Any] = {}
@@ -595,13 +553,13 @@ def build_api(ctl: Controller) -> RpcTable:
     @api.expose("update_limits")
     async def update_limits(body, caller: Caller):
         """Admins: hcontrol update Account=NAME / User=NAME with MaxGPUs, MaxPending, MaxJobs, Shares."""
-        kind = _expect(body, "kind", str, required=True)
-        name = _expect(body, "name", str, required=True)
+        kind = expect(body, "kind", str, required=True)
+        name = expect(body, "name", str, required=True)
         if kind not in ("account", "user") or not name or len(name) > 64:
             raise RequestError("update_limits needs kind account or user and a name (at most 64 characters)")
         values = {}
         for key in ("shares", "max_gpus", "max_pending", "max_jobs"):
-            value = _expect(body, key, int)
+            value = expect(body, key, int)
             if value is not None:
                 if not 0 <= value <= 10**9 or key == "shares" and value < 1:
                     raise RequestError(f"invalid {key} {value}: use 0 (no limit) up to 1000000000"
@@ -631,9 +589,9 @@ def build_api(ctl: Controller) -> RpcTable:
     @api.expose("events")
     async def events(body, caller: Caller):
         """A job's history (its owner and admins), or a node's (anyone, as hinfo shows nodes)."""
-        job_id = _expect(body, "job_id", int)
-        node = _expect(body, "node", str)
-        limit = _expect(body, "limit", int)
+        job_id = expect(body, "job_id", int)
+        node = expect(body, "node", str)
+        limit = expect(body, "limit", int)
         if (job_id is None) == (node is None):
             raise RequestError("give a job id or a node name (one of them)")
         if limit is not None and limit <= 0:

@@ -1,4 +1,4 @@
-"""Turn a started run into the per-rank RunSpec each agent receives.
+"""Turn a started run into the per-rank RunSpec (protocol/runspec.py) each agent receives.
 
 The environment is complete here except HAI_CONTROL_DIR, which the agent adds: only it knows
 where its spool (and so the run's control directory for preemption notices) lives."""
@@ -11,6 +11,7 @@ from ..core.jobenv import job_environment
 from ..core.jobids import parse_array
 from ..core.model import JobSpec
 from ..core.patterns import resolve_output_path
+from ..protocol.runspec import RunSpec
 
 
 def checkpoint_dir(spec: JobSpec, job_id: int) -> str:
@@ -21,7 +22,7 @@ def checkpoint_dir(spec: JobSpec, job_id: int) -> str:
 
 
 def rank_spec(job: Mapping, attempt: int, rank: int, nodelist: Sequence[str], gpus: Sequence[int],
-              addresses: Mapping[str, str]) -> dict:
+              addresses: Mapping[str, str]) -> RunSpec:
     spec = JobSpec.from_wire(job["spec"])
     node = nodelist[rank]
     array = dict(array_job_id=job.get("array_job_id"), array_task_id=job.get("array_task_id"))
@@ -37,27 +38,27 @@ def rank_spec(job: Mapping, attempt: int, rank: int, nodelist: Sequence[str], gp
         submit_dir=spec.submit_dir or spec.workdir, master_addr=addresses.get(nodelist[0], nodelist[0]),
         time_limit=spec.time_limit, preempt_signal=spec.signal, **array,
         array_indices=parse_array(spec.array, None).indices if spec.array else ())
-    return {
-        "job_id": job["id"], "attempt": attempt, "rank": rank, "user": job["user"], "uid": job["uid"],
-        "gid": job["gid"], "script": spec.script, "script_args": list(spec.script_args),
-        "workdir": spec.workdir, "stdout": stdout, "stderr": stderr, "environment": env,
-        "time_limit": spec.time_limit, "signal": spec.signal, "signal_time": spec.signal_time,
-        "grace": spec.grace, "checkpoint_dir": ckpt,
+    return RunSpec(
+        job_id=job["id"], attempt=attempt, rank=rank, user=job["user"], uid=job["uid"],
+        gid=job["gid"], script=spec.script, script_args=tuple(spec.script_args),
+        workdir=spec.workdir, stdout=stdout, stderr=stderr, environment=env,
+        time_limit=spec.time_limit, signal=spec.signal, signal_time=spec.signal_time,
+        grace=spec.grace, checkpoint_dir=ckpt,
         # isolation: the agent picks the runtime's default when None, limits the rank to these
         # resources and shows a container only its own GPUs' device nodes
-        "runtime": spec.runtime, "container_image": spec.container_image, "mem_mb": spec.mem_mb,
-        "cpus": spec.cpus_per_task, "gpus": list(gpus), **_share(spec, job.get("gpu_mig") or (), rank),
-        "umask": 0o022 if spec.umask is None else spec.umask,
-    }
+        runtime=spec.runtime, container_image=spec.container_image, mem_mb=spec.mem_mb,
+        cpus=spec.cpus_per_task, gpus=tuple(gpus), gpu_share=_share(spec, job.get("gpu_mig") or (), rank),
+        umask=0o022 if spec.umask is None else spec.umask,
+    )
 
 
-def _share(spec: JobSpec, mig: Sequence[str], rank: int) -> dict:
+def _share(spec: JobSpec, mig: Sequence[str], rank: int) -> dict | None:
     """A sharing rank's share of its card (the agent turns it into MPS limits), and the MIG
     instance it holds on a MIG card."""
     if spec.gpu_fraction is None and spec.gpu_mem_mb is None:
-        return {}
+        return None
     share = {"fraction": spec.gpu_fraction, "mem_mb": spec.gpu_mem_mb, "compute": spec.gpu_compute,
              "qos": spec.gpu_qos or "guaranteed"}
     if rank < len(mig) and mig[rank]:
         share["mig"] = mig[rank]
-    return {"gpu_share": share}
+    return share

@@ -5,6 +5,7 @@ import logging
 from typing import Any
 
 from ..store.nodehealth import apply_health
+from .errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -14,8 +15,6 @@ async def on_health(ctl, node: str, body: Any) -> None:
             and isinstance(body.get("sticky", False), bool)):
         log.warning("node %s sent a malformed health report %r", node, body)
         return
-    from .service import StoreUnavailable
-
     try:
         changed = await ctl.db(apply_health, ctl.repo.engine, node, body["ok"], body.get("reason", ""),
                                body.get("sticky", False))

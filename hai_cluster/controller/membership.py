@@ -22,6 +22,7 @@ from ..core.states import JobState
 from ..paths import DEFAULT_AGENT_SOCKET
 from ..store.membership import add_node, added_nodes, delete_node
 from ..transport.rpc import RequestError
+from .requests import expect, str_list
 
 if TYPE_CHECKING:
     from .service import Controller
@@ -133,8 +134,6 @@ async def _forget(ctl: Controller, name: str, by: str) -> None:
 
 def expose(api, ctl: Controller) -> None:
     """The API methods (api.py calls this; the request checks live here with the logic)."""
-    from .api import _expect, _str_list
-
     def admin_only(caller, what: str) -> None:
         if not caller.admin:
             raise RequestError(f"Access/permission denied: only administrators may {what} nodes")
@@ -142,14 +141,14 @@ def expose(api, ctl: Controller) -> None:
     @api.expose("node_add")
     async def node_add(body, caller):
         admin_only(caller, "add")
-        return await add(ctl, name=_expect(body, "name", str, required=True),
-                         address=_expect(body, "address", str, required=True),
-                         port=_expect(body, "port", int, default=22), user=_expect(body, "user", str),
-                         agent_socket=_expect(body, "agent_socket", str), partitions=_str_list(body, "partitions"),
+        return await add(ctl, name=expect(body, "name", str, required=True),
+                         address=expect(body, "address", str, required=True),
+                         port=expect(body, "port", int, default=22), user=expect(body, "user", str),
+                         agent_socket=expect(body, "agent_socket", str), partitions=str_list(body, "partitions"),
                          by=caller.user)
 
     @api.expose("node_remove")
     async def node_remove(body, caller):
         admin_only(caller, "remove")
-        return await remove(ctl, _expect(body, "name", str, required=True),
-                            force=_expect(body, "force", bool, default=False), by=caller.user)
+        return await remove(ctl, expect(body, "name", str, required=True),
+                            force=expect(body, "force", bool, default=False), by=caller.user)

@@ -12,7 +12,8 @@ from typing import Any, Awaitable, Callable
 
 from ..config import NodeConfig, SshConfig
 from ..transport.rpc import ConnectionLost, RpcConnection
-from ..transport.streams import TransportError, open_stream
+from ..transport.connect import open_stream
+from ..transport.streams import TransportError
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,11 @@ from ..store.events import add_events, prune_events
 from ..store.lease import Fenced
 from ..store.applier import StartRequest
 from ..store.repository import RankRef, Repository
-from ..transport.rpc import ConnectionLost, RequestError, RpcError
+from ..transport.rpc import ConnectionLost, RpcError
 from . import membership
 from .dispatch import rank_spec
 from .batching import GroupWriter
+from .errors import StoreUnavailable
 from .events import EventLog
 from .health import on_health
 from .nodes import NodeLink, NodeUnavailable
@@ -43,8 +44,6 @@ RESYNC_INTERVAL = 15.0
 PRUNE_INTERVAL = 3600.0  # seconds between prunes of old events
 
 
-class StoreUnavailable(RequestError):
-    """The database cannot be reached: the request changed nothing and may be retried."""
 STRAY_WAIT_MAX = 600  # seconds; longer than any sane grace period
 
 
@@ -265,7 +264,7 @@ class Controller:
         self._in_flight.add(key)
         try:
             spec = rank_spec(job, attempt, rank, list(nodelist), list(gpus), self.addresses)
-            reply = await self.links[node].call("start_run", {"spec": spec})
+            reply = await self.links[node].call("start_run", {"spec": spec.to_wire()})
             status = reply["status"]
             if status.get("state") == "ended":
                 await self._run_ended(node, status)

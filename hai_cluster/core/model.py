@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from .sharing import GpuShare
 
 DEFAULT_GRACE_SECONDS = 60
+PRIORITY_CLASSES = ("urgent", "high", "normal", "low")  # --priority, highest first
+PRIORITY_RANK = {name: rank for rank, name in enumerate(PRIORITY_CLASSES)}  # 0 = first in line
 DEFAULT_OUTPUT = "hai-%j.out"
 
 

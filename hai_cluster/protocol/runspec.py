@@ -1,8 +1,11 @@
 """What the controller asks the agent to run (RunSpec) and what the agent reports back (RunStatus).
 
-Both cross the wire as msgpack maps and sit in the spool as JSON. RunSpec.from_wire checks every
-field, because the agent runs as root and must refuse what it does not understand rather than
-half-run it. Light imports only: the shepherd imports this module on every job start.
+The contract between the two daemons: the controller's dispatch builds a RunSpec, the agent
+checks it. Both cross the wire as msgpack maps and sit in the spool as JSON. RunSpec.from_wire
+checks every field, because the agent runs as root and must refuse what it does not understand
+rather than half-run it. Fields added since the first release are optional on the wire and left
+out when unset, so an agent and a controller one release apart still understand each other
+(tests/unit/test_run_contract.py). Light imports only: the shepherd imports this on every start.
 """
 from __future__ import annotations
 
@@ -11,12 +14,11 @@ import signal as _signal
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..core.runtimes import REFERENCE_RUNTIMES, RUNTIMES, needs_image
+
 REASONS = ("cancel", "preempt", "requeue", "node_fail", "timeout", "launch_failed", "lost", "oom",
            "output_error")
 TERMINATE_REASONS = ("cancel", "preempt", "node_fail", "requeue")
-RUNTIMES = ("none", "bwrap", "runc", "podman", "apptainer", "enroot")
-# Runtimes that take an OCI/registry reference rather than a rootfs path on the node.
-REFERENCE_RUNTIMES = ("podman",)
 
 
 class SpecError(ValueError):
@@ -157,6 +159,8 @@ class RunSpec:
         d["gpus"] = list(self.gpus)
         if self.gpu_share is not None:
             d["gpu_share"] = dict(self.gpu_share)
+        else:  # absent, as a controller that predates sharing sends it (and such an agent reads it)
+            del d["gpu_share"]
         return d
 
 
@@ -185,7 +189,7 @@ def _isolation(d: dict) -> dict[str, Any]:
             _abs_path("spec.container_image", image)
         if runtime == "none":
             raise SpecError("spec.container_image needs a container runtime, not runtime none")
-    elif runtime not in (None, "none", "bwrap"):
+    elif needs_image(runtime):
         raise SpecError(f"spec.runtime {runtime} needs a container_image")
     gpus = d.get("gpus", [])
     if not isinstance(gpus, list) or not all(_is_int(g) and g >= 0 for g in gpus):

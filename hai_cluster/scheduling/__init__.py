@@ -1,4 +1,2 @@
-"""Pure scheduling policy: decide(snapshot) -> Plan. No I/O, no clock."""
-from .fifo import decide
-
-__all__ = ["decide"]
+"""Pure scheduling policies: decide(snapshot) -> Plan, no I/O, no clock. The pipeline and the
+module of each stage: README.md here; the policies by name: registry.py."""

@@ -6,12 +6,11 @@ never starved by a stream of small ones; it shows `Resources` itself.
 """
 from __future__ import annotations
 
-from ..core.model import Snapshot
+from ..core.model import PRIORITY_RANK, Snapshot
 from ..core.states import JobState
 from .placement import place, reserve
 from .plan import Plan, Start, Wait
 
-PRIORITY_RANK = {"urgent": 0, "high": 1, "normal": 2, "low": 3}
 
 
 class FifoPolicy:

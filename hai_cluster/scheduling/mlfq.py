@@ -18,15 +18,14 @@ from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter, itemgetter
 
-from ..core.model import JobView, NodeView, Snapshot
+from ..core.model import PRIORITY_RANK, JobView, NodeView, Snapshot
 from ..core.resources import fits
-from ..core.sharing import best_effort_room
 from ..core.states import JobState
 from .placement import place, place_on_each, placement_on, release, reserve, with_usage
 from .plan import Plan, Preempt, Start, Wait
+from .shares import best_effort_room
 from .victims import Candidate, FreeIndex, VictimIndex, scan_options
 
-CLASS_RANK = {"urgent": 0, "high": 1, "normal": 2, "low": 3}
 # Enum members as plain names: looked up once, not once per job of a long list.
 _PENDING, _RUNNING, _PREEMPTING = JobState.PENDING, JobState.RUNNING, JobState.PREEMPTING
 _ID, _SUBMIT_TIME = attrgetter("id"), attrgetter("submit_time")
@@ -126,7 +125,7 @@ class _Decision:
                 attained = j.attained(self.now)
                 level = self._levels[j.id] = cfg.level_of(attained)  # what self.level(j) computes
                 ripe = self.now - j.run_start >= cfg.quanta[level]
-                rank, run_gpus = CLASS_RANK.get(j.priority, 2), j.gpus
+                rank, run_gpus = PRIORITY_RANK.get(j.priority, 2), j.gpus
                 key = (idle_first and not j.idle, -level, -attained, j.id)
                 for node, gpus in j.allocation:
                     keyed.setdefault(node, []).append((key, Candidate(j, level, rank, ripe, len(gpus), run_gpus)))
@@ -201,7 +200,7 @@ class _Decision:
             levels = list(map(partial(bisect_right, self.cfg.thresholds), [j.attained_gpu_seconds for j in pending]))
         groups: dict[tuple[int, int, int, bool], list[JobView]] = {}
         for j, level in zip(pending, levels):
-            rank = CLASS_RANK.get(j.priority, 2)
+            rank = PRIORITY_RANK.get(j.priority, 2)
             # Best-effort shares only use what is left: after the rest of their level and class (a
             # guaranteed share that preempted one must not lose the card to it again).
             best_effort = j.gpu_share is not None and j.gpu_share.qos == "best-effort"
@@ -331,7 +330,7 @@ class _Decision:
         return sum(not v.idle for v in victims) if self.cfg.prefer_idle_victims else 0
 
     def try_preempt(self, job: JobView, level: int) -> bool:
-        rank = CLASS_RANK.get(job.priority, 2)
+        rank = PRIORITY_RANK.get(job.priority, 2)
         if self.victim_search == "scan" or self.cfg.prefer_idle_victims:
             picked = scan_options(self, job, level, rank)
         else:

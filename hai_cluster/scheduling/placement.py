@@ -16,8 +16,9 @@ from typing import Iterable
 
 from ..core.model import JobView, NodeView, Placement
 from ..core.resources import fits
-from ..core.sharing import place_shared, release_share, reserve_shares
+from ..core.sharing import release_share, reserve_shares
 from ..core.topology import choose_cards
+from .shares import place_shared
 
 _INDEX = attrgetter("index")
 _NAME = attrgetter("name")

@@ -30,7 +30,7 @@ class Candidate(NamedTuple):
     """A run the pass might preempt, as seen from one of its nodes."""
     run: JobView
     level: int
-    rank: int  # its class rank (mlfq.CLASS_RANK)
+    rank: int  # its class rank (core.model.PRIORITY_RANK)
     ripe: bool  # it has held its GPUs for its level's quantum
     gpus: int  # GPUs it holds on this node
     run_gpus: int  # GPUs it holds on all its nodes

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import click
 
-from ..scheduling.registry import POLICIES, make_policy
+from ..scheduling.registry import POLICIES, SHARING_POLICIES, make_policy
 from .cluster import Cluster, parse_cluster
 from .engine import PolicyError, SimulationError
 from .traces import TraceError, load_trace, prepare
@@ -115,9 +115,9 @@ def run(trace, cluster_spec, gpu_sharing, policies, baseline, restart_cost, rest
             raise ValueError(f"unknown policy {unknown[0]!r} (known: {', '.join(sorted(POLICIES))})")
         if baseline not in names:
             names.append(baseline)  # ratios need it
-        if gpu_sharing and set(names) - {"mlfq", "fifo"}:
-            raise ValueError(f"--gpu-sharing works with the mlfq and fifo policies (they place card shares), "
-                             f"not {', '.join(sorted(set(names) - {'mlfq', 'fifo'}))}")
+        if gpu_sharing and set(names) - set(SHARING_POLICIES):
+            raise ValueError(f"--gpu-sharing works with the {' and '.join(SHARING_POLICIES)} policies (they place "
+                             f"card shares), not {', '.join(sorted(set(names) - set(SHARING_POLICIES)))}")
         opts = policy_options(options, mlfq_config)
         if set(opts) - set(names):
             raise ValueError(f"options for a policy not being run: {', '.join(sorted(set(opts) - set(names)))}")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Callable, Iterable
 
-PRIORITIES = ("urgent", "high", "normal", "low")
+from ..core.model import PRIORITY_CLASSES
 
 
 class TraceError(ValueError):
@@ -114,8 +114,8 @@ def _philly(r: dict, line: int) -> TraceJob:
 
 def _canonical(r: dict, line: int) -> TraceJob:
     priority = (r.get("priority") or "normal").strip().lower() or "normal"
-    if priority not in PRIORITIES:
-        raise TraceError(f"line {line}: priority {priority!r} is not one of {', '.join(PRIORITIES)}")
+    if priority not in PRIORITY_CLASSES:
+        raise TraceError(f"line {line}: priority {priority!r} is not one of {', '.join(PRIORITY_CLASSES)}")
     return _job(line, r.get("job_id"), _num(r, "submit_time", line), _num(r, "duration", line),
                 _gpus(r, "gpus", line), user=(r.get("user") or "user").strip() or "user", priority=priority)
 

@@ -1,14 +1,12 @@
 """One interface for reaching a node's agent socket: a byte stream, local or over SSH.
 
-`open_stream(node, ssh)` returns a `Stream` whose reader/writer pair is what `RpcConnection`
-takes. Every failure to open one is a `TransportError` that names the node and the cause. The
+`connect.open_stream(node, ssh)` returns a `Stream` whose reader/writer pair is what
+`RpcConnection` takes. Every failure to open one is a `TransportError` that names the node and the cause. The
 SSH path imports asyncssh only when a node actually uses it, so the CLI never pays for it.
 """
 from __future__ import annotations
 
 from typing import Any, Awaitable, Callable
-
-from ..config import NodeConfig, SshConfig
 
 
 class TransportError(Exception):
@@ -61,17 +59,6 @@ class Stream:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<Stream {self.kind} to {self.node} ({state})>"
-
-
-async def open_stream(node: NodeConfig, ssh: SshConfig) -> Stream:
-    """Open a byte stream to `node.agent_socket`, locally or through SSH (direct-streamlocal)."""
-    if node.transport == "local":
-        from .local import open_local_stream
-        return await open_local_stream(node, timeout=ssh.connect_timeout)
-    if node.transport == "ssh":
-        from .ssh import open_ssh_stream
-        return await open_ssh_stream(node, ssh)
-    raise TransportError(node.name, f"unknown transport {node.transport!r} (expected ssh or local)")
 
 
 async def wait_closed_quietly(writer: Any) -> None:

@@ -233,7 +233,7 @@ def test_cancel_leaves_no_process_behind(env, runtime, kind):
     left = [p for p in spool._pids() if _uid(p) == box.user.pw_uid and _in_run(p, box, spec)]
     assert left == [], [_describe(p) for p in left]
     if runtime == "podman":  # and no container, running or stopped
-        from hai_cluster.agent.isolation import agent_cgroup
+        from hai_cluster.agent.cgroups import agent_cgroup
         name = f"hai-{agent_cgroup(NODE, str(box.spool))}-{spec['job_id']}-{spec['attempt']}"
         assert podman_containers(name) == []
 
@@ -256,7 +256,7 @@ def _describe(pid: int) -> str:
 def _run_cgroup(box: Sandbox, spec: dict) -> str:
     """This agent's cgroup of the run: agents of other tests on the machine have runs with the
     same job ids, by the same test user."""
-    from hai_cluster.agent.isolation import agent_cgroup
+    from hai_cluster.agent.cgroups import agent_cgroup
     return f"/{agent_cgroup(NODE, str(box.spool))}/{spool.run_dir_name(spec['job_id'], spec['attempt'])}"
 
 

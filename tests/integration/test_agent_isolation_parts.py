@@ -13,9 +13,10 @@ import pytest
 
 from hai_cluster.agent import cgroups
 from hai_cluster.agent.isolation import NodeIsolation
-from hai_cluster.agent.runspec import RunSpec, SpecError
+from hai_cluster.protocol.runspec import RunSpec, SpecError
 from hai_cluster.agent.runtimes import Context
-from hai_cluster.agent.runtimes.rootfs import RootfsError, unpack_cached
+from hai_cluster.agent.runtimes.cache import unpack_cached
+from hai_cluster.agent.runtimes.rootfs import RootfsError
 from hai_cluster.agent.runtimes.runc import bundle_config
 from hai_cluster.config import ConfigError, load_agent_config
 

@@ -12,7 +12,7 @@ import pytest
 from hai_cluster.agent.gpushare import ShareError, Shares
 from hai_cluster.agent.mps import MpsControl
 from hai_cluster.agent.runs import RunTable
-from hai_cluster.agent.runspec import RunSpec, SpecError
+from hai_cluster.protocol.runspec import RunSpec, SpecError
 from hai_cluster.config import AgentConfig, SharingConfig
 from hai_cluster.core.model import GpuInfo
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from hai_cluster.agent import launcher, spool
-from hai_cluster.agent.runspec import RunSpec
+from hai_cluster.protocol.runspec import RunSpec
 from hai_cluster.agent.starter import ShepherdStarter, room_for
 
 from .agent_helpers import AgentProcess, Sandbox, client, group_alive, run, wait_for

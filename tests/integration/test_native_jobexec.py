@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hai_cluster.agent import jobproc, launcher
-from hai_cluster.agent.runspec import RunSpec
+from hai_cluster.protocol.runspec import RunSpec
 from hai_cluster.agent.runtimes import Launch
 
 from .agent_helpers import Sandbox, need_root

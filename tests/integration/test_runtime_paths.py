@@ -37,7 +37,7 @@ import pytest
 
 from hai_cluster.agent import spool
 from hai_cluster.agent.isolation import NodeIsolation
-from hai_cluster.agent.runspec import RunSpec
+from hai_cluster.protocol.runspec import RunSpec
 from hai_cluster.agent.runtimes import Context, Launch, RuntimeRefused, common
 from hai_cluster.agent.runtimes.bwrap import Bwrap
 from hai_cluster.agent.runtimes.cache import ImageLimits, acquire, evict

@@ -16,7 +16,8 @@ import pytest
 
 from hai_cluster.config import NodeConfig
 from hai_cluster.transport.rpc import ConnectionLost, RpcConnection
-from hai_cluster.transport.streams import TransportError, open_stream
+from hai_cluster.transport.connect import open_stream
+from hai_cluster.transport.streams import TransportError
 from tests.infra.sshd import keygen
 
 pytestmark = pytest.mark.integration

@@ -3,7 +3,7 @@ from hypothesis import strategies as st
 
 from hai_cluster.core.model import GpuInfo, JobView, NodeView, Snapshot
 from hai_cluster.core.states import JobState
-from hai_cluster.scheduling import decide
+from hai_cluster.scheduling.fifo import decide
 from hai_cluster.scheduling.plan import Start, Wait
 
 

@@ -10,7 +10,8 @@ import pytest
 from hai_cluster.core.model import JobView, Snapshot
 from hai_cluster.core.sharing import GpuShare
 from hai_cluster.core.states import JobState
-from hai_cluster.scheduling.mlfq import CLASS_RANK, MlfqConfig, _Decision
+from hai_cluster.core.model import PRIORITY_RANK
+from hai_cluster.scheduling.mlfq import MlfqConfig, _Decision
 
 PRIORITIES = ["urgent", "high", "normal", "normal", "low"]
 
@@ -20,7 +21,7 @@ def reference_order(d: _Decision) -> list[tuple[int, int, int]]:
     keyed = []
     for j in d.pending:
         level = d.effective_level(j)
-        rank = CLASS_RANK.get(j.priority, 2)
+        rank = PRIORITY_RANK.get(j.priority, 2)
         rr = (j.last_run_end or -math.inf) if level == d.cfg.levels - 1 else 0.0
         share = d.snap.fairshare.get((j.account, j.user), 1.0) if d.snap.fairshare else 1.0
         best_effort = j.gpu_share is not None and j.gpu_share.qos == "best-effort"

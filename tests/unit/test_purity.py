@@ -15,7 +15,7 @@ def loaded_after(imports: str) -> set[str]:
     return set(out.split())
 
 
-@pytest.mark.parametrize("module", ["hai_cluster.scheduling", "hai_cluster.core.model",
+@pytest.mark.parametrize("module", ["hai_cluster.scheduling.registry", "hai_cluster.core.model",
                                     "hai_cluster.core.jobscript", "hai_cluster.core.resources",
                                     "hai_cluster.core.outcome", "hai_cluster.core.jobenv"])
 def test_core_and_scheduling_import_no_io(module):

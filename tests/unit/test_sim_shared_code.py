@@ -31,7 +31,7 @@ def test_a_policy_registered_for_the_controller_is_what_the_simulator_calls(monk
             calls.append(snap.now)
             j = next(j for j in snap.jobs if j.state.value == "PENDING")
             return Plan((Start(j.id, Placement(("node01",), ((0,),)), "spy"),))
-    monkeypatch.setitem(registry.POLICIES, "spy", lambda **_: Spy())
+    monkeypatch.setitem(registry.POLICIES, "spy", registry.PolicyEntry(lambda **_: Spy(), controller=True))
     (r,) = run_all([TraceJob("a", 0, 5, 1)], Cluster(1, 1), ["spy"], [Point()])
     assert calls == [0] and r.result.records[0].end == 5
 

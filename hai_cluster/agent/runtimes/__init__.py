@@ -16,11 +16,15 @@ notices, grace period and kill work the same for every runtime.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib import import_module
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-from ..isolation import NodeIsolation
-from ..runspec import RunSpec
+from ...core.runtimes import TABLE
+from ...protocol.runspec import RunSpec
+
+if TYPE_CHECKING:
+    from ..isolation import NodeIsolation
 
 
 class RuntimeRefused(Exception):
@@ -118,17 +122,9 @@ class NotSupported(Runtime):
 
 
 def get(name: str) -> Runtime:
-    # imported on demand: a plain job's shepherd should not pay for tarfile, subprocess, ...
-    if name == "none":
-        from .plain import Plain
-        return Plain()
-    if name == "bwrap":
-        from .bwrap import Bwrap
-        return Bwrap()
-    if name == "runc":
-        from .runc import Runc
-        return Runc()
-    if name == "podman":
-        from .podman import Podman
-        return Podman()
-    return NotSupported(name)
+    """The runtime `name` (core/runtimes.py), its module imported on demand: a plain job's
+    shepherd should not pay for tarfile, subprocess, ... (the zygote imports them all once)."""
+    entry = TABLE.get(name)
+    if entry is None or entry.module is None:
+        return NotSupported(name)
+    return import_module(f"{__name__}.{entry.module}").RUNTIME()

@@ -92,3 +92,6 @@ def _read_status(fd: int | None) -> bytes:
     finally:
         os.close(fd)
     return data
+
+
+RUNTIME = Bwrap  # what runtimes.get() builds for this module (core/runtimes.py names it)

@@ -307,3 +307,12 @@ def _alive(pid: int) -> bool:
     except OSError as exc:
         return exc.errno == errno.EPERM
     return True
+
+
+def unpack_cached(fd: int, name: str, cache: str) -> str:
+    """The rootfs dir for the tarball open on `fd`, in the cache, with no limits and without
+    holding the lock that keeps it there: for callers that only unpack (image_rootfs uses
+    cache.acquire)."""
+    image = acquire(fd, name, cache)
+    os.close(image.lock)
+    return image.path

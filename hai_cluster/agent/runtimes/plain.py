@@ -11,3 +11,6 @@ class Plain(Runtime):
         # The environment is exactly the controller's plus HAI_CONTROL_DIR: no container variables.
         return Launch(argv=[ctx.script, *ctx.spec.script_args], env=dict(ctx.env),
                       label=f"the job script {ctx.script}")
+
+
+RUNTIME = Plain  # what runtimes.get() builds for this module (core/runtimes.py names it)

@@ -37,6 +37,7 @@ import resource
 import subprocess
 
 from ...core.jobscript import IMAGE_REFERENCE
+from .. import cgroups
 from . import Context, Launch, MountPlan, Runtime, RuntimeRefused
 from .common import ImageRoot, gpu_devices, image_rootfs, job_binds, stage_job_binds, tool_error
 from .runc import INIT, TOOL_PATH, _init_args, init_env
@@ -52,9 +53,8 @@ PODMAN_NPROC = 32768
 def container_name(ctx: Context) -> str:
     """podman's container names are machine-wide (runc's live under each agent's own root): the
     agent's own level (node and spool hash, as for its cgroups) keeps two agents apart."""
-    from ..isolation import agent_cgroup
     spool = os.path.dirname(ctx.node.runc_root)
-    return f"hai-{agent_cgroup(ctx.node.node, spool)}-{ctx.spec.job_id}-{ctx.spec.attempt}"
+    return f"hai-{cgroups.agent_cgroup(ctx.node.node, spool)}-{ctx.spec.job_id}-{ctx.spec.attempt}"
 
 
 def global_args(tool: str, runc: str) -> list[str]:
@@ -183,3 +183,6 @@ def _finite(value: int) -> int:
     return 2**62 if value == resource.RLIM_INFINITY else value
 
 
+
+
+RUNTIME = Podman  # what runtimes.get() builds for this module (core/runtimes.py names it)

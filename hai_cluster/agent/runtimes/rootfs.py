@@ -418,16 +418,6 @@ def _extract(tf: tarfile.TarFile, dest: str, max_bytes: int, max_entries: int, g
     return {"bytes": total, "entries": entries}
 
 
-def unpack_cached(fd: int, name: str, cache: str) -> str:
-    """The rootfs dir for the tarball open on `fd`, in the cache, with no limits and without
-    holding the lock that keeps it there: for callers that only unpack (image_rootfs uses
-    cache.acquire)."""
-    from .cache import acquire
-    image = acquire(fd, name, cache)
-    os.close(image.lock)
-    return image.path
-
-
 # -- in the job child, as root, before the runtime is exec'd --
 
 _CLONE_NEWNS = 0x00020000

@@ -199,3 +199,6 @@ def _runc_error(ctx: Context) -> str:
         if isinstance(entry, dict) and entry.get("level") in ("error", "fatal"):
             return str(entry.get("msg"))
     return lines[-1] if lines else "empty runc log"
+
+
+RUNTIME = Runc  # what runtimes.get() builds for this module (core/runtimes.py names it)

@@ -14,7 +14,7 @@ import math
 
 from ...core.model import JobView, Placement, Snapshot
 from ...core.states import JobState
-from ..fifo import PRIORITY_RANK
+from ...core.model import PRIORITY_RANK
 from ..placement import place
 from ..plan import Plan, Start, Wait
 from .workspace import Workspace, release, shape

@@ -1,0 +1,53 @@
+"""Checks of a request body's fields, shared by the API handlers (api.py, membership.py): each
+wrong field is a RequestError that names it, and lists are bounded (every entry costs a lookup)."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..transport.rpc import RequestError
+
+MAX_LIST = 10_000  # entries of one list in a request (ids, tasks, users, ...): every id costs a lookup
+
+
+def expect(body: Any, key: str, typ: type | tuple, *, required: bool = False, default: Any = None) -> Any:
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a map")
+    if key not in body or body[key] is None:
+        if required:
+            raise RequestError(f"missing field {key!r}")
+        return default
+    value = body[key]
+    if not isinstance(value, typ) or isinstance(value, bool) and typ is int:
+        raise RequestError(f"field {key!r} has the wrong type")
+    return value
+
+
+def list_field(body: Any, key: str) -> list | None:
+    values = expect(body, key, list)
+    if values is not None and len(values) > MAX_LIST:
+        raise RequestError(f"field {key!r} has too many entries ({len(values)}; at most {MAX_LIST} per request)")
+    return values
+
+
+def int_list(body: Any, key: str) -> list[int] | None:
+    values = list_field(body, key)
+    if values is not None and not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise RequestError(f"field {key!r} must be a list of job ids")
+    return values
+
+
+def task_list(body: Any) -> list[tuple[int, int]] | None:
+    """'tasks': [[array job id, task id], ...] (hcancel 12_4, hqueue -j 12_[1-3])."""
+    values = list_field(body, "tasks")
+    if values is not None and not all(
+            isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+            for v in values):
+        raise RequestError("field 'tasks' must be a list of [array job id, task id] pairs")
+    return [tuple(v) for v in values] if values is not None else None
+
+
+def str_list(body: Any, key: str) -> list[str] | None:
+    values = list_field(body, key)
+    if values is not None and not all(isinstance(v, str) for v in values):
+        raise RequestError(f"field {key!r} must be a list of strings")
+    return values

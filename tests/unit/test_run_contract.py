@@ -1,0 +1,55 @@
+"""The controller-agent contract (protocol/runspec.py): what dispatch builds is what the agent
+accepts, and the wire form stays readable one release apart in both directions."""
+import pytest
+
+from hai_cluster.controller.dispatch import rank_spec
+from hai_cluster.core.model import JobSpec
+from hai_cluster.protocol.runspec import RunSpec, SpecError
+
+# The keys of a plain job's start_run spec as the release before this contract sent it
+# (dispatch built the map by hand) and as its agent checked them: exactly these, no more.
+PREVIOUS_WIRE_KEYS = {
+    "job_id", "attempt", "rank", "user", "uid", "gid", "script", "script_args", "workdir", "stdout", "stderr",
+    "environment", "time_limit", "signal", "signal_time", "grace", "checkpoint_dir", "runtime",
+    "container_image", "mem_mb", "cpus", "gpus", "umask"}
+PREVIOUS_OPTIONAL = {"runtime", "container_image", "mem_mb", "cpus", "gpus", "umask", "gpu_share"}
+
+
+def job_row(**spec_fields) -> dict:
+    spec = JobSpec(script="#!/bin/sh\necho hi\n", workdir="/home/u/run", name="train", **spec_fields)
+    return {"id": 42, "name": "train", "user": "u", "uid": 1000, "gid": 1000, "partition": "gpu",
+            "restart_count": 1, "array_job_id": None, "array_task_id": None, "spec": spec.to_wire(), "gpu_mig": []}
+
+
+def test_dispatch_builds_the_run_spec_the_agent_accepts():
+    spec = rank_spec(job_row(gpus_per_node=2, cpus_per_task=4, mem_mb=2048), attempt=3, rank=1,
+                     nodelist=["n1", "n2"], gpus=[2, 3], addresses={"n1": "10.0.0.1"})
+    assert isinstance(spec, RunSpec)
+    assert RunSpec.from_wire(spec.to_wire()) == spec
+    assert (spec.key, spec.rank, spec.gpus, spec.cpus, spec.mem_mb) == ((42, 3), 1, (2, 3), 4, 2048)
+    assert spec.stdout == "/home/u/run/hai-42.out" and spec.environment["MASTER_ADDR"] == "10.0.0.1"
+
+
+def test_a_plain_run_goes_on_the_wire_as_the_previous_release_sent_it():
+    """A controller upgraded first still starts runs on agents of the previous release."""
+    wire = rank_spec(job_row(), attempt=0, rank=0, nodelist=["n1"], gpus=[], addresses={}).to_wire()
+    assert set(wire) == PREVIOUS_WIRE_KEYS
+    assert PREVIOUS_WIRE_KEYS - PREVIOUS_OPTIONAL <= set(wire)  # what that agent requires
+
+
+def test_a_sharing_run_carries_its_share_and_a_plain_one_none():
+    wire = rank_spec(job_row(gpu_fraction=0.25), attempt=0, rank=0, nodelist=["n1"], gpus=[0],
+                     addresses={}).to_wire()
+    assert wire["gpu_share"] == {"fraction": 0.25, "mem_mb": None, "compute": None, "qos": "guaranteed"}
+    assert RunSpec.from_wire(wire).gpu_share == wire["gpu_share"]
+
+
+def test_the_agent_reads_what_a_previous_controller_sent_and_refuses_unknown_fields():
+    """An agent upgraded first still runs what a controller of the previous release asks."""
+    old = rank_spec(job_row(), attempt=0, rank=0, nodelist=["n1"], gpus=[], addresses={}).to_wire()
+    for optional in ("runtime", "container_image", "mem_mb", "cpus", "gpus", "umask"):
+        del old[optional]  # the first release sent none of these
+    spec = RunSpec.from_wire(old)
+    assert (spec.runtime, spec.gpus, spec.umask, spec.gpu_share) == (None, (), 0o022, None)
+    with pytest.raises(SpecError, match="unknown field"):
+        RunSpec.from_wire({**old, "steps": []})
