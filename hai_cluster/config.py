@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .core.model import PRIORITY_CLASSES
+from .core.model import MAX_GRACE_SECONDS, PRIORITY_CLASSES
 from .core.runtimes import RUNTIMES
 from .core.timefmt import parse_time_limit
 from .scheduling.mlfq import MlfqConfig
@@ -262,6 +262,7 @@ class ControllerConfig:
     max_array_size: int = 1001  # --array task indices must be below this (Slurm's MaxArraySize)
     max_script_bytes: int = 4 * 2**20  # a job script (Slurm's max_script_size)
     max_env_bytes: int = 2**20  # a submission's environment, names and values together
+    max_grace: int = 600  # seconds: the longest --grace a job may ask for (the agent's bound is 3600)
     kill_invalid_depend: bool = False  # cancel a job whose dependency can never be satisfied
     ssh: SshConfig = field(default_factory=SshConfig)
     nodes: tuple[NodeConfig, ...] = ()
@@ -663,6 +664,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         max_array_size=c.get("max_array_size", int, 1001),
         max_script_bytes=c.get("max_script_bytes", int, 4 * 2**20),
         max_env_bytes=c.get("max_env_bytes", int, 2**20),
+        max_grace=c.get("max_grace", int, 600),
         kill_invalid_depend=c.get("kill_invalid_depend", bool, False),
         log_level=c.get("log_level", str, "INFO"),
         events_max_age_days=c.get("events_max_age_days", float, 30.0),
@@ -691,6 +693,9 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     _positive(path, "controller.max_array_size", cfg.max_array_size)
     _positive(path, "controller.max_script_bytes", cfg.max_script_bytes)
     _positive(path, "controller.max_env_bytes", cfg.max_env_bytes)
+    if not 0 <= cfg.max_grace <= MAX_GRACE_SECONDS:
+        raise ConfigError(f"{path}: controller.max_grace must be between 0 and {MAX_GRACE_SECONDS} seconds, "
+                          f"got {cfg.max_grace}")
     if cfg.max_script_bytes + cfg.max_env_bytes + 64 * 1024 > cfg.access.max_request_bytes:  # + options, argv
         raise ConfigError(f"{path}: access.max_request_bytes ({cfg.access.max_request_bytes}) is too small for a "
                           f"submission at controller.max_script_bytes + max_env_bytes "

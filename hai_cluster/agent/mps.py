@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import stat
 import subprocess
 import threading
@@ -30,6 +31,7 @@ from ..safefs import UnsafePath
 log = logging.getLogger(__name__)
 
 TIMEOUT = 30.0
+OUTPUT_CAP = 4096  # bytes of the control program's output kept (for the error message)
 QUIT_WAIT = 10.0  # seconds a quitting daemon is given to go before a new one may be started
 PIPE, LOG, PID_FILE = "pipe", "log", "nvidia-cuda-mps-control.pid"
 
@@ -175,12 +177,58 @@ class MpsControl:
         log.info("MPS control daemon on GPU %d for uid %d told to quit", card, uid)
 
     def _call(self, args: list[str], env: dict[str, str], uid: int, gid: int, what: str, stdin: str = "") -> None:
+        """Run the control program as the user and wait for it to exit (not for EOF on its output:
+        a daemon it starts may keep that open). Its output is read up to OUTPUT_CAP bytes, then no
+        more: it runs as the user, who can take a copy of its output pipe (pidfd_getfd) and write
+        gigabytes into the agent's memory through it (fourth audit, finding 1)."""
         ids = {} if os.getuid() != 0 else {"user": uid, "group": gid, "extra_groups": []}
         try:
-            done = subprocess.run([self.executable, *args], env=env, input=stdin, capture_output=True, text=True,
-                                  timeout=TIMEOUT, cwd="/", **ids)
-        except (OSError, subprocess.TimeoutExpired) as exc:
+            proc = subprocess.Popen([self.executable, *args], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, cwd="/", **ids)
+        except OSError as exc:
             raise MpsError(f"cannot {what}: {exc}") from None
-        if done.returncode != 0:
-            raise MpsError(f"cannot {what}: {self.executable} exited {done.returncode}: "
-                           f"{(done.stderr or done.stdout).strip()[:300]}")
+        try:
+            output = _bounded_output(proc, stdin.encode(), TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise MpsError(f"cannot {what}: {self.executable} did not finish within {TIMEOUT:g} s") from None
+        finally:
+            proc.stdout.close()
+        if proc.returncode != 0:
+            text = output.decode(errors="replace").strip()[:300]
+            raise MpsError(f"cannot {what}: {self.executable} exited {proc.returncode}: {text}")
+
+
+def _bounded_output(proc: subprocess.Popen, stdin: bytes, timeout: float) -> bytes:
+    """Feed `stdin`, then collect at most OUTPUT_CAP bytes of the output until `proc` exits;
+    past the cap nothing is read (a writer blocks on the full pipe: no memory, no CPU here)."""
+    try:
+        proc.stdin.write(stdin)  # a few bytes: they fit in the pipe, this never blocks
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    deadline = time.monotonic() + timeout
+    fd, out, eof = proc.stdout.fileno(), bytearray(), False
+    os.set_blocking(fd, False)
+    while proc.poll() is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        if eof or len(out) >= OUTPUT_CAP:
+            time.sleep(min(left, 0.05))
+        elif select.select([fd], [], [], min(left, 0.05))[0]:
+            chunk = _read_some(fd, OUTPUT_CAP - len(out))
+            eof = chunk == b""
+            out += chunk or b""
+    if not eof and len(out) < OUTPUT_CAP:
+        out += _read_some(fd, OUTPUT_CAP - len(out)) or b""  # what it wrote just before it exited
+    return bytes(out)
+
+
+def _read_some(fd: int, most: int) -> bytes | None:
+    """Up to `most` bytes; b"" at EOF, None when nothing is there yet."""
+    try:
+        return os.read(fd, most)
+    except BlockingIOError:
+        return None

@@ -134,6 +134,9 @@ def build_api(ctl: Controller) -> RpcTable:
         too_big = env_too_big(spec.environment)  # what --export keeps of it, as it is stored
         if too_big:
             raise RequestError(too_big)
+        if spec.grace > ctl.cfg.max_grace:  # its end would wait that long after a cancel or preemption
+            raise RequestError(f"Batch job submission failed: --grace={spec.grace} is above this cluster's "
+                               f"max_grace ({ctl.cfg.max_grace} s)")
         allowed = PRIORITY_CLASSES.index(ctl.cfg.scheduler.max_user_priority)
         if not caller.admin and PRIORITY_CLASSES.index(spec.priority) < allowed:
             raise deny(caller, f"--priority={spec.priority} is above what users may ask for "
@@ -349,9 +352,22 @@ def build_api(ctl: Controller) -> RpcTable:
             states = [parse_state(s).value for s in states] if states else NOT_FINAL
         except ValueError as exc:
             raise RequestError(str(exc)) from None
+        if ended := [s for s in states if s not in NOT_FINAL]:  # never a walk over the whole history
+            raise RequestError(f"Invalid job state specified: {ended[0]} (only jobs not ended can be "
+                               f"cancelled or signalled: {', '.join(NOT_FINAL)})")
+        errors, refused = [], []
+        if not (ids or tasks) and not caller.admin:
+            # Filters select the caller's own jobs: naming another user's is one refusal, not one
+            # per job of theirs (each a lookup, a log line and a reply row).
+            if others := sorted(set(users or ()) - {caller.user}):
+                refused.append(f"the jobs of {', '.join(others[:3])}{' and others' if len(others) > 3 else ''}")
+                errors.append(f"Kill job error: Access/permission denied: jobs of user(s) {', '.join(others)}")
+                if users and caller.user not in users:
+                    deny(caller, f"{'signal' if signum is not None else 'cancel'} of {refused[0]}")
+                    return {"done": [], "errors": errors}
+            users = [caller.user]
         rows = await ctl.db(repo().jobs, ids=ids, users=users, states=states, names=names, partitions=partitions,
                             tasks=tasks)
-        errors = []
         found = {j["id"] for j in rows} | {j["array_job_id"] for j in rows}
         found_tasks = {(j["array_job_id"], j["array_task_id"]) for j in rows}
         missing_ids = sorted(set(ids or ()) - found)
@@ -369,11 +385,12 @@ def build_api(ctl: Controller) -> RpcTable:
             else:
                 errors.append(f"Invalid job id specified: {label}")
         done, pending = [], []
+        what = "signal" if signum is not None else "cancel"
         for job in rows:
             if not may_act_on(caller, job, operators=False):
-                what = "signal" if signum is not None else "cancel"
-                refusal = deny(caller, f"{what} of job {job_label(job)} (owned by {job['user']})")
-                errors.append(f"Kill job error on job id {job_label(job)}: {refusal}")
+                refused.append(f"job {job_label(job)} (owned by {job['user']})")
+                errors.append(f"Kill job error on job id {job_label(job)}: Access/permission denied: "
+                              f"{what} of job {job_label(job)} (owned by {job['user']})")
                 continue
             state = JobState(job["state"])
             if signum is not None:
@@ -394,6 +411,8 @@ def build_api(ctl: Controller) -> RpcTable:
             for job_id in (j for j in pending if j in cancelled):
                 ctl.events.record("cancel_requested", job_id, by=caller.user, state=JobState.PENDING.value)
                 done.append(job_id)
+        if refused:  # logged once per request, however many jobs it named
+            deny(caller, f"{what} of {', '.join(refused[:5])}{f' and {len(refused) - 5} more' if len(refused) > 5 else ''}")
         ctl.wake()
         return {"done": done, "errors": errors}
 

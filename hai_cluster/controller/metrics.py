@@ -18,6 +18,10 @@ log = logging.getLogger(__name__)
 
 READ_LIMIT = 8192  # bytes of request head we read
 READ_TIMEOUT = 5.0
+SERVE_TIMEOUT = 10.0  # a whole request, the reply's drain included (a client that never reads)
+# Connections served at once; beyond, a new one is closed unread. Without a cap, idle connections
+# took every descriptor the controller had (fourth audit) and its own socket refused clients.
+MAX_CONNECTIONS = 32
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # (name, type, help, sample key, scale)
@@ -133,9 +137,24 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pag
         writer.close()
 
 
-async def start_metrics_server(listen: str, page: Callable[[], str]) -> asyncio.base_events.Server:
+async def start_metrics_server(listen: str, page: Callable[[], str],
+                               max_connections: int = MAX_CONNECTIONS) -> asyncio.base_events.Server:
     host, _, port = listen.rpartition(":")
-    server = await asyncio.start_server(lambda r, w: _serve(r, w, page), host.strip("[]"), int(port),
-                                        limit=READ_LIMIT)
+    open_now = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal open_now
+        if open_now >= max_connections:
+            writer.close()
+            return
+        open_now += 1
+        try:
+            await timeouts.wait_for(_serve(reader, writer, page), SERVE_TIMEOUT)
+        except asyncio.TimeoutError:
+            writer.close()
+        finally:
+            open_now -= 1
+
+    server = await asyncio.start_server(serve, host.strip("[]"), int(port), limit=READ_LIMIT)
     log.info("Prometheus metrics on http://%s/metrics", listen)
     return server

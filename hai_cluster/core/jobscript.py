@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .dependency import DependencyError, parse_dependency
 from .runtimes import REFERENCE_RUNTIMES, RUNTIMES, needs_image
 from .jobids import DEFAULT_MAX_ARRAY_SIZE, ArrayError, parse_array
-from .model import DEFAULT_GRACE_SECONDS, PRIORITY_CLASSES, JobSpec
+from .model import DEFAULT_GRACE_SECONDS, MAX_GRACE_SECONDS, PRIORITY_CLASSES, JobSpec
 from .sharing import QOS_CLASSES, GpuShare
 from .timefmt import parse_datetime, parse_size_mb, parse_time_limit
 from .usertext import MAX_ARG, MAX_NAME, MAX_PATH, TextError, checked, has_control
@@ -180,6 +180,13 @@ def split_command_line(argv: Sequence[str]) -> tuple[list[str], str | None, list
 
 
 # ---- values ---------------------------------------------------------------------------------
+
+def _grace(text: str) -> int:
+    n = _int(text, 0)
+    if n > MAX_GRACE_SECONDS:
+        raise _Bad(f"at most {MAX_GRACE_SECONDS} seconds")
+    return n
+
 
 def _int(text: str, minimum: int) -> int:
     kind = "a positive" if minimum > 0 else "a non-negative"
@@ -439,7 +446,7 @@ def _parsers(env: Mapping[str, str], now: float | None = None,
         "cpus-per-task": lambda v: _int(v, 1), "mem": _size, "time": _time,
         "partition": _partition, "account": _account, "output": _nonempty, "error": _nonempty,
         "chdir": _nonempty, "export": _export_parser(env), "signal": _signal_spec,
-        "grace": lambda v: _int(v, 0), "priority": _priority,
+        "grace": _grace, "priority": _priority,
         "checkpoint-dir": _nonempty, "wrap": _nonempty,
         "container-image": _nonempty, "runtime": _runtime,
     }

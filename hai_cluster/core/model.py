@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from .sharing import GpuShare
 
 DEFAULT_GRACE_SECONDS = 60
+# The longest --grace any job may have: the agent refuses more (a job whose grace never ends
+# outlives its time limit, preemption and an admin's cancel); a cluster's max_grace is lower.
+MAX_GRACE_SECONDS = 3600
 PRIORITY_CLASSES = ("urgent", "high", "normal", "low")  # --priority, highest first
 PRIORITY_RANK = {name: rank for rank, name in enumerate(PRIORITY_CLASSES)}  # 0 = first in line
 DEFAULT_OUTPUT = "hai-%j.out"

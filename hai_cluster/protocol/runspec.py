@@ -14,6 +14,7 @@ import signal as _signal
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..core.model import MAX_GRACE_SECONDS
 from ..core.runtimes import REFERENCE_RUNTIMES, RUNTIMES, needs_image
 
 REASONS = ("cancel", "preempt", "requeue", "node_fail", "timeout", "launch_failed", "lost", "oom",
@@ -108,6 +109,8 @@ class RunSpec:
         check_keys("spec", d, tuple(n for n in names if n not in OPTIONAL), optional=OPTIONAL)
         for k in ("job_id", "attempt", "rank", "uid", "gid", "signal_time", "grace"):
             nonneg_int(f"spec.{k}", d[k])
+        if d["grace"] > MAX_GRACE_SECONDS:
+            raise SpecError(f"spec.grace must be at most {MAX_GRACE_SECONDS} seconds, got {d['grace']}")
         if not isinstance(d["user"], str) or not d["user"]:
             raise SpecError("spec.user must be a non-empty string")
         _no_nul("spec.user", d["user"])

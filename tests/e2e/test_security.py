@@ -64,14 +64,20 @@ def test_users_cannot_touch_each_others_jobs(cluster):
                  ("hcontrol", "update", "NodeName=local1", "State=DRAIN", "Reason=x")):
         err = refused(cluster, *argv, user=OTHER_USER)
         assert "owned by haitest" in err or "only operators" in err, err
-    # hcancel -u haitest as haiother: every job refused, nothing cancelled
+    # hcancel -u haitest as haiother: refused as a whole (one line, one log record, not one per
+    # job: a filter over another user's jobs cost a lookup and a log line per job), nothing cancelled
     err = refused(cluster, "hcancel", "-u", TEST_USER, user=OTHER_USER)
-    assert f"cancel of job {running}" in err
+    assert f"Access/permission denied: jobs of user(s) {TEST_USER}" in err and str(running) not in err
+    err = refused(cluster, "hcancel", "-u", f"{TEST_USER},{OTHER_USER}", "-t", "PENDING", user=OTHER_USER)
+    assert err.count(DENIED) == 1
+    assert "Invalid job state specified: COMPLETED" in cluster.cli(
+        "hcancel", "-t", "CD", user=OTHER_USER, check=False).stderr
     assert cluster.job(running)["state"] == "RUNNING"
     assert cluster.job(held)["state"] == "PENDING" and cluster.job(held)["reason"] == "JobHeldUser"
     assert not (user_dir(cluster.workdir, TEST_USER) / "usr1").exists()
     log = (cluster.workdir / "ctl.log").read_text()
     assert f"denied uid={other_uid} ({OTHER_USER}, user)" in log
+    assert log.count(f"cancel of the jobs of {TEST_USER}") == 2  # once per refused request
     # ... and the owner may do all of it.
     cluster.cli("hcancel", "-s", "USR1", str(running))
     wait_for(lambda: (user_dir(cluster.workdir, TEST_USER) / "usr1").exists(), 20, what="USR1 in the job")

@@ -68,6 +68,11 @@ def test_submission_sizes_are_bounded(cluster):
     assert cluster.submit("--hold", str(mid))  # room again once they ended
     cluster.cli("hcancel", "-u", TEST_USER)
     cluster.cli("hcancel", "-u", OTHER_USER, user=OTHER_USER)
+    # a grace above max_grace (600 s) would let the job outlive a cancel or preemption that long
+    res = cluster.cli("hsubmit", "--grace=601", "--wrap", "true", check=False)
+    assert res.returncode != 0 and "--grace=601 is above this cluster's max_grace (600 s)" in res.stderr, res.stderr
+    assert cluster.submit("--hold", "--grace=600", "--wrap", "true")
+    cluster.cli("hcancel", "-u", TEST_USER)
 
 
 def test_names_others_see_are_one_line_of_printable_text(cluster):

@@ -6,11 +6,13 @@ import concurrent.futures
 import os
 import stat
 import time
+import tracemalloc
 
 import pytest
 
 from hai_cluster.agent.gpushare import ShareError, Shares
-from hai_cluster.agent.mps import MpsControl
+from hai_cluster.agent import mps as mps_module
+from hai_cluster.agent.mps import MpsControl, MpsError
 from hai_cluster.agent.runs import RunTable
 from hai_cluster.protocol.runspec import RunSpec, SpecError
 from hai_cluster.config import AgentConfig, SharingConfig
@@ -171,6 +173,42 @@ def test_quit_returns_once_the_daemon_is_gone(tmp_path):
     assert mps.running(0, 0)
     mps.quit(0, "GPU-a", 0, 0)
     assert not mps.running(0, 0)  # the tool removed it half a second after it returned
+
+
+def tool(tmp_path, body: str) -> str:
+    path = tmp_path / "mps-tool"
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_the_control_programs_output_is_kept_only_up_to_a_cap(tmp_path, monkeypatch):
+    """It runs as the user, who can write into its output pipe without end (fourth audit: the
+    agent grew to 6.3 GB in 25 s): the agent keeps OUTPUT_CAP bytes and stops reading."""
+    monkeypatch.setattr(mps_module, "TIMEOUT", 3.0)
+    flood = MpsControl(tool(tmp_path, "head -c 50000000 /dev/zero\nexit 4\n"), str(tmp_path / "mps"))
+    tracemalloc.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(MpsError, match="did not finish within 3 s"):
+            flood.ensure(0, "GPU-a", 0, 0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000 and time.monotonic() - started < 10
+    noisy = MpsControl(tool(tmp_path, "printf 'x%.0s' $(seq 20000)\necho; echo 'no device'\nexit 3\n"),
+                       str(tmp_path / "mps2"))
+    with pytest.raises(MpsError, match=r"exited 3: x{300}$"):  # the first bytes, cut for the message
+        noisy.ensure(0, "GPU-a", 0, 0)
+
+
+def test_a_daemon_that_keeps_the_output_open_does_not_hold_the_call(tmp_path):
+    """The call waits for the control program to exit, not for EOF on its output."""
+    body = 'if [ "$1" = -d ]; then touch "$CUDA_MPS_PIPE_DIRECTORY/control"; sleep 20 & exit 0; fi\n'
+    mps = MpsControl(tool(tmp_path, body), str(tmp_path / "mps"))
+    started = time.monotonic()
+    mps.ensure(0, "GPU-a", 0, 0)
+    assert time.monotonic() - started < 10 and mps.running(0, 0)
 
 
 def test_a_run_is_in_the_table_while_its_share_is_prepared(tmp_path):

@@ -308,6 +308,7 @@ def test_export_is_the_last_one_given():
     (["-D", ""], "-D : must not be empty"),
     (["--grace=-1"], "--grace=-1: expected a non-negative integer"),
     (["--grace=1.5"], "--grace=1.5: expected a non-negative integer"),
+    (["--grace=3601"], "--grace=3601: at most 3600 seconds"),  # past it a job outlives any cancel
     (["--priority=asap"], "--priority=asap: expected one of urgent, high, normal, low"),
     (["--parsable=yes"], "--parsable: option takes no value"),
     (["--no-such-option"], "--no-such-option: unrecognized option"),

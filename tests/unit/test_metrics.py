@@ -96,6 +96,33 @@ def test_http_endpoint():
     asyncio.run(main())
 
 
+def test_idle_connections_beyond_the_cap_are_closed_unread():
+    """Fourth audit: idle connections took every descriptor the controller had."""
+    async def main():
+        server = await start_metrics_server("127.0.0.1:0", lambda: "up 1\n", max_connections=4)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+            await asyncio.sleep(0.2)  # the four are being served: waiting for their request heads
+            extra_reader, extra_writer = await asyncio.open_connection("127.0.0.1", port)
+            assert await asyncio.wait_for(extra_reader.read(), 5) == b""  # closed at once, unread
+            extra_writer.close()
+            for reader, _ in idle:  # the ones in the cap are still open (their read times out later)
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(reader.read(1), 0.2)
+            for _, writer in idle:
+                writer.close()
+            await asyncio.sleep(0.2)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /metrics HTTP/1.1\r\n\r\n")
+            assert (await asyncio.wait_for(reader.read(), 5)).startswith(b"HTTP/1.0 200")  # room again
+            writer.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+    asyncio.run(main())
+
+
 def test_config(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('[metrics]\nlisten = "127.0.0.1:9464"\n[telemetry]\nidle_util_below = 5\nidle_after = 60\n')

@@ -53,3 +53,11 @@ def test_the_agent_reads_what_a_previous_controller_sent_and_refuses_unknown_fie
     assert (spec.runtime, spec.gpus, spec.umask, spec.gpu_share) == (None, (), 0o022, None)
     with pytest.raises(SpecError, match="unknown field"):
         RunSpec.from_wire({**old, "steps": []})
+
+
+def test_the_agent_refuses_a_grace_past_the_protocols_bound():
+    """A grace of 10^9 s let a job outlive its time limit and an admin's cancel (fourth audit)."""
+    wire = rank_spec(job_row(grace=3600), attempt=0, rank=0, nodelist=["n1"], gpus=[], addresses={}).to_wire()
+    assert RunSpec.from_wire(wire).grace == 3600
+    with pytest.raises(SpecError, match="spec.grace must be at most 3600 seconds"):
+        RunSpec.from_wire({**wire, "grace": 1_000_000_000})
