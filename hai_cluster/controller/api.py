@@ -17,14 +17,14 @@ from ..core.dependency import parse_dependency
 from ..core.envfilter import submitted_env
 from ..core.jobids import JobRef, job_label, parse_array
 from ..core.jobscript import MAX_DEPENDENCY_TEXT, JobScriptError, parse_submission, split_command_line
-from ..core.model import JobSpec, JobView
+from ..core.model import JobSpec, attained_service
 from ..core.resources import could_ever_fit
-from ..core.sharing import spec_share
 from ..core.states import FINAL_STATES, JobState, parse_state
 from ..core.timefmt import format_limit, parse_time_limit
 from ..core.usertext import TextError, checked
 from ..store.events import read_events
-from ..store.repository import LISTING_COLUMNS, required_runtime, spec_size
+from ..store.repository import LISTING_COLUMNS, spec_size
+from ..store.views import probe_view
 from ..transport.rpc import RequestError, RpcTable
 from . import membership
 from .access import Caller, deny, may_act_on
@@ -63,10 +63,9 @@ def _public(job: dict, mlfq, now: float) -> dict:
     out.pop("spec", None)
     state = JobState(job["state"])
     out["code"] = state.code
-    attained = job["attained_gpu_seconds"]
-    if state.holds_resources and job["start_time"]:
-        rate = job["nodes"] * job["gpus_per_node"] or job.get("gpu_charge") or 0.0  # sharing: its share
-        attained += rate * max(0.0, now - job["start_time"])
+    rate = job["nodes"] * job["gpus_per_node"] or job.get("gpu_charge") or 0.0  # sharing: its share
+    attained = attained_service(job["attained_gpu_seconds"], rate,
+                                job["start_time"] if state.holds_resources and job["start_time"] else None, now)
     out["attained_now"] = attained
     out["level"] = mlfq.level_of(attained)
     return out
@@ -152,10 +151,7 @@ def build_api(ctl: Controller) -> RpcTable:
             if problem:
                 raise RequestError(problem)
             writable.note(outputs, time.monotonic())
-        view = JobView(id=0, user=caller.user, state=JobState.PENDING, submit_time=0, nodes=spec.nodes,
-                       gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
-                       mem_mb=spec.mem_mb, partition=partition, runtime=required_runtime(spec),
-                       gpu_share=spec_share(spec))
+        view = probe_view(spec, job_id=0, user=caller.user, partition=partition, now=0)
         # The last pass's nodes say yes for almost every job without a query; a no is checked
         # against the store before it refuses (a node may have joined since that pass).
         if not ctl.inventory or not could_ever_fit(view, ctl.inventory):
@@ -227,11 +223,9 @@ def build_api(ctl: Controller) -> RpcTable:
         """sbatch --test-only: run the policy on the current state with this job added, change nothing."""
         now = time.time()
         snapshot = await ctl.db(repo().load_snapshot, now)
-        probe = JobView(id=-1, user=caller.user, state=JobState.PENDING, submit_time=now, nodes=spec.nodes,
-                        gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task, mem_mb=spec.mem_mb,
-                        partition=partition, priority=spec.priority, hold=spec.hold, pending_since=now,
-                        preemptible=spec.requeue, runtime=required_runtime(spec), account=spec.account,
-                        gpu_share=spec_share(spec))
+        # the job as it would be stored: begin time, dependency and time limit included
+        probe = await ctl.db(repo().probe, spec, user=caller.user, partition=partition, now=now,
+                             account=spec.account or "default")
         plan = await ctl.decide(replace(snapshot, jobs=snapshot.jobs + (probe,)))
         for action in plan.actions:
             if action.job_id == -1 and hasattr(action, "placement"):

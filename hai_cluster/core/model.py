@@ -128,6 +128,14 @@ class NodeView:
         return tuple(g.index for g in self.gpus if g.index not in self.used_gpus)
 
 
+def attained_service(ended_runs: float, gpu_rate: float, run_start: float | None, now: float) -> float:
+    """GPU-seconds a job has received: its ended runs' plus the current run's so far (the rule of
+    Tiresias' 2D-LAS; one function for the policy's view and the API's listings)."""
+    if run_start is None:
+        return ended_runs
+    return ended_runs + gpu_rate * max(0.0, now - run_start)
+
+
 def held_reason(by_admin: bool) -> str:
     """A held job's pending reason (Slurm's names)."""
     return "JobHeldAdmin" if by_admin else "JobHeldUser"
@@ -186,9 +194,8 @@ class JobView:
 
     def attained(self, now: float) -> float:
         """GPU-seconds received so far, the current run included (Tiresias' 2D-LAS service)."""
-        if self.run_start is not None and self.state.holds_resources:
-            return self.attained_gpu_seconds + self.gpu_rate * max(0.0, now - self.run_start)
-        return self.attained_gpu_seconds
+        return attained_service(self.attained_gpu_seconds, self.gpu_rate,
+                                self.run_start if self.state.holds_resources else None, now)
 
     @property
     def hold_reason(self) -> str:

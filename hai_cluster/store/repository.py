@@ -5,14 +5,15 @@ Starts are recorded by the applier (store/applier.py), which re-checks each one 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
 from typing import Any, Iterable, Mapping, Sequence
 
 from sqlalchemy import Engine, bindparam, delete, func, insert, or_, select, tuple_, update
 
 from ..core.dependency import Target, evaluate, parse_dependency
 from ..core.jobids import parse_array
-from ..core.model import JobSpec, NodeView, Placement, Snapshot, held_reason
+from ..core.model import JobSpec, JobView, NodeView, Placement, Snapshot, held_reason
 from ..core.outcome import combine, job_state_after
 from ..core.resources import why_waiting
 from ..core.states import ACTIVE_STATES, FINAL_STATES, JobState
@@ -20,7 +21,7 @@ from . import applier
 from . import statements as st
 from .applier import Refused, StartRequest
 from .schema import array_specs, gpus, jobs, nodes, run_ranks, runs
-from .views import full_spec, job_view, live_ranks, node_views
+from .views import full_spec, job_columns, job_view, live_ranks, node_views, probe_view
 
 ACTIVE = [s.value for s in ACTIVE_STATES]
 FINAL = [s.value for s in FINAL_STATES]
@@ -52,13 +53,6 @@ class RankEnd:
     run_state: JobState | None = None  # set when the whole run has ended
     job_state: JobState | None = None
     stop_ranks: tuple[RankRef, ...] = ()  # other ranks still alive after a failure
-
-
-def required_runtime(spec: JobSpec) -> str | None:
-    """What a node must offer to run this job (None: anything, as plain processes do)."""
-    if spec.runtime and spec.runtime != "none":
-        return spec.runtime
-    return "container" if spec.container_image and not spec.runtime else None
 
 
 def _row(r) -> dict:
@@ -145,17 +139,7 @@ class Repository:
     def submit(self, spec: JobSpec, *, user: str, uid: int, gid: int, partition: str, now: float,
                account: str = "default") -> int:
         """Record a job, or every task of an array in one transaction. Returns the (array) job id."""
-        row = dict(
-            name=spec.name, user=user, uid=uid, gid=gid, partition=partition,
-            # a held job's reason is known now (the pass that would set it is not woken: api.submit)
-            state=JobState.PENDING.value, reason=spec.reason_at_submission or "None",
-            priority=spec.priority, submit_time=now,
-            nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
-            mem_mb=spec.mem_mb, time_limit=spec.time_limit, hold=spec.hold,
-            restart_count=0, attempts=0, nodelist="", attained_gpu_seconds=0.0, version=1,
-            pending_since=now, preemptible=spec.requeue, hold_admin=False, runtime=required_runtime(spec),
-            begin_time=spec.begin_time, dependency=spec.dependency, account=account, gpu_fraction=spec.gpu_fraction,
-            gpu_mem_mb=spec.gpu_mem_mb, gpu_compute=spec.gpu_compute, gpu_qos=spec.gpu_qos)
+        row = job_columns(spec, user=user, uid=uid, gid=gid, partition=partition, now=now, account=account)
         wire = spec.to_wire()
         size = spec_size(wire)
         with self.engine.begin() as c:
@@ -301,6 +285,18 @@ class Repository:
             held.setdefault(r.job_id, []).append(r)
         job_views = tuple(job_view(j, held.get(j.id, ()), waits.get(j.id)) for j in job_rows)
         return Snapshot(now=now, jobs=job_views, nodes=nodes_now)
+
+    def probe(self, spec: JobSpec, *, user: str, partition: str, now: float, account: str) -> JobView:
+        """--test-only: the job as the policy would see it if it were submitted now, its
+        dependency evaluated as the snapshot evaluates those of the queue."""
+        view = probe_view(spec, job_id=-1, user=user, partition=partition, now=now, account=account)
+        if not spec.dependency:
+            return view
+        newest = 2**62  # later than every job in the store (singleton counts the ones before it)
+        with self.engine.connect() as c:
+            verdict = self._dependency_reasons(c, [SimpleNamespace(id=newest, state=JobState.PENDING.value, user=user,
+                                                                   name=spec.name, dependency=spec.dependency)])
+        return replace(view, dependency=verdict.get(newest))
 
     def why_waiting(self, job_id: int) -> str | None:
         """For a pending job: what keeps it from starting now, node by node (core.resources)."""

@@ -1,17 +1,52 @@
-"""What the store's rows read as: the policy's node and job views, and a job's whole spec.
+"""What the store's rows are made of and read as: a job's columns from its spec, the policy's
+node and job views, and a job's whole spec.
 
-One place builds them, for the snapshot and for the applier's re-check alike."""
+One place builds each: the snapshot, the applier's re-check, the submission's fit check and the
+--test-only probe all get their JobView from job_view()."""
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Sequence
 
 from sqlalchemy import select
 
-from ..core.model import GpuInfo, JobView, NodeView
+from ..core.model import GpuInfo, JobSpec, JobView, NodeView
 from ..core.sharing import share_of
 from ..core.states import JobState
 from . import statements as st
 from .schema import gpus, nodes
+
+
+def required_runtime(spec: JobSpec) -> str | None:
+    """What a node must offer to run this job (None: anything, as plain processes do)."""
+    if spec.runtime and spec.runtime != "none":
+        return spec.runtime
+    return "container" if spec.container_image and not spec.runtime else None
+
+
+def job_columns(spec: JobSpec, *, user: str, uid: int, gid: int, partition: str, now: float,
+                account: str = "default") -> dict:
+    """The job table's columns of a new job, derived from its spec (submit inserts them)."""
+    return dict(
+        name=spec.name, user=user, uid=uid, gid=gid, partition=partition,
+        # a held job's reason is known now (the pass that would set it is not woken: api.submit)
+        state=JobState.PENDING.value, reason=spec.reason_at_submission or "None",
+        priority=spec.priority, submit_time=now,
+        nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
+        mem_mb=spec.mem_mb, time_limit=spec.time_limit, hold=spec.hold,
+        restart_count=0, attempts=0, nodelist="", attained_gpu_seconds=0.0, version=1,
+        pending_since=now, preemptible=spec.requeue, hold_admin=False, runtime=required_runtime(spec),
+        begin_time=spec.begin_time, dependency=spec.dependency, account=account, gpu_fraction=spec.gpu_fraction,
+        gpu_mem_mb=spec.gpu_mem_mb, gpu_compute=spec.gpu_compute, gpu_qos=spec.gpu_qos)
+
+
+def probe_view(spec: JobSpec, *, job_id: int, user: str, partition: str, now: float,
+               account: str = "default", dependency: str | None = None) -> JobView:
+    """The view a job of `spec` would have once submitted (the fit check, --test-only)."""
+    row = SimpleNamespace(id=job_id, start_time=None, last_run_end=None, array_job_id=None, array_task_limit=None,
+                          **job_columns(spec, user=user, uid=-1, gid=-1, partition=partition, now=now,
+                                        account=account))
+    return job_view(row, dependency=dependency)
 
 
 def full_spec(c, job) -> dict:

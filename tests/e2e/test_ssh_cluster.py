@@ -184,8 +184,13 @@ def test_wait_returns_the_exit_code_and_test_only_submits_nothing(cluster):
     proc = cluster.cli("hsubmit", "--test-only", "--gpus-per-node=2", "--wrap", "true")
     assert "Job would start now on nodes " in proc.stderr and "partition gpu" in proc.stderr
     assert proc.stderr.split("on nodes ")[1].split()[0] in cluster.agents
+    # the probe is the job as it would be stored: its begin time and dependency count
+    proc = cluster.cli("hsubmit", "--test-only", "--begin=now+3600", "--wrap", "true")
+    assert "Job would wait in partition gpu: BeginTime" in proc.stderr
     blocker = cluster.submit("-N", "2", f"--gpus-per-node={GPUS_PER_NODE}", "--wrap", "sleep 1000")
     cluster.wait_state(blocker, "RUNNING")
+    proc = cluster.cli("hsubmit", "--test-only", f"--dependency=afterok:{blocker}", "--wrap", "true")
+    assert "Job would wait in partition gpu: Dependency" in proc.stderr
     proc = cluster.cli("hsubmit", "--test-only", "--gpus-per-node=1", "--wrap", "true")
     assert "Job would wait in partition gpu: Resources" in proc.stderr
     assert len(cluster.call("jobs", {"all": True})["jobs"]) == before + 1  # only the blocker
