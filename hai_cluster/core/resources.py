@@ -117,6 +117,13 @@ def placement_misfit(job: JobView, placement: Placement, nodes: Mapping[str, Nod
     return None
 
 
+def take(job: JobView, placement: Placement, nodes: dict[str, NodeView]) -> None:
+    """Count `placement` of `job` as held in `nodes` (the applier's views, start after start)."""
+    for rank, (name, gpu_ids) in enumerate(zip(placement.nodes, placement.gpus)):
+        nodes[name] = _with_rank(job, nodes[name], gpu_ids, placement.shares[rank] if placement.shares else None,
+                                 placement.mig[rank] if placement.mig else "")
+
+
 def _gpus_misfit(job: JobView, node: NodeView, gpu_ids) -> str | None:
     if job.gpu_share is not None:
         return f"job {job.id} shares a GPU; the placement gives it whole GPUs"

@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
-from ..core.model import Placement
-from ..core.resources import placement_misfit
+from ..core.model import NodeView, Placement
+from ..core.resources import placement_misfit, take
 from ..core.sharing import share_charge, share_of
 from ..core.states import JobState
 from . import statements as st
-from .schema import gpus, jobs
+from .schema import jobs
 from .views import full_spec, job_view, live_ranks, node_views
 
 
@@ -43,11 +43,15 @@ def start_runs(engine: Engine, starts: Sequence[StartRequest], now: float) -> li
     if not starts:
         return []
     with engine.begin() as c:
-        return [start_run(c, s, now) for s in starts]
+        # The touched nodes as they are now, read once; each start accepted is counted in them.
+        names = sorted({name for s in starts for name in s.placement.nodes})
+        views = {n.name: n for n in node_views(c, live_ranks(c, names), names)}
+        return [start_run(c, s, now, views) for s in starts]
 
 
-def start_run(c, start: StartRequest, now: float) -> dict | Refused:
-    """In transaction `c`: record a run of `start`'s job on its placement, or refuse it."""
+def start_run(c, start: StartRequest, now: float, views: dict[str, NodeView]) -> dict | Refused:
+    """In transaction `c`: record a run of `start`'s job on its placement, or refuse it. `views`:
+    the nodes as they are in the transaction (a start recorded here is counted in them)."""
     job_id, placement = start.job_id, start.placement
     job = c.execute(st.JOB_BY_ID, {"p_id": job_id}).first()
     if job is None:
@@ -56,9 +60,8 @@ def start_run(c, start: StartRequest, now: float) -> dict | Refused:
         return Refused(job_id, "held" if job.hold else f"{job.state}, not pending")
     if start.version is not None and job.version != start.version:
         return Refused(job_id, "changed since the snapshot")
-    names = sorted(set(placement.nodes))
-    views = {n.name: n for n in node_views(c, live_ranks(c, names), names)}
-    if why := placement_misfit(job_view(job), placement, views):
+    view = job_view(job)
+    if why := placement_misfit(view, placement, views):
         return Refused(job_id, why)
     attempt = job.attempts
     # -p a,b: the run is in the first candidate partition that holds all its nodes
@@ -75,7 +78,7 @@ def start_run(c, start: StartRequest, now: float) -> dict | Refused:
         job_id=job_id, attempt=attempt, state=JobState.RUNNING.value, start_time=now,
         # Whole GPUs held: a card share counts none; it is charged its share (gpu_charge).
         nodelist=",".join(placement.nodes), gpus=0 if placement.shares else sum(len(g) for g in placement.gpus),
-        gpu_charge=_share_charge(c, job, placement) if placement.shares else None,
+        gpu_charge=_share_charge(job, placement, views) if placement.shares else None,
     )).inserted_primary_key[0]
     c.execute(st.RANK_INSERT, [dict(
         run_id=run_id, rank=rank, node=name, gpus=list(gpu_ids), cpus=job.cpus_per_task,
@@ -84,19 +87,20 @@ def start_run(c, start: StartRequest, now: float) -> dict | Refused:
         gpu_compute=placement.shares[rank][1] if placement.shares else None,
         mig_uuid=(placement.mig[rank] or None) if placement.mig else None)
         for rank, (name, gpu_ids) in enumerate(zip(placement.nodes, placement.gpus))])
+    take(view, placement, views)
     return {**job._mapping, "spec": full_spec(c, job), "partition": partition, "attempt": attempt,
             "run_id": run_id, "gpu_mig": list(placement.mig)}
 
 
-def _share_charge(c, job, placement: Placement) -> float:
+def _share_charge(job, placement: Placement, views: dict[str, NodeView]) -> float:
     """The GPU-equivalents a sharing run is charged: each rank's share of its card."""
     share = share_of(job.gpu_fraction, job.gpu_mem_mb, job.gpu_compute, job.gpu_qos)
     total = 0.0
     for rank, (name, gpu_ids) in enumerate(zip(placement.nodes, placement.gpus)):
-        mem = c.execute(select(gpus.c.memory_mb).where(gpus.c.node == name, gpus.c.index == gpu_ids[0])).scalar()
+        mem = next((g.memory_mb for g in views[name].gpus if g.index == gpu_ids[0]), 0)
         if placement.mig and placement.mig[rank]:  # a whole MIG instance: charged the instance
             inst_mem, inst_compute = placement.shares[rank]
-            total += min(1.0, max(inst_mem / max(1, mem or 0), inst_compute / 100))
+            total += min(1.0, max(inst_mem / max(1, mem), inst_compute / 100))
         else:
-            total += share_charge(share, mem or 0)
+            total += share_charge(share, mem)
     return round(total, 6)

@@ -24,3 +24,13 @@ def test_start_runs_checks_each_after_the_ones_before(repo):  # noqa: F811
     used = {n.name: n.used_gpus for n in repo.load_snapshot(now=11).nodes}
     assert used == {"a": {0, 1}, "b": {1}}
     assert repo.start_runs([], now=12) == []
+
+
+def test_a_batch_counts_the_cpus_and_memory_of_the_starts_before(repo):  # noqa: F811
+    """The applier reads the nodes once per batch and counts each start it records in them."""
+    cpus = [repo.submit(spec(cpus_per_task=5), user="u", uid=1, gid=1, partition="gpu", now=i) for i in range(2)]
+    mem = [repo.submit(spec(mem_mb=600), user="u", uid=1, gid=1, partition="gpu", now=i) for i in range(2)]
+    out = repo.start_runs([(cpus[0], Placement(("a",), ((),))), (cpus[1], Placement(("a",), ((),))),
+                           (mem[0], Placement(("b",), ((),))), (mem[1], Placement(("b",), ((),)))], now=3)
+    assert [bool(r) for r in out] == [True, False, True, False]
+    assert out[1].reason == "a has 3 free CPUs" and out[3].reason == "b has 400 MiB free memory"
