@@ -1,0 +1,197 @@
+"""The controller in one process: its real loop, applier, dispatch, node link and API table, with
+the agent played over the in-memory transport (transport/memory.py) by a table that checks every
+start_run with the agent's own RunSpec.from_wire, and a SQLite store in a temporary file."""
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import time
+
+import pytest
+
+from hai_cluster.config import ControllerConfig, NodeConfig
+from hai_cluster.controller import nodes as node_links
+from hai_cluster.controller.access import ADMIN, Caller
+from hai_cluster.controller.api import build_api
+from hai_cluster.controller.service import Controller
+from hai_cluster.core.model import JobSpec
+from hai_cluster.protocol.runspec import RunSpec, RunStatus
+from hai_cluster.transport.memory import memory_pair
+from hai_cluster.transport.rpc import RequestError, RpcConnection, RpcTable
+from hai_cluster.transport.streams import Stream
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class FakeAgent:
+    """What hai-agent answers, minus running anything: runs are recorded and ended on request."""
+
+    def __init__(self, name: str, gpus: int = 2, cpus: int = 8) -> None:
+        self.name, self.gpus, self.cpus = name, gpus, cpus
+        self.started: list[RunSpec] = []
+        self.runs: dict[tuple[int, int], RunStatus] = {}
+        self.conn: RpcConnection | None = None
+        self.table = RpcTable()
+        for method in ("hello", "ping", "start_run", "terminate_run", "signal_run", "list_runs", "forget_run"):
+            self.table.add(method, getattr(self, method))
+
+    async def hello(self, body, ctx):
+        return {"node": self.name, "hostname": self.name, "protocol": "1", "cpus": self.cpus, "mem_mb": 16000,
+                "gpu_backend": "simulated", "runs": [r.to_wire() for r in self.runs.values()], "health": None,
+                "gpus": [{"index": i, "uuid": f"GPU-{self.name}-{i}", "name": "sim", "memory_mb": 81920}
+                         for i in range(self.gpus)]}
+
+    async def ping(self, body, ctx):
+        return {}
+
+    async def start_run(self, body, ctx):
+        spec = RunSpec.from_wire(body["spec"])  # the agent's own check of the contract
+        self.started.append(spec)
+        status = self.runs.setdefault(spec.key, RunStatus.for_spec(spec, pid=4242, start_time=time.time()))
+        return {"status": status.to_wire()}
+
+    async def end(self, job_id: int, attempt: int, exit_code: int | None = 0, reason: str | None = None) -> None:
+        status = self.runs[(job_id, attempt)]
+        status.state, status.end_time, status.exit_code, status.reason = "ended", time.time(), exit_code, reason
+        await self.conn.push("run_exited", status.to_wire())
+
+    async def terminate_run(self, body, ctx):
+        if (body["job_id"], body["attempt"]) in self.runs:
+            await self.end(body["job_id"], body["attempt"], None, body["reason"])
+        return {"found": True}
+
+    async def signal_run(self, body, ctx):
+        return {"delivered": True}
+
+    async def list_runs(self, body, ctx):
+        return {"runs": [r.to_wire() for r in self.runs.values()]}
+
+    async def forget_run(self, body, ctx):
+        self.runs.pop((body["job_id"], body["attempt"]), None)
+        return {}
+
+
+async def wait_until(check, what: str, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = await check()
+        if value:
+            return value
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def controller(tmp_path, monkeypatch):
+    """(Controller, its API table, the fake agent of node n1), with the loop started."""
+    agent = FakeAgent("n1")
+
+    async def open_stream(node, ssh):  # the link's transport: an in-memory pipe to the fake agent
+        (ra, wa), (rb, wb) = memory_pair()
+        agent.conn = RpcConnection(ra, wa, table=agent.table, name="fake agent")
+        asyncio.get_running_loop().create_task(agent.conn.run())
+        return Stream(rb, wb, node=node.name, kind="memory")
+
+    monkeypatch.setattr(node_links, "open_stream", open_stream)
+    cfg = ControllerConfig(database=f"sqlite:///{tmp_path}/hai.db", state_dir=str(tmp_path), tick_seconds=0.1,
+                           min_pass_interval=0.0, ping_interval=1.0,
+                           nodes=(NodeConfig(name="n1", address="127.0.0.1", transport="local"),))
+    return cfg, agent
+
+
+def run(cfg, scenario):
+    async def main():
+        ctl = Controller(cfg)
+        await ctl.start()
+        try:
+            await wait_until(lambda: ctl.db(lambda: {n["name"]: n for n in ctl.repo.nodes()}["n1"]["responding"]),
+                             "node n1 to respond")
+            await scenario(ctl, build_api(ctl))
+        finally:
+            await ctl.stop()
+    asyncio.run(main())
+
+
+def root_caller() -> Caller:
+    return Caller(uid=0, gid=0, pid=os.getpid(), user=pwd.getpwuid(0).pw_name, role=ADMIN)
+
+
+def test_a_submitted_job_is_started_on_the_agent_and_completes(controller, tmp_path):
+    cfg, agent = controller
+
+    async def scenario(ctl, api):
+        caller = root_caller()
+        reply = await api.dispatch("submit", {"argv": ["--gpus-per-node=1", "-c", "2", "--wrap", "echo hi"],
+                                              "cwd": str(tmp_path), "env": {"PATH": "/usr/bin"}}, caller)
+        job_id = reply["job_id"]
+        await wait_until(lambda: asyncio.sleep(0, agent.started), "start_run at the agent")
+        (spec,) = agent.started
+        assert (spec.job_id, spec.gpus, spec.cpus, spec.user) == (job_id, (0,), 2, caller.user)
+        assert spec.environment["SLURM_JOB_ID"] == str(job_id)
+        await agent.end(job_id, 0, exit_code=0)
+        job = await wait_until(lambda: ctl.db(lambda: (j := ctl.repo.job(job_id))["state"] == "COMPLETED" and j),
+                               "the job to complete")
+        assert job["exit_code"] == 0
+        listed = await api.dispatch("jobs", {"ids": [job_id], "all": True}, caller)
+        assert [j["state"] for j in listed["jobs"]] == ["COMPLETED"]
+
+    run(cfg, scenario)
+
+
+def test_the_applier_refuses_a_start_whose_cpus_were_taken_after_the_snapshot(controller, tmp_path):
+    """The tick's own path: the policy saw 8 free CPUs; before the applier ran, another start took
+    6 of them; the job asking 4 stays pending and starts once they are back."""
+    cfg, agent = controller
+
+    async def scenario(ctl, api):
+        spec = JobSpec(script="#!/bin/sh\ntrue\n", workdir=str(tmp_path), cpus_per_task=4)
+        wants = await ctl.db(ctl.repo.submit, spec, user="root", uid=0, gid=0, partition="gpu", now=time.time())
+        hog = await ctl.db(ctl.repo.submit, JobSpec(script="#!/bin/sh\ntrue\n", workdir=str(tmp_path),
+                                                    cpus_per_task=6, hold=True),
+                           user="root", uid=0, gid=0, partition="gpu", now=time.time())
+        real_start_runs, refused = ctl.repo.start_runs, []
+
+        def start_runs(starts, now):  # between the pass's snapshot and its apply: the hog starts
+            if any(s.job_id == wants for s in starts) and not refused:
+                from hai_cluster.core.model import Placement
+                with ctl.repo.engine.begin() as c:
+                    c.exec_driver_sql("UPDATE jobs SET hold = 0 WHERE id = ?", (hog,))
+                assert real_start_runs([(hog, Placement(("n1",), ((),)))], now)[0]
+                out = real_start_runs(starts, now)
+                refused.extend(r for r in out if not r)
+                return out
+            return real_start_runs(starts, now)
+
+        ctl.repo.start_runs = start_runs
+        ctl.wake()
+        await wait_until(lambda: asyncio.sleep(0, refused), "the refused start")
+        assert refused[0].reason == "n1 has 2 free CPUs"
+        assert (await ctl.db(ctl.repo.job, wants))["state"] == "PENDING"
+        await wait_until(lambda: asyncio.sleep(0, [s for s in agent.started if s.job_id == hog]), "the hog's run")
+        await agent.end(hog, 0)
+        await wait_until(lambda: asyncio.sleep(0, [s for s in agent.started if s.job_id == wants]),
+                         "the job to start once the CPUs are back")
+
+    run(cfg, scenario)
+
+
+def test_the_api_table_refuses_bad_input_and_changes_nothing(controller, tmp_path):
+    cfg, agent = controller
+
+    async def scenario(ctl, api):
+        caller = root_caller()
+        for method, body, message in (
+                ("cancel", {}, "No job identification provided"),
+                ("cancel", {"ids": "7"}, "field 'ids' has the wrong type"),
+                ("cancel", {"ids": list(range(10_001))}, "too many entries"),
+                ("show_job", {"job_id": 99}, "Invalid job id specified: 99"),
+                ("submit", {"argv": ["--gpus-per-node=9", "--wrap", "true"], "cwd": str(tmp_path)},
+                 "Requested node configuration is not available"),
+                ("no_such_method", {}, "not allowed")):
+            with pytest.raises(RequestError, match=message):
+                await api.dispatch(method, body, caller)
+        assert (await api.dispatch("jobs", {"all": True}, caller))["jobs"] == []
+        assert agent.started == []
+
+    run(cfg, scenario)
