@@ -226,10 +226,10 @@ def test_the_largest_legitimate_submission_fits(cluster):
 def test_a_listing_of_a_long_history_is_answered_in_pages():
     """jobs {"all": true} over half a million final jobs took 20 s on the controller's event loop
     (another user's ping waited 12.5 s) and 3 GB for three at once; replies are now pages of at most
-    api.PAGE_ROWS rows, which the CLI follows to the end."""
+    apicontext.PAGE_ROWS rows, which the CLI follows to the end."""
     from sqlalchemy import update
 
-    from hai_cluster.controller.api import PAGE_ROWS
+    from hai_cluster.controller.apicontext import PAGE_ROWS
     from hai_cluster.core.model import JobSpec
     from hai_cluster.store.engine import make_engine
     from hai_cluster.store.repository import Repository

@@ -2,7 +2,7 @@
 import pytest
 
 from hai_cluster.cli.jobfields import FIELDS, NEEDS, ROW_KEYS
-from hai_cluster.controller.api import LISTING_FIELDS
+from hai_cluster.controller.apicontext import LISTING_FIELDS
 
 FULL = {"id": 7, "partition": "gpu", "name": "train", "user": "ann", "code": "R", "state": "RUNNING",
         "start_time": 100.0, "end_time": None, "time_limit": 3600, "nodes": 2, "nodelist": "n01,n02",

@@ -1,0 +1,142 @@
+"""What users read: job listings, one job, accounting, nodes, telemetry, history, accounts and shares."""
+from __future__ import annotations
+
+import time
+
+from ..core.states import JobState, parse_state
+from ..store.events import read_events
+from ..transport.rpc import RequestError
+from .access import Caller, may_act_on
+from .apicontext import (DERIVED_FIELDS, LISTING_FIELDS, MAX_EVENTS, NOT_FINAL, PUBLIC_NEEDS, SHARE_NEEDS,
+                         TELEMETRY_FIELDS, TELEMETRY_NEEDS, ApiContext)
+from .requests import expect, int_list, str_list, task_list
+from .telemetry_view import job_telemetry, nodes_telemetry
+
+
+async def ping(ctx: ApiContext, body, caller: Caller):
+    return {"time": time.time(), "user": caller.user, "uid": caller.uid, "admin": caller.admin,
+            "role": caller.role}
+
+
+async def jobs(ctx: ApiContext, body, caller: Caller):
+    states = str_list(body, "states")
+    try:
+        states = [parse_state(s).value for s in states] if states else None
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
+    if expect(body, "all", bool, default=False):
+        states = states or None
+    else:
+        states = states or NOT_FINAL
+    fields = str_list(body, "fields")  # only these keys per job (hqueue asks for its columns)
+    columns, telemetry = None, True
+    if fields is not None:
+        if unknown := sorted(set(fields) - LISTING_FIELDS):
+            raise RequestError(f"unknown job field(s): {', '.join(unknown)}")
+        need = (set(fields) - DERIVED_FIELDS) | set(PUBLIC_NEEDS) | set(SHARE_NEEDS)  # a share's charge
+        telemetry = bool(TELEMETRY_FIELDS & set(fields))
+        if telemetry:
+            need.update(TELEMETRY_NEEDS)
+        if "gpu_share_mb" in fields:
+            need.update(SHARE_NEEDS)
+        columns = sorted(need)
+    after, limit = ctx.page(body)
+    rows = await ctx.ctl.db(ctx.repo.jobs, ids=int_list(body, "ids"), states=states,
+                            users=str_list(body, "users"), names=str_list(body, "names"),
+                            partitions=str_list(body, "partitions"), columns=columns, tasks=task_list(body),
+                            after_id=after, limit=limit + 1)
+    more = {"more": len(rows) > limit, "next": rows[limit - 1]["id"] if len(rows) > limit else None}
+    listed = map(ctx.public, rows[:limit])
+    if telemetry:
+        listed = map(ctx.with_telemetry, listed)
+    if fields is None:
+        return {"now": time.time(), "jobs": list(listed), **more}
+    return {"now": time.time(), "jobs": [{k: p.get(k) for k in fields} for p in listed], **more}
+
+
+async def telemetry(ctx: ApiContext, body, caller: Caller):
+    """hstat and hinfo --gpus: each node's GPUs with their latest reading and the job holding
+    them; with job_id, that job's runs (rollups) and its recent history."""
+    job_id = expect(body, "job_id", int)
+    if job_id is not None:
+        job = await ctx.ctl.db(ctx.repo.job, job_id)
+        if job is None:
+            raise RequestError(f"Invalid job id specified: {job_id}")
+        runs = await ctx.ctl.db(ctx.repo.runs, job_ids=[job_id])
+        return {"now": time.time(), **job_telemetry(ctx.ctl.telemetry, ctx.with_telemetry(ctx.public(job)), runs)}
+    rows = await ctx.ctl.db(ctx.repo.jobs, states=[s.value for s in JobState if s.holds_resources])
+    node_rows, views, ranks = (await ctx.ctl.db(ctx.repo.nodes), await ctx.ctl.db(ctx.repo.load_nodes),
+                               await ctx.ctl.db(ctx.repo.live_ranks))
+    return {"now": time.time(), **nodes_telemetry(ctx.ctl.telemetry, node_rows, views, ranks,
+                                                  [ctx.with_telemetry(ctx.public(j)) for j in rows],
+                                                  {n: link.connected for n, link in ctx.ctl.links.items()})}
+
+
+async def show_job(ctx: ApiContext, body, caller: Caller):
+    job_id = await ctx.task_job_id(body)
+    job = await ctx.ctl.db(ctx.repo.job, job_id)
+    if job is None:
+        raise RequestError(f"Invalid job id specified: {job_id}")
+    out = ctx.public(job)
+    # A job's arguments may hold secrets (--api-key=...), as its environment and script may:
+    # its owner and admins see them, nobody else.
+    hidden = ("environment", "script") if may_act_on(caller, job, operators=False) else (
+        "environment", "script", "script_args")
+    out["spec"] = {k: v for k, v in job["spec"].items() if k not in hidden}
+    out["runs"] = await ctx.ctl.db(ctx.repo.runs, job_ids=[job_id])
+    if job["state"] == JobState.PENDING.value and not job["hold"]:
+        out["waiting"] = await ctx.ctl.db(ctx.repo.why_waiting, job_id)
+    return {"now": time.time(), "job": out}
+
+
+async def nodes(ctx: ApiContext, body, caller: Caller):
+    return {"now": time.time(), "nodes": await ctx.ctl.db(ctx.repo.nodes),
+            "links": {name: link.last_error for name, link in ctx.ctl.links.items()},
+            "partitions": [{"name": p, "default": p == ctx.ctl.cfg.default_partition,
+                            "max_time": ctx.ctl.cfg.partition(p).max_time} for p in ctx.ctl.cfg.partitions]}
+
+
+async def acct(ctx: ApiContext, body, caller: Caller):
+    ids = int_list(body, "ids")
+    users = str_list(body, "users")
+    tasks = task_list(body)
+    since = expect(body, "since", (int, float))  # jobs that had not ended before then (hacct -S)
+    after, limit = ctx.page(body)
+    job_rows = await ctx.ctl.db(ctx.repo.jobs, ids=ids, users=users, tasks=tasks, after_id=after, limit=limit + 1,
+                                ended_since=since)
+    more = {"more": len(job_rows) > limit, "next": job_rows[limit - 1]["id"] if len(job_rows) > limit else None}
+    job_rows = job_rows[:limit]
+    run_rows = await ctx.ctl.db(ctx.repo.runs, of_jobs=[j["id"] for j in job_rows]) if job_rows else []
+    return {"now": time.time(), "runs": run_rows, "jobs": [ctx.public(j) for j in job_rows], **more}
+
+
+async def events(ctx: ApiContext, body, caller: Caller):
+    """A job's history (its owner and admins), or a node's (anyone, as hinfo shows nodes)."""
+    job_id = expect(body, "job_id", int)
+    node = expect(body, "node", str)
+    limit = expect(body, "limit", int)
+    if (job_id is None) == (node is None):
+        raise RequestError("give a job id or a node name (one of them)")
+    if limit is not None and limit <= 0:
+        raise RequestError("limit must be positive")
+    limit = min(limit or MAX_EVENTS, MAX_EVENTS)  # the newest; a reply is built on the event loop
+    if job_id is not None:
+        job = await ctx.own_job(body, caller, "the history")  # the job may be gone from the table: say so
+        job_id = job["id"]
+    await ctx.ctl.flush_events()
+    rows = await ctx.ctl.db(read_events, ctx.repo.engine, job_id=job_id, node=node, limit=limit)
+    if node is not None and not rows and node not in {n["name"] for n in await ctx.ctl.db(ctx.repo.nodes)}:
+        raise RequestError(f"Node {node} not found")  # a removed node's history is still shown
+    return {"now": time.time(), "events": rows}
+
+
+async def accounts(ctx: ApiContext, body, caller: Caller):
+    return {"accounts": await ctx.ctl.db(ctx.ctl.tenancy.listing, ctx.repo.engine),
+            "mine": ctx.ctl.tenancy.accounts_of(caller)}
+
+
+async def shares(ctx: ApiContext, body, caller: Caller):
+    """hshare: the fair-share tree, like sshare -a."""
+    rows = await ctx.ctl.db(ctx.ctl.tenancy.share_rows, ctx.repo.engine, time.time())
+    return {"half_life": ctx.ctl.cfg.fairshare.half_life, "enabled": ctx.ctl.cfg.fairshare.enabled,
+            "rows": [vars(r) for r in rows]}

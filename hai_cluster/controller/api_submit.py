@@ -1,0 +1,165 @@
+"""Submission (hsubmit, sbatch): checks in order of cost, the fit and --test-only probes, the record."""
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from dataclasses import replace
+from typing import Mapping
+
+from ..config import PRIORITY_CLASSES
+from ..core.envfilter import submitted_env
+from ..core.jobids import parse_array
+from ..core.jobscript import JobScriptError, parse_submission, split_command_line
+from ..core.resources import could_ever_fit
+from ..store.repository import spec_size
+from ..store.views import probe_view
+from ..transport.rpc import RequestError
+from .access import Caller, deny
+from .apicontext import PARSE_ON_LOOP, ApiContext
+from .outputcheck import outputs_problem
+from .partitions import PartitionRefused, admit, groups_of
+from .requests import expect, str_list
+from .submitrate import OverRate
+
+
+async def submit(ctx: ApiContext, body, caller: Caller):
+    if isinstance(body, dict) and "argv" in body:  # hsubmit's own arguments, not split yet
+        split = split_submission(body)
+        if split["script_path"] is not None or not any(o == "--wrap" or o.startswith("--wrap=")
+                                                       for o in split["options"]):
+            return {"need_script": True, **split}  # the client reads the file (or stdin), asks again
+        body = {**body, "option_args": split["options"], "script_args": split["script_args"]}
+    script = expect(body, "script", str)
+    option_args = str_list(body, "option_args") or []
+    script_args = str_list(body, "script_args") or []
+    cwd = expect(body, "cwd", str, required=True)
+    env = expect(body, "env", dict, default={})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise RequestError("field 'env' must map strings to strings")
+    env = submitted_env(env)
+    umask = expect(body, "umask", int)
+    if umask is not None and not 0 <= umask <= 0o777:
+        raise RequestError(f"field 'umask' must be between 0 and 0777, got {umask}")
+    script_name = expect(body, "script_name", str)
+    too_big = script_too_big(ctx, script, option_args, script_args)
+    if too_big:
+        raise RequestError(too_big)
+    await take_rate(ctx, caller, 1)  # before the parse: a refused submission costs its parse too
+    parse = functools.partial(parse_submission, script, option_args, cwd=cwd, env=env, script_args=script_args,
+                              script_name=script_name, now=time.time(), max_array_size=ctx.ctl.cfg.max_array_size)
+    try:
+        # A big script takes a worker thread (pure Python: the loop still runs every few ms):
+        # a 4 MiB one costs ~0.7 s to scan, which on the loop held every other user.
+        sub = parse() if len(script or "") < PARSE_ON_LOOP else await asyncio.to_thread(parse)
+    except (JobScriptError, ValueError) as exc:
+        raise RequestError(str(exc)) from None
+    spec = replace(sub.spec, umask=umask)
+    too_big = env_too_big(ctx, spec.environment)  # what --export keeps of it, as it is stored
+    if too_big:
+        raise RequestError(too_big)
+    if spec.grace > ctx.ctl.cfg.max_grace:  # its end would wait that long after a cancel or preemption
+        raise RequestError(f"Batch job submission failed: --grace={spec.grace} is above this cluster's "
+                           f"max_grace ({ctx.ctl.cfg.max_grace} s)")
+    allowed = PRIORITY_CLASSES.index(ctx.ctl.cfg.scheduler.max_user_priority)
+    if not caller.admin and PRIORITY_CLASSES.index(spec.priority) < allowed:
+        raise deny(caller, f"--priority={spec.priority} is above what users may ask for "
+                           f"({ctx.ctl.cfg.scheduler.max_user_priority})")
+    try:
+        partition, spec = admit(spec, ctx.ctl.cfg, user=caller.user, groups=groups_of(caller.user, caller.gid),
+                                admin=caller.admin)
+    except PartitionRefused as exc:
+        raise RequestError(str(exc)) from None
+    outputs = (spec.stdout, spec.stderr, spec.workdir, caller.user, caller.uid, caller.gid)
+    if not ctx.writable.fresh(outputs, time.monotonic()):
+        problem = await asyncio.to_thread(outputs_problem, *outputs)  # a hung mount must not stall the loop
+        if problem:
+            raise RequestError(problem)
+        ctx.writable.note(outputs, time.monotonic())
+    view = probe_view(spec, job_id=0, user=caller.user, partition=partition, now=0)
+    # The last pass's nodes say yes for almost every job without a query; a no is checked
+    # against the store before it refuses (a node may have joined since that pass).
+    if not ctx.ctl.inventory or not could_ever_fit(view, ctx.ctl.inventory):
+        known = ctx.ctl.note_inventory(await ctx.ctl.db(ctx.repo.load_nodes))
+        fit = could_ever_fit(view, known)
+        if known and not fit:
+            raise RequestError(f"Requested node configuration is not available: {fit.reason}")
+    if spec.dependency:
+        await ctx.checked_dependency(spec.dependency)
+    account = ctx.ctl.tenancy.account_for(caller, spec.account)
+    spec = replace(spec, account=account)
+    if sub.test_only:
+        return {"test_only": await would_start(ctx, spec, partition, caller)}
+    tasks = len(parse_array(spec.array, None).indices) if spec.array else 1
+    if tasks > 1:
+        await take_rate(ctx, caller, tasks - 1)  # an array's other tasks
+
+    def record() -> int:  # on the store thread: no other submission counts in between
+        ctx.ctl.tenancy.check_submission(ctx.repo.engine, caller, account, tasks, spec_size(spec.to_wire()))
+        return ctx.repo.submit(spec, user=caller.user, uid=caller.uid, gid=caller.gid, partition=partition,
+                               now=time.time(), account=account)
+    job_id = await ctx.ctl.db(record)
+    ctx.ctl.events.record("submitted", job_id, user=caller.user, partition=partition, nodes=spec.nodes,
+                          gpus_per_node=spec.gpus_per_node, priority=spec.priority, hold=spec.hold or None,
+                          array=spec.array, account=account)
+    if spec.reason_at_submission is not None:
+        # It cannot start, and its reason is stored with it: a pass would only load the whole
+        # queue again (a burst of held submissions woke one per 50 ms, each reading them all).
+        ctx.ctl.events.record("waiting", job_id, reason=spec.reason_at_submission)
+    else:
+        ctx.ctl.wake()
+    return {"job_id": job_id, "parsable": sub.parsable, "wait": sub.wait}  # directives may set them
+
+
+async def take_rate(ctx: ApiContext, caller: Caller, jobs: int) -> None:
+    try:
+        wait = ctx.rate.take(caller.uid, jobs)
+    except OverRate as exc:
+        raise RequestError(str(exc)) from None
+    if wait:
+        await asyncio.sleep(wait)
+
+
+def script_too_big(ctx: ApiContext, script: str | None, option_args: list[str], script_args: list[str]) -> str | None:
+    """Why a submission's script is refused for its size, before it is parsed (None: it is not)."""
+    size = sum(len(a.encode()) for a in (script or "", *option_args, *script_args))
+    if size > ctx.ctl.cfg.max_script_bytes:
+        return (f"Batch job submission failed: the batch script and its arguments are too large "
+                f"({size} bytes; at most {ctx.ctl.cfg.max_script_bytes}, the controller's max_script_bytes)")
+    return None
+
+
+def env_too_big(ctx: ApiContext, env: Mapping[str, str]) -> str | None:
+    size = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in env.items())
+    if size > ctx.ctl.cfg.max_env_bytes:
+        return (f"Batch job submission failed: the job's environment is too large ({size} bytes in "
+                f"{len(env)} variables; at most {ctx.ctl.cfg.max_env_bytes}, the controller's max_env_bytes; "
+                f"export fewer with --export)")
+    return None
+
+
+def split_submission(body) -> dict:
+    """hsubmit's arguments -> options, script path, script arguments: the client need not
+    import the job script parser (a fifth of its start-up) to know which file to read, and a
+    --wrap submission takes one round trip."""
+    try:
+        options, script_path, script_args = split_command_line(str_list(body, "argv") or [])
+    except JobScriptError as exc:
+        raise RequestError(str(exc)) from None
+    return {"options": options, "script_path": script_path, "script_args": script_args}
+
+
+async def would_start(ctx: ApiContext, spec, partition: str, caller: Caller) -> dict:
+    """sbatch --test-only: run the policy on the current state with this job added, change nothing."""
+    now = time.time()
+    snapshot = await ctx.ctl.db(ctx.repo.load_snapshot, now)
+    # the job as it would be stored: begin time, dependency and time limit included
+    probe = await ctx.ctl.db(ctx.repo.probe, spec, user=caller.user, partition=partition, now=now,
+                             account=spec.account or "default")
+    plan = await ctx.ctl.decide(replace(snapshot, jobs=snapshot.jobs + (probe,)))
+    for action in plan.actions:
+        if action.job_id == -1 and hasattr(action, "placement"):
+            return {"start": "now", "nodes": list(action.placement.nodes), "partition": partition}
+        if action.job_id == -1:
+            return {"start": None, "reason": action.reason, "partition": partition}
+    return {"start": None, "reason": "Priority", "partition": partition}
