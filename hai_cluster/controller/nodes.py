@@ -25,6 +25,10 @@ class NodeUnavailable(Exception):
     pass
 
 
+# What a call to an agent may raise besides its own refusal (RpcError): the link is down or broke.
+AGENT_ERRORS = (NodeUnavailable, ConnectionLost, asyncio.TimeoutError, OSError)
+
+
 class NodeLink:
     def __init__(self, node: NodeConfig, ssh: SshConfig, ping_interval: float, *,
                  on_hello: Callable[[str, dict], Awaitable[None]],

@@ -1,4 +1,6 @@
-"""The controller's working parts: the scheduling tick, the plan applier, and run lifecycle.
+"""The controller: its scheduling loop and tick (the policy's plan recorded by the applier,
+store/applier.py), dispatch of runs to agents with their retries, and the runs' ends. Reconciling
+the store with each agent: reconcile.py; the client API: api.py.
 
 All store access goes through one worker thread (`db`), so writes never race each other and the
 event loop never blocks on the database. Agents are only told to act after the store has
@@ -24,27 +26,23 @@ from ..store.events import add_events, prune_events
 from ..store.lease import Fenced
 from ..store.applier import StartRequest
 from ..store.repository import RankRef, Repository
-from ..transport.rpc import ConnectionLost, RpcError
-from . import membership
+from ..transport.rpc import RpcError
+from . import membership, reconcile
 from .dispatch import rank_spec
 from .batching import GroupWriter
 from .errors import StoreUnavailable
 from .events import EventLog
 from .health import on_health
-from .nodes import NodeLink, NodeUnavailable
+from .nodes import AGENT_ERRORS, NodeLink
 from .telemetry import TelemetryHub
 from .tenancy import Tenancy
 
 log = logging.getLogger(__name__)
 
-AGENT_ERRORS = (NodeUnavailable, ConnectionLost, asyncio.TimeoutError, OSError)
 # Seconds between full comparisons of each agent's runs with the store: an end reported while the
 # store was down (the agent pushes it once) is picked up here; acknowledged ends are never lost.
-RESYNC_INTERVAL = 15.0
+RESYNC_INTERVAL = 15.0  # (reconcile.resync_all)
 PRUNE_INTERVAL = 3600.0  # seconds between prunes of old events
-
-
-STRAY_WAIT_MAX = 600  # seconds; longer than any sane grace period
 
 
 class Controller:
@@ -187,7 +185,7 @@ class Controller:
                 await self.tick()
                 if time.monotonic() - self._last_resync >= RESYNC_INTERVAL:
                     self._last_resync = time.monotonic()
-                    await self._resync_all()
+                    await reconcile.resync_all(self)
                 await self.flush_events()
             except asyncio.CancelledError:
                 raise
@@ -267,12 +265,12 @@ class Controller:
             reply = await self.links[node].call("start_run", {"spec": spec.to_wire()})
             status = reply["status"]
             if status.get("state") == "ended":
-                await self._run_ended(node, status)
+                await self.run_ended(node, status)
             else:
                 await self._mark_running((job["id"], attempt, node))
         except RpcError as exc:  # the agent refused the run: it can never start there
             log.warning("job %d: node %s refused the run: %s", job["id"], node, exc)
-            await self._run_ended(node, {"job_id": job["id"], "attempt": attempt, "rank": rank, "exit_code": None,
+            await self.run_ended(node, {"job_id": job["id"], "attempt": attempt, "rank": rank, "exit_code": None,
                                          "signal": None, "reason": "launch_failed", "message": str(exc)})
         except AGENT_ERRORS as exc:  # unknown whether it started: the retry pass asks again
             log.warning("job %d: dispatch to %s not confirmed (%s); will retry", job["id"], node, exc)
@@ -323,7 +321,7 @@ class Controller:
                     log.warning("job %d: signal to %s failed: %s", job_id, r.node, exc)
         return delivered
 
-    async def _run_ended(self, node: str, status: dict) -> None:
+    async def run_ended(self, node: str, status: dict) -> None:
         job_id, attempt = int(status["job_id"]), int(status["attempt"])
         result = await self._record_end((job_id, attempt, node, status))
         if result.run_state is not None:
@@ -362,85 +360,13 @@ class Controller:
             log.warning("node %s is down: %s; failing %d run(s) there", name, why, len(ranks))
             self.events.record("node_down", None, name, reason=why, runs=len(ranks))
             for r in ranks:
-                await self._run_ended(name, {"job_id": r.job_id, "attempt": r.attempt, "rank": r.rank,
+                await self.run_ended(name, {"job_id": r.job_id, "attempt": r.attempt, "rank": r.rank,
                                              "exit_code": None, "signal": None, "reason": "node_fail",
                                              "message": f"node {name} stopped responding"})
 
-    # ---- node link callbacks -----------------------------------------------------------
+    # ---- node link callbacks (controller/reconcile.py) ------------------------------------
     async def _on_hello(self, node: str, hello: dict) -> None:
-        """Reconcile with what the agent runs, then let the node take work again."""
-        await self.db(self.repo.update_inventory, node, hello, time.time())
-        if hello.get("health") is not None:
-            await on_health(self, node, hello["health"])
-        strays = await self._reconcile(node, hello.get("runs", []))
-        if strays:
-            await self._wait_for_strays(node, strays)
-        await self.db(self.repo.set_responding, node, True, time.time())
-        self.events.record("node_up", None, node, gpus=len(hello.get("gpus", [])), backend=hello.get("gpu_backend"))
-        self.wake()
-
-    async def _resync_all(self) -> None:
-        for name, link in self.links.items():
-            if link.connected:
-                try:
-                    runs = (await link.call("list_runs", {}))["runs"]
-                except (RpcError, *AGENT_ERRORS) as exc:
-                    log.info("resync with %s failed: %s", name, exc)
-                    continue
-                await self._reconcile(name, runs)
-
-    async def _reconcile(self, node: str, runs: list) -> set:
-        """Make the store and an agent's run list agree. Returns the stray runs told to end."""
-        reported = {(int(s["job_id"]), int(s["attempt"])): s for s in runs}
-        known = {(r.job_id, r.attempt): r for r in await self.db(self.repo.live_ranks, node)}
-        strays = []
-        for key, status in reported.items():
-            if status.get("state") == "ended":
-                await self._run_ended(node, status)
-            elif key not in known:
-                # The store is the truth: a run it does not have as live (ended while the node was
-                # unreachable, or never recorded) must not hold GPUs.
-                log.warning("node %s runs job %d attempt %d, which the store does not know live; ending it",
-                            node, *key)
-                strays.append(key)
-                try:
-                    await self.links[node].call("terminate_run", {"job_id": key[0], "attempt": key[1],
-                                                                  "reason": "cancel"})
-                except (RpcError, *AGENT_ERRORS) as exc:
-                    log.warning("could not end unknown run on %s: %s", node, exc)
-            elif known[key].state == "starting":
-                await self.db(self.repo.mark_rank_running, key[0], key[1], node)
-        missing = [(key, r) for key, r in known.items() if key not in reported and r.state == "running"]
-        if missing:
-            # A second look, taken after the store was read: a run started while the first list was
-            # on its way shows up here, so only a run that really vanished is declared lost.
-            listed = (await self.links[node].call("list_runs", {}))["runs"]
-            fresh = {(int(s["job_id"]), int(s["attempt"])) for s in listed}
-            missing = [(key, r) for key, r in missing if key not in fresh]
-        for key, r in missing:
-            log.warning("job %d attempt %d: node %s no longer has the run; recording it lost", *key, node)
-            await self._run_ended(node, {"job_id": key[0], "attempt": key[1], "rank": r.rank,
-                                         "exit_code": None, "signal": None, "reason": "lost",
-                                         "message": f"run vanished from node {node}"})
-        return set(strays)
-
-    async def _wait_for_strays(self, node: str, strays: set) -> None:
-        """Leftover processes go before the node takes new work (their grace period included)."""
-        deadline = time.monotonic() + STRAY_WAIT_MAX
-        while strays and time.monotonic() < deadline:
-            await asyncio.sleep(0.5)
-            runs = {(int(s["job_id"]), int(s["attempt"])): s
-                    for s in (await self.links[node].call("list_runs", {}))["runs"]}
-            for key in list(strays):
-                status = runs.get(key)
-                if status is None:  # ended, reported and acknowledged meanwhile
-                    strays.discard(key)
-                elif status.get("state") == "ended":
-                    strays.discard(key)
-                    await self._run_ended(node, status)  # recorded already: this acknowledges it
-        if strays:
-            log.warning("node %s: %d leftover run(s) still alive after %d s; taking work anyway",
-                        node, len(strays), STRAY_WAIT_MAX)
+        await reconcile.on_hello(self, node, hello)
 
     async def _persist_telemetry(self) -> None:
         """Live runs' rollups into the store now and then (their final one is written at the end)."""
@@ -459,7 +385,7 @@ class Controller:
             self.telemetry.ingest(node, body)  # checks the batch; garbage is logged and dropped
         elif name == "run_exited" and isinstance(body, dict) and "job_id" in body and "attempt" in body:
             try:
-                await self._run_ended(node, body)
+                await self.run_ended(node, body)
             except StoreUnavailable:
                 pass  # not acknowledged to the agent: the next resync delivers it again
         elif name == "health":
