@@ -11,6 +11,7 @@ from ..config import PRIORITY_CLASSES
 from ..core.envfilter import submitted_env
 from ..core.jobids import parse_array
 from ..core.jobscript import JobScriptError, parse_submission, split_command_line
+from ..core.reasons import PRIORITY
 from ..core.resources import could_ever_fit
 from ..store.repository import spec_size
 from ..store.views import probe_view
@@ -162,4 +163,4 @@ async def would_start(ctx: ApiContext, spec, partition: str, caller: Caller) -> 
             return {"start": "now", "nodes": list(action.placement.nodes), "partition": partition}
         if action.job_id == -1:
             return {"start": None, "reason": action.reason, "partition": partition}
-    return {"start": None, "reason": "Priority", "partition": partition}
+    return {"start": None, "reason": PRIORITY, "partition": partition}

@@ -16,11 +16,11 @@ import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from .reasons import DEPENDENCY, DEPENDENCY_NEVER
 from .states import JobState
 
 KINDS = ("after", "afterok", "afternotok", "afterany")
-WAITING = "Dependency"
-NEVER = "DependencyNeverSatisfied"
+WAITING, NEVER = DEPENDENCY, DEPENDENCY_NEVER  # the reasons (core/reasons.py) a dependency gives
 _ID = re.compile(r"([0-9]+)(?:_([0-9]+))?")
 
 

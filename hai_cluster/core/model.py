@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Mapping
 
+from .reasons import BEGIN_TIME, HELD_ADMIN, HELD_USER
 from .states import JobState
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ def attained_service(ended_runs: float, gpu_rate: float, run_start: float | None
 
 def held_reason(by_admin: bool) -> str:
     """A held job's pending reason (Slurm's names)."""
-    return "JobHeldAdmin" if by_admin else "JobHeldUser"
+    return HELD_ADMIN if by_admin else HELD_USER
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,7 @@ class JobView:
         if self.dependency is not None:
             return self.dependency
         if self.begin_time is not None and self.begin_time > now:
-            return "BeginTime"
+            return BEGIN_TIME
         return None
 
     def waited(self, now: float) -> float:

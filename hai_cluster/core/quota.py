@@ -11,9 +11,10 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
 from .model import JobView, Snapshot
+from .reasons import QUOTA
 from .states import JobState
 
-QUOTA_REASON = "QuotaLimit"
+QUOTA_REASON = QUOTA  # core/reasons.py
 
 
 @dataclass(frozen=True)

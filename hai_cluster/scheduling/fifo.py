@@ -7,6 +7,7 @@ never starved by a stream of small ones; it shows `Resources` itself.
 from __future__ import annotations
 
 from ..core.model import PRIORITY_RANK, Snapshot
+from ..core.reasons import PRIORITY, RESOURCES
 from ..core.states import JobState
 from .placement import place, reserve
 from .plan import Plan, Start, Wait
@@ -33,12 +34,12 @@ def decide(snapshot: Snapshot) -> Plan:
             actions.append(Wait(job.id, why))
             continue
         if job.partition in blocked:
-            actions.append(Wait(job.id, "Priority"))
+            actions.append(Wait(job.id, PRIORITY))
             continue
         placement = place(job, nodes)
         if placement is None:
             blocked.add(job.partition)
-            actions.append(Wait(job.id, "Resources"))
+            actions.append(Wait(job.id, RESOURCES))
             continue
         reserve(job, placement, nodes)
         actions.append(Start(job.id, placement, "first in priority order that fits"))

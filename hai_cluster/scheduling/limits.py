@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..core.model import Snapshot
+from ..core.reasons import ARRAY_TASK_LIMIT
 from ..core.states import JobState
 from .collector import collector_paused
 from .plan import Plan, Policy, Wait
 from .quotas import WithinQuotas
 
-ARRAY_LIMIT = "JobArrayTaskLimit"
+ARRAY_LIMIT = ARRAY_TASK_LIMIT  # core/reasons.py
 
 
 def throttled(snapshot: Snapshot) -> set[int]:

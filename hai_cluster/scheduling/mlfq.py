@@ -19,6 +19,7 @@ from functools import partial
 from operator import attrgetter, itemgetter
 
 from ..core.model import PRIORITY_RANK, JobView, NodeView, Snapshot
+from ..core.reasons import PRIORITY, RESOURCES, WAITING_FOR_CHECKPOINT
 from ..core.resources import fits
 from ..core.states import JobState
 from .placement import place, place_on_each, placement_on, release, reserve, with_usage
@@ -244,7 +245,7 @@ class _Decision:
                     # A job at least as big and no more important already found no room: so does
                     # this. It was left waiting in this partition, so this one waits for Priority.
                     covered.add(shape)
-                    act(Wait(job.id, "Priority"))
+                    act(Wait(job.id, PRIORITY))
                     continue
             if self.try_start(job, level, waiting_ahead):
                 continue
@@ -274,7 +275,7 @@ class _Decision:
         return Plan(tuple(self.actions), wake_at=min(future) if future else None)
 
     def _blocked_reason(self, job: JobView, waiting_ahead: dict) -> str:
-        return "Priority" if job.partition in waiting_ahead else "Resources"
+        return PRIORITY if job.partition in waiting_ahead else RESOURCES
 
     def place_in(self, job: JobView, nodes: dict[str, NodeView], free: FreeIndex):
         """place() on the nodes this job may use (not those reserved for a starving job), looking
@@ -293,7 +294,7 @@ class _Decision:
             return False
         if not job.preemptible and job.partition in waiting_ahead and waiting_ahead[job.partition] < level:
             # A job that can never be preempted must not take GPUs a higher-level job waits for.
-            self.actions.append(Wait(job.id, "Priority"))
+            self.actions.append(Wait(job.id, PRIORITY))
             return True
         # Where no run is leaving, the future copy is the very view of now: reserve once, share it.
         shared = all(self.future[name] is self.nodes[name] for name in placement.nodes)
@@ -313,7 +314,7 @@ class _Decision:
         if placement is None:
             return False
         self.claim(job, placement)
-        self.actions.append(Wait(job.id, "WaitingForCheckpoint"))
+        self.actions.append(Wait(job.id, WAITING_FOR_CHECKPOINT))
         return True
 
     def claim(self, job: JobView, placement) -> None:
@@ -367,7 +368,7 @@ class _Decision:
         self.victim_index.took(victims.values())
         self.changed(freed, now=False)
         self.claim(job, placement)
-        self.actions.append(Wait(job.id, "WaitingForCheckpoint"))
+        self.actions.append(Wait(job.id, WAITING_FOR_CHECKPOINT))
         return True
 
     def preempt_best_effort(self, job: JobView) -> bool:
@@ -396,7 +397,7 @@ class _Decision:
                                                   f"job {job.id}", for_job=job.id))
             self.changed([name], now=False)
             self.claim(job, placement)
-            self.actions.append(Wait(job.id, "WaitingForCheckpoint"))
+            self.actions.append(Wait(job.id, WAITING_FOR_CHECKPOINT))
             return True
         return False
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 
-from ...core.model import JobView, Placement, Snapshot
+from ...core.model import PRIORITY_RANK, JobView, Placement, Snapshot
+from ...core.reasons import PRIORITY, RESOURCES
 from ...core.states import JobState
-from ...core.model import PRIORITY_RANK
 from ..placement import place
 from ..plan import Plan, Start, Wait
 from .workspace import Workspace, release, shape
@@ -47,10 +47,10 @@ class BackfillPolicy:
                     continue
                 head = job
                 shadow, spare = reservation(snapshot, ws, job, started)
-                actions.append(Wait(job.id, "Resources"))
+                actions.append(Wait(job.id, RESOURCES))
                 continue
             if shadow is None or not ws.total:
-                actions.append(Wait(job.id, "Priority"))
+                actions.append(Wait(job.id, PRIORITY))
                 continue
             end = now + job.time_limit if job.time_limit is not None else math.inf
             if end <= shadow:
@@ -62,7 +62,7 @@ class BackfillPolicy:
                 if placement is None:
                     no_room.add(shape(job))
             if placement is None:
-                actions.append(Wait(job.id, "Priority"))
+                actions.append(Wait(job.id, PRIORITY))
                 continue
             ws.take(job, placement)
             if end > shadow:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from ...core.model import Snapshot
+from ...core.reasons import RESOURCES
 from ...core.states import JobState
 from ..plan import Plan, Start, Wait
 from .workspace import Workspace
@@ -29,7 +30,7 @@ class SjfPolicy:
                 continue
             placement = ws.place(job)
             if placement is None:
-                actions.append(Wait(job.id, "Resources"))
+                actions.append(Wait(job.id, RESOURCES))
                 continue
             ws.take(job, placement)
             actions.append(Start(job.id, placement, f"shortest that fits ({job.time_limit} s)"))

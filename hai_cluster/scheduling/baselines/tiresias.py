@@ -20,6 +20,7 @@ import math
 from typing import Sequence
 
 from ...core.model import JobView, Snapshot
+from ...core.reasons import RESOURCES, WAITING_FOR_CHECKPOINT
 from ...core.states import JobState
 from ..placement import place
 from ..plan import Plan, Preempt, Start, Wait
@@ -75,7 +76,7 @@ class TiresiasPolicy:
             victims = None if (shape(job), level) in hopeless else self._victims(job, level, pool, taken, lvl, ws)
             if victims is None:
                 hopeless.add((shape(job), level))
-                actions.append(Wait(job.id, "Resources"))
+                actions.append(Wait(job.id, RESOURCES))
                 continue
             victims, target = victims
             taken.update(v.id for v in victims)
@@ -85,7 +86,7 @@ class TiresiasPolicy:
                     actions.append(Preempt(v.id, f"2D-LAS: queue {lvl[v.id]} yields to job {job.id} of queue {level}",
                                            for_job=job.id))
             waiting_for_ckpt.add(job.id)
-            actions.append(Wait(job.id, "WaitingForCheckpoint"))
+            actions.append(Wait(job.id, WAITING_FOR_CHECKPOINT))
         placed = started_ids | waiting_for_ckpt
         waiting = [lvl[j.id] for j in pending if not j.hold and j.id not in placed]
         return Plan(tuple(actions), wake_at=self._next_crossing(now, running, started, taken, lvl, waiting))

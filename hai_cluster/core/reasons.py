@@ -1,0 +1,24 @@
+"""Why a job waits: the pending reasons hqueue shows in NODELIST(REASON) and hcontrol show job as
+Reason=, one table. Slurm's names where Slurm has the reason; ours where it has none."""
+from __future__ import annotations
+
+RESOURCES = "Resources"  # no room for it now
+PRIORITY = "Priority"  # jobs ahead of it go first (or hold a reservation it would break)
+WAITING_FOR_CHECKPOINT = "WaitingForCheckpoint"  # ours: the runs preempted for it are checkpointing
+BEGIN_TIME = "BeginTime"  # --begin is later
+DEPENDENCY = "Dependency"  # --dependency not satisfied yet
+DEPENDENCY_NEVER = "DependencyNeverSatisfied"  # --dependency can no longer be satisfied
+HELD_USER = "JobHeldUser"  # held by its owner (--hold, hcontrol hold)
+HELD_ADMIN = "JobHeldAdmin"  # held by an operator or administrator: only they release it
+QUOTA = "QuotaLimit"  # a running-GPU limit of its user, account or class
+ARRAY_TASK_LIMIT = "JobArrayTaskLimit"  # --array=...%N tasks of its array run already
+
+# Every reason, with what it means to the user who reads it (docs and hcontrol's help).
+PENDING_REASONS = {
+    RESOURCES: "no room for it now", PRIORITY: "jobs ahead of it go first",
+    WAITING_FOR_CHECKPOINT: "runs preempted for it are writing their checkpoints",
+    BEGIN_TIME: "its --begin time has not come", DEPENDENCY: "its --dependency is not satisfied yet",
+    DEPENDENCY_NEVER: "its --dependency can no longer be satisfied", HELD_USER: "held by its owner",
+    HELD_ADMIN: "held by an operator or administrator", QUOTA: "a running-GPU limit of its user, account or class",
+    ARRAY_TASK_LIMIT: "its array's limit of tasks at once is reached",
+}
