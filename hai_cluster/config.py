@@ -613,6 +613,56 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         partitions = c.strings("partitions", ("gpu",))
     if not partitions:
         raise ConfigError(f"{path}: controller.partitions must name at least one partition")
+    nodes = _nodes(path, raw_nodes, partitions, tables)
+    if table_default is not None and "default_partition" in c.data:
+        raise ConfigError(f"{path}: the default partition is set twice (controller.default_partition and "
+                          f"default = true in [[partitions]] {table_default!r})")
+    legacy_admins = c.strings("admins", ())  # [controller] admins, from before [access]
+    cfg = ControllerConfig(
+        socket=c.get("socket", str, DEFAULT_CONTROLLER_SOCKET),
+        database=c.get("database", str, "sqlite:////var/lib/hai/hai.db"),
+        state_dir=c.get("state_dir", str, "/var/lib/hai"),
+        tick_seconds=c.get("tick_seconds", float, 1.0),
+        min_pass_interval=c.get("min_pass_interval", float, 0.05),
+        node_down_after=c.get("node_down_after", float, 60.0),
+        ping_interval=c.get("ping_interval", float, 5.0),
+        lease_duration=c.get("lease_duration", float, 15.0),
+        admins=legacy_admins or ("root",),
+        partitions=partitions,
+        default_partition=table_default or c.get("default_partition", str, partitions[0]),
+        partition_limits=tables,
+        max_array_size=c.get("max_array_size", int, 1001),
+        max_script_bytes=c.get("max_script_bytes", int, 4 * 2**20),
+        max_env_bytes=c.get("max_env_bytes", int, 2**20),
+        max_grace=c.get("max_grace", int, 600),
+        kill_invalid_depend=c.get("kill_invalid_depend", bool, False),
+        log_level=c.get("log_level", str, "INFO"),
+        events_max_age_days=c.get("events_max_age_days", float, 30.0),
+        ssh=SshConfig(
+            user=s.get("user", str, "root"),
+            key=s.get("key", str, "/etc/hai/id_ed25519"),
+            known_hosts=s.get("known_hosts", str, "/etc/hai/known_hosts"),
+            connect_timeout=s.get("connect_timeout", float, 10.0),
+        ),
+        nodes=nodes,
+        scheduler=scheduler,
+        telemetry=telemetry,
+        access=replace(access, admins=tuple(dict.fromkeys(legacy_admins + access.admins))),
+        user_limits=user_limits,
+        accounts=accounts,
+        fairshare=fairshare,
+        class_limits=class_limits,
+    )
+    c.done()
+    s.done()
+    _check_controller(path, cfg)
+    return cfg
+
+
+def _nodes(path: str, raw_nodes: list, partitions: tuple[str, ...],
+           tables: tuple[PartitionConfig, ...]) -> tuple[NodeConfig, ...]:
+    """The [[nodes]] tables: each in at least one known partition, names unique, and every node a
+    [[partitions]] table names among them."""
     nodes = []
     for i, raw in enumerate(raw_nodes):
         n = _Section(path, f"nodes[{i}]", raw)
@@ -644,48 +694,12 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         for node in p.nodes or ():
             if node not in names:
                 raise ConfigError(f"{path}: partitions[{i}].nodes names unknown node {node!r}")
-    if table_default is not None and "default_partition" in c.data:
-        raise ConfigError(f"{path}: the default partition is set twice (controller.default_partition and "
-                          f"default = true in [[partitions]] {table_default!r})")
-    legacy_admins = c.strings("admins", ())  # [controller] admins, from before [access]
-    cfg = ControllerConfig(
-        socket=c.get("socket", str, DEFAULT_CONTROLLER_SOCKET),
-        database=c.get("database", str, "sqlite:////var/lib/hai/hai.db"),
-        state_dir=c.get("state_dir", str, "/var/lib/hai"),
-        tick_seconds=c.get("tick_seconds", float, 1.0),
-        min_pass_interval=c.get("min_pass_interval", float, 0.05),
-        node_down_after=c.get("node_down_after", float, 60.0),
-        ping_interval=c.get("ping_interval", float, 5.0),
-        lease_duration=c.get("lease_duration", float, 15.0),
-        admins=legacy_admins or ("root",),
-        partitions=partitions,
-        default_partition=table_default or c.get("default_partition", str, partitions[0]),
-        partition_limits=tables,
-        max_array_size=c.get("max_array_size", int, 1001),
-        max_script_bytes=c.get("max_script_bytes", int, 4 * 2**20),
-        max_env_bytes=c.get("max_env_bytes", int, 2**20),
-        max_grace=c.get("max_grace", int, 600),
-        kill_invalid_depend=c.get("kill_invalid_depend", bool, False),
-        log_level=c.get("log_level", str, "INFO"),
-        events_max_age_days=c.get("events_max_age_days", float, 30.0),
-        ssh=SshConfig(
-            user=s.get("user", str, "root"),
-            key=s.get("key", str, "/etc/hai/id_ed25519"),
-            known_hosts=s.get("known_hosts", str, "/etc/hai/known_hosts"),
-            connect_timeout=s.get("connect_timeout", float, 10.0),
-        ),
-        nodes=tuple(nodes),
-        scheduler=scheduler,
-        telemetry=telemetry,
-        access=replace(access, admins=tuple(dict.fromkeys(legacy_admins + access.admins))),
-        user_limits=user_limits,
-        accounts=accounts,
-        fairshare=fairshare,
-        class_limits=class_limits,
-    )
-    c.done()
-    s.done()
-    if cfg.default_partition not in partitions:
+    return tuple(nodes)
+
+
+def _check_controller(path: str, cfg: ControllerConfig) -> None:
+    """The controller's values that must be positive or in range, and that fit together."""
+    if cfg.default_partition not in cfg.partitions:
         raise ConfigError(f"{path}: controller.default_partition {cfg.default_partition!r} is not in partitions")
     _positive(path, "controller.tick_seconds", cfg.tick_seconds)
     if cfg.min_pass_interval < 0:
@@ -704,7 +718,6 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     _positive(path, "controller.lease_duration", cfg.lease_duration)
     _positive(path, "controller.ping_interval", cfg.ping_interval)
     _positive(path, "controller.events_max_age_days", cfg.events_max_age_days)
-    return cfg
 
 
 def _partition_tables(path: str, raw: list) -> tuple[tuple[PartitionConfig, ...], str | None]:
