@@ -530,14 +530,10 @@ def _directives(script: str) -> list[_Given]:
     return given
 
 
-def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str,
-                     env: Mapping[str, str], script_args: Sequence[str] = (),
-                     script_name: str | None = None, now: float | None = None,
-                     max_array_size: int | None = DEFAULT_MAX_ARRAY_SIZE) -> Submission:
-    """Build the job a submission asks for. `script` is the script's text (None with --wrap),
-    `option_args` the command-line options, `env` the submitter's environment, `cwd` the
-    absolute directory hsubmit ran in, `script_name` the script file's name (default name),
-    `max_array_size` the bound on --array task indices (None: the controller checks it)."""
+def _check_inputs(cwd: str, option_args: Sequence[str], script_args: Sequence[str],
+                  env: Mapping[str, str]) -> None:
+    """Every string of the submission: no NUL or control characters where they do not belong, not
+    too long; the submit directory absolute."""
     try:
         checked("the submit directory", cwd, max_len=MAX_PATH)
         for i, arg in enumerate(option_args):
@@ -553,6 +549,32 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         raise JobScriptError(str(exc)) from None
     if not posixpath.isabs(cwd):
         raise JobScriptError(f"the submit directory must be an absolute path, got {cwd!r}")
+
+
+def _whole_gpus_and_share(values: Mapping[str, Any], origin: Mapping[str, _Given], nodes: int) -> tuple[int, dict]:
+    """Whole GPUs per node (--gpus spread over the nodes) and the card share's fields, if any."""
+    kind, gpus = values.get("gpus", ("per_node", 0))
+    share = _gpu_share(values, origin, gpus)
+    if kind == "fraction":
+        return 0, share  # a share of one card per node, not whole GPUs
+    if kind == "total":
+        if gpus % nodes:
+            g = origin["gpus"]
+            raise JobScriptError(f"{g.where}{g.spelled}: {gpus} GPUs cannot be spread evenly "
+                                 f"over {nodes} nodes; use --gpus-per-node")
+        gpus //= nodes
+    return gpus, share
+
+
+def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str,
+                     env: Mapping[str, str], script_args: Sequence[str] = (),
+                     script_name: str | None = None, now: float | None = None,
+                     max_array_size: int | None = DEFAULT_MAX_ARRAY_SIZE) -> Submission:
+    """Build the job a submission asks for. `script` is the script's text (None with --wrap),
+    `option_args` the command-line options, `env` the submitter's environment, `cwd` the
+    absolute directory hsubmit ran in, `script_name` the script file's name (default name),
+    `max_array_size` the bound on --array task indices (None: the controller checks it)."""
+    _check_inputs(cwd, option_args, script_args, env)
     cli, _, operand = _scan(option_args)
     if operand < len(option_args):
         raise JobScriptError(f"unexpected argument {option_args[operand]!r} among the options "
@@ -586,16 +608,7 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         raise JobScriptError("script arguments are not permitted with --wrap")
 
     nodes = values.get("nodes", 1)
-    kind, gpus = values.get("gpus", ("per_node", 0))
-    share = _gpu_share(values, origin, gpus)
-    if kind == "fraction":
-        gpus = 0  # a share of one card per node, not whole GPUs
-    elif kind == "total":
-        if gpus % nodes:
-            g = origin["gpus"]
-            raise JobScriptError(f"{g.where}{g.spelled}: {gpus} GPUs cannot be spread evenly "
-                                 f"over {nodes} nodes; use --gpus-per-node")
-        gpus //= nodes
+    gpus, share = _whole_gpus_and_share(values, origin, nodes)
 
     workdir = posixpath.normpath(posixpath.join(cwd, values.get("chdir", ".")))
     if script is None:
