@@ -80,14 +80,14 @@ async def cancel(ctx: ApiContext, body, caller: Caller):
             if state == JobState.PENDING:
                 errors.append(f"Signal job error on job id {job_label(job)}: job is pending")
             else:
-                await ctx.ctl.signal_job(job["id"], signum)
+                await ctx.ctl.dispatch.signal_job(job["id"], signum)
                 done.append(job["id"])
         elif state == JobState.PENDING:
             pending.append(job["id"])  # all in one transaction, below
         elif state.holds_resources:
             await ctx.ctl.db(ctx.repo.request_end, job["id"], "cancel", f"cancelled by {caller.uid}")
             ctx.ctl.events.record("cancel_requested", job["id"], by=caller.user, state=state.value)
-            await ctx.ctl.end_job(job["id"], "cancel")
+            await ctx.ctl.dispatch.end_job(job["id"], "cancel")
             done.append(job["id"])
     if pending:  # one that started meanwhile is no longer pending: left as it is, as before
         cancelled = set(await ctx.ctl.db(ctx.repo.cancel_pendings, pending, time.time(), caller.uid))

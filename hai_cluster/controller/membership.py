@@ -46,7 +46,7 @@ async def resume(ctl: Controller) -> None:
             continue  # now in [[nodes]] as well: the config's entry wins
         ctl.open_link(node_config(row), replace(ctl.cfg.ssh, user=row["ssh_user"] or ctl.cfg.ssh.user))
         if row["state"] == "drain" and (row["reason"] or "").startswith(REMOVING):
-            ctl._spawn(_remove_when_empty(ctl, row["name"], "a removal begun before a restart"))
+            ctl.spawn(_remove_when_empty(ctl, row["name"], "a removal begun before a restart"))
 
 
 async def add(ctl: Controller, *, name: str, address: str, port: int, user: str | None, agent_socket: str | None,
@@ -101,7 +101,7 @@ async def remove(ctl: Controller, name: str, *, force: bool, by: str) -> dict:
         if job and job["preemptible"] and job["state"] == JobState.RUNNING.value:
             if await ctl.preempt(job_id, "preempt", f"node {name} is being removed by {by}", by=by):
                 told.append(job_id)
-    ctl._spawn(_remove_when_empty(ctl, name, by))
+    ctl.spawn(_remove_when_empty(ctl, name, by))
     ctl.wake()
     return {"name": name, "removed": False, "jobs": job_ids, "preempted": told}
 

@@ -60,7 +60,7 @@ async def reconcile(ctl: Controller, node: str, runs: list) -> set:
             strays.append(key)
             try:
                 await ctl.links[node].call("terminate_run", {"job_id": key[0], "attempt": key[1],
-                                                              "reason": "cancel"})
+                                                             "reason": "cancel"})
             except (RpcError, *AGENT_ERRORS) as exc:
                 log.warning("could not end unknown run on %s: %s", node, exc)
         elif known[key].state == "starting":
@@ -75,8 +75,8 @@ async def reconcile(ctl: Controller, node: str, runs: list) -> set:
     for key, r in missing:
         log.warning("job %d attempt %d: node %s no longer has the run; recording it lost", *key, node)
         await ctl.run_ended(node, {"job_id": key[0], "attempt": key[1], "rank": r.rank,
-                                     "exit_code": None, "signal": None, "reason": "lost",
-                                     "message": f"run vanished from node {node}"})
+                                   "exit_code": None, "signal": None, "reason": "lost",
+                                   "message": f"run vanished from node {node}"})
     return set(strays)
 
 

@@ -25,10 +25,10 @@ from ..store.engine import make_engine, upgrade
 from ..store.events import add_events, prune_events
 from ..store.lease import Fenced
 from ..store.applier import StartRequest
-from ..store.repository import RankRef, Repository
+from ..store.repository import Repository
 from ..transport.rpc import RpcError
 from . import membership, reconcile
-from .dispatch import rank_spec
+from .dispatcher import Dispatcher
 from .batching import GroupWriter
 from .errors import StoreUnavailable
 from .events import EventLog
@@ -60,8 +60,7 @@ class Controller:
         self.addresses: dict[str, str] = {}
         self._link_tasks: dict[str, asyncio.Task] = {}
         self._wake = asyncio.Event()
-        self._in_flight: set[tuple[int, int, str]] = set()  # start_run requests under way
-        self._told_to_end: set[tuple[int, int, str, int]] = set()  # (job, attempt, node, link generation)
+        self.dispatch = Dispatcher(self)  # starts, ends and signals sent to agents
         self._tasks: list[asyncio.Task] = []
         self.store_down = False
         self._last_resync = 0.0
@@ -70,7 +69,7 @@ class Controller:
         self.telemetry = TelemetryHub(cfg.telemetry)
         self.events = EventLog()
         # Group commit (batching.py) for the two writes every job makes once per rank.
-        self._mark_running = GroupWriter(self.db, lambda ranks: self.repo.mark_ranks_running(ranks))
+        self.mark_running = GroupWriter(self.db, lambda ranks: self.repo.mark_ranks_running(ranks))
         self._record_end = GroupWriter(self.db, lambda ends: self.repo.ranks_ended(ends, time.time()))
         self._last_prune = 0.0
 
@@ -219,13 +218,12 @@ class Controller:
                                              zip(start.placement.nodes, start.placement.gpus) if g) or None,
                                reason=start.reason)
             for rank, node in enumerate(start.placement.nodes):
-                self._spawn(self._dispatch(job, job["attempt"], rank, start.placement.nodes,
-                                           start.placement.gpus[rank]))
+                self.dispatch.start(job, job["attempt"], rank, start.placement.nodes, start.placement.gpus[rank])
         # Re-sending is the fallback for lost messages: once a tick is enough, not once per pass
         # (a burst of submissions and ends wakes a pass each; these are two queries each time).
         if time.monotonic() - self._last_retry >= self.cfg.tick_seconds:
             self._last_retry = time.monotonic()
-            await self._retry_unfinished()
+            await self.dispatch.retry_unfinished()
 
     async def _cancel_unsatisfiable(self, snapshot) -> None:
         """kill_invalid_depend: a job whose dependency can never be satisfied is cancelled."""
@@ -233,65 +231,12 @@ class Controller:
             if j.dependency == NEVER and await self.db(self.repo.cancel_pending, j.id, time.time(), why=NEVER):
                 log.info("job %d: cancelled, its dependency can never be satisfied", j.id)
 
-    def _spawn(self, coro) -> None:
+    def spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
         self._tasks.append(task)
         task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
 
-    async def _retry_unfinished(self) -> None:
-        """Re-send what may have been lost: starts never confirmed, ends never acknowledged."""
-        live = await self.db(self.repo.live_ranks)
-        ending = {j["id"]: j["end_request"] for j in await self.db(self.repo.open_jobs_with_end_request)}
-        for r in live:
-            link = self.links.get(r.node)
-            if link is None or not link.connected:
-                continue
-            if r.job_id in ending:
-                await self._tell_to_end(r, ending[r.job_id])
-            elif r.state == "starting" and (r.job_id, r.attempt, r.node) not in self._in_flight:
-                job = await self.db(self.repo.job, r.job_id)
-                nodelist = job["nodelist"].split(",")
-                self._spawn(self._dispatch(job, r.attempt, r.rank, nodelist, r.gpus))
-
     # ---- runs --------------------------------------------------------------------------
-    async def _dispatch(self, job: dict, attempt: int, rank: int, nodelist, gpus) -> None:
-        node = nodelist[rank]
-        key = (job["id"], attempt, node)
-        if key in self._in_flight:
-            return
-        self._in_flight.add(key)
-        try:
-            spec = rank_spec(job, attempt, rank, list(nodelist), list(gpus), self.addresses)
-            reply = await self.links[node].call("start_run", {"spec": spec.to_wire()})
-            status = reply["status"]
-            if status.get("state") == "ended":
-                await self.run_ended(node, status)
-            else:
-                await self._mark_running((job["id"], attempt, node))
-        except RpcError as exc:  # the agent refused the run: it can never start there
-            log.warning("job %d: node %s refused the run: %s", job["id"], node, exc)
-            await self.run_ended(node, {"job_id": job["id"], "attempt": attempt, "rank": rank, "exit_code": None,
-                                         "signal": None, "reason": "launch_failed", "message": str(exc)})
-        except AGENT_ERRORS as exc:  # unknown whether it started: the retry pass asks again
-            log.warning("job %d: dispatch to %s not confirmed (%s); will retry", job["id"], node, exc)
-        except StoreUnavailable:  # started but not recorded as running: the next resync records it
-            pass
-        finally:
-            self._in_flight.discard(key)
-
-    async def _tell_to_end(self, r: RankRef, reason: str) -> None:
-        link = self.links[r.node]
-        key = (r.job_id, r.attempt, r.node, link.generation)
-        if key in self._told_to_end:
-            return
-        try:
-            await link.call("terminate_run", {"job_id": r.job_id, "attempt": r.attempt, "reason": reason})
-            self._told_to_end.add(key)
-            if reason in ("preempt", "requeue"):
-                self.events.record("checkpoint_notice", r.job_id, r.node, attempt=r.attempt, request=reason)
-        except (RpcError, *AGENT_ERRORS) as exc:
-            log.warning("job %d: could not tell %s to end the run (%s); will retry", r.job_id, r.node, exc)
-
     async def preempt(self, job_id: int, request: str, why: str, *, for_job: int | None = None,
                       by: str | None = None) -> bool:
         """Checkpoint-and-requeue a running job: record it, then tell its agents (notice + signal).
@@ -301,25 +246,8 @@ class Controller:
             return False
         self.events.record("preempted" if request == "preempt" else "requeue_requested", job_id,
                            for_job=for_job, by=by, reason=why)
-        await self.end_job(job_id, request)
+        await self.dispatch.end_job(job_id, request)
         return True
-
-    async def end_job(self, job_id: int, reason: str = "cancel") -> None:
-        for r in await self.db(self.repo.live_ranks):
-            if r.job_id == job_id:
-                await self._tell_to_end(r, reason)
-
-    async def signal_job(self, job_id: int, signum: int) -> int:
-        delivered = 0
-        for r in await self.db(self.repo.live_ranks):
-            if r.job_id == job_id:
-                try:
-                    reply = await self.links[r.node].call(
-                        "signal_run", {"job_id": r.job_id, "attempt": r.attempt, "signal": signum})
-                    delivered += bool(reply.get("delivered"))
-                except (RpcError, *AGENT_ERRORS) as exc:
-                    log.warning("job %d: signal to %s failed: %s", job_id, r.node, exc)
-        return delivered
 
     async def run_ended(self, node: str, status: dict) -> None:
         job_id, attempt = int(status["job_id"]), int(status["attempt"])
@@ -338,7 +266,7 @@ class Controller:
                     log.warning("job %d attempt %d: final telemetry rollup not written", job_id, attempt)
         for peer in result.stop_ranks:
             log.info("job %d: rank on %s failed; stopping rank on %s", job_id, node, peer.node)
-            await self._tell_to_end(peer, "cancel")
+            await self.dispatch.tell_to_end(peer, "cancel")
         self.wake()  # the store has the end: the next pass may use the room without waiting for the ack below
         link = self.links.get(node)
         if link is not None and link.connected:
