@@ -1,5 +1,5 @@
 """The controller: its scheduling loop and tick (the policy's plan recorded by the applier,
-store/applier.py), dispatch of runs to agents with their retries, and the runs' ends. Reconciling
+store/applier.py), and the runs' ends. Telling agents what was decided: dispatcher.py; reconciling
 the store with each agent: reconcile.py; the client API: api.py.
 
 All store access goes through one worker thread (`db`), so writes never race each other and the
