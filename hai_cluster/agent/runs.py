@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -61,6 +62,10 @@ class RunTable:
         self.node = node
         self.starter = starter
         self.runs: dict[Key, Run] = {}
+        # A thread per uid for `prepare` (a GPU share's MPS daemon): it runs the user's control
+        # program, which the user can stop; their runs then wait behind their own, not in the
+        # shared pool every other user's share needs too (fifth audit).
+        self._prepare_threads: dict[int, ThreadPoolExecutor] = {}
         # Set when a shepherd exits: the spool watch looks at once instead of at its next poll.
         self.exited = asyncio.Event()
 
@@ -130,7 +135,11 @@ class RunTable:
         table with the error (its caller's), one whose shepherd fails ends as launch_failed."""
         try:
             if prepare is not None:
-                run.spec = await asyncio.to_thread(prepare, run.spec)
+                pool = self._prepare_threads.get(run.spec.uid)
+                if pool is None:
+                    pool = self._prepare_threads[run.spec.uid] = ThreadPoolExecutor(
+                        1, thread_name_prefix=f"prepare-{run.spec.uid}")
+                run.spec = await asyncio.get_running_loop().run_in_executor(pool, prepare, run.spec)
             try:
                 launcher.prepare(run.dir, run.spec, self.node)
             except OSError as exc:

@@ -4,6 +4,7 @@ pulls in enum and selectors, a third of hsubmit's import time, for nothing a cli
 from __future__ import annotations
 
 import _socket
+import sys
 
 from ..paths import client_socket
 from ..protocol import messages
@@ -30,9 +31,15 @@ class ControllerClient:
     def _connect(self) -> _socket.socket:
         if self._sock is None:
             sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-            sock.settimeout(self.timeout)
             try:
+                # A blocking connect waits in the kernel while the controller's accept queue is
+                # full (for at most SO_SNDTIMEO), as hsubmit's C client does; a non-blocking one
+                # fails at once with EAGAIN, which is what another user's connect loop caused.
+                sec = int(self.timeout)
+                sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDTIMEO,
+                                sec.to_bytes(8, sys.byteorder) + int((self.timeout - sec) * 1e6).to_bytes(8, sys.byteorder))
                 sock.connect(self.path)
+                sock.settimeout(self.timeout)
             except OSError as exc:
                 sock.close()
                 raise ClientError(f"cannot reach the controller at {self.path}: {exc.strerror or exc} "

@@ -185,7 +185,9 @@ async def update_job(ctx: ApiContext, body, caller: Caller):
     if not fields or not all(isinstance(k, str) and isinstance(v, str) for k, v in fields.items()):
         raise RequestError("field 'fields' must map job fields to values")
     changes: dict[str, Any] = {}
-    for key, value in fields.items():
+    # the partition last: its MaxTime applies to the time limit as it will be (fifth audit: moved
+    # into a partition with MaxTime, a job kept an unlimited time limit)
+    for key, value in sorted(fields.items(), key=lambda kv: kv[0].lower() == "partition"):
         if key.lower() == "timelimit":
             try:
                 limit = parse_time_limit(value)
@@ -200,10 +202,12 @@ async def update_job(ctx: ApiContext, body, caller: Caller):
             probe = JobSpec.from_wire({**job["spec"], "partition": value,
                                        "time_limit": changes.get("time_limit", job["time_limit"])})
             try:
-                changes["partition"], _ = admit(probe, ctx.ctl.cfg, user=job["user"],
-                                                groups=groups_of(job["user"], job["gid"]), admin=caller.admin)
+                changes["partition"], admitted = admit(probe, ctx.ctl.cfg, user=job["user"],
+                                                       groups=groups_of(job["user"], job["gid"]), admin=caller.admin)
             except (PartitionRefused, ValueError) as exc:
                 raise RequestError(str(exc)) from None
+            if admitted.time_limit != probe.time_limit:  # none given: the partition's MaxTime
+                changes["time_limit"] = admitted.time_limit
         elif key.lower() == "dependency":
             changes["dependency"] = await ctx.checked_dependency(value) if value else None
             own = {job["id"], job.get("array_job_id")}

@@ -151,13 +151,16 @@ def split_submission(body) -> dict:
 
 
 async def would_start(ctx: ApiContext, spec, partition: str, caller: Caller) -> dict:
-    """sbatch --test-only: run the policy on the current state with this job added, change nothing."""
-    now = time.time()
-    snapshot = await ctx.ctl.db(ctx.repo.load_snapshot, now)
-    # the job as it would be stored: begin time, dependency and time limit included
-    probe = await ctx.ctl.db(ctx.repo.probe, spec, user=caller.user, partition=partition, now=now,
-                             account=spec.account or "default")
-    plan = await ctx.ctl.decide(replace(snapshot, jobs=snapshot.jobs + (probe,)))
+    """sbatch --test-only: run the policy on the current state with this job added, change nothing.
+    One probe at a time, cluster-wide: each is a whole pass on the policy's thread, and sixteen at
+    once from one user held every scheduling pass back by seconds (fifth audit)."""
+    async with ctx.probe_lock:
+        now = time.time()
+        snapshot = await ctx.ctl.db(ctx.repo.load_snapshot, now)
+        # the job as it would be stored: begin time, dependency and time limit included
+        probe = await ctx.ctl.db(ctx.repo.probe, spec, user=caller.user, partition=partition, now=now,
+                                 account=spec.account or "default")
+        plan = await ctx.ctl.decide(replace(snapshot, jobs=snapshot.jobs + (probe,)))
     for action in plan.actions:
         if action.job_id == -1 and hasattr(action, "placement"):
             return {"start": "now", "nodes": list(action.placement.nodes), "partition": partition}

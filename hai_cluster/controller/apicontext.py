@@ -2,6 +2,7 @@
 them (a job named by id or array task, a listing's page, a job as listings show it)."""
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +62,7 @@ class ApiContext:
         self.ctl = ctl
         self.writable = RecentlyWritable()
         self.rate = SubmitRate(ctl.cfg.access.submit_rate, ctl.cfg.access.submit_burst, time.monotonic)
+        self.probe_lock = asyncio.Lock()  # --test-only probes, one at a time (api_submit.would_start)
 
     @property
     def repo(self):

@@ -7,6 +7,7 @@ from typing import Any
 from ..transport.rpc import RequestError
 
 MAX_LIST = 10_000  # entries of one list in a request (ids, tasks, users, ...): every id costs a lookup
+INT_RANGE = (-(2**63), 2**63 - 1)  # what the store's INTEGER columns hold (msgpack carries up to 2^64 - 1)
 
 
 def expect(body: Any, key: str, typ: type | tuple, *, required: bool = False, default: Any = None) -> Any:
@@ -19,6 +20,8 @@ def expect(body: Any, key: str, typ: type | tuple, *, required: bool = False, de
     value = body[key]
     if not isinstance(value, typ) or isinstance(value, bool) and typ is int:
         raise RequestError(f"field {key!r} has the wrong type")
+    if isinstance(value, int) and not isinstance(value, bool) and not INT_RANGE[0] <= value <= INT_RANGE[1]:
+        raise RequestError(f"field {key!r} is out of range")
     return value
 
 
@@ -31,17 +34,21 @@ def list_field(body: Any, key: str) -> list | None:
 
 def int_list(body: Any, key: str) -> list[int] | None:
     values = list_field(body, key)
-    if values is not None and not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+    if values is not None and not all(_an_int(v) for v in values):
         raise RequestError(f"field {key!r} must be a list of job ids")
     return values
+
+
+def _an_int(v: Any) -> bool:
+    """An integer the store can hold (not a bool, which is an int in Python)."""
+    return isinstance(v, int) and not isinstance(v, bool) and INT_RANGE[0] <= v <= INT_RANGE[1]
 
 
 def task_list(body: Any) -> list[tuple[int, int]] | None:
     """'tasks': [[array job id, task id], ...] (hcancel 12_4, hqueue -j 12_[1-3])."""
     values = list_field(body, "tasks")
     if values is not None and not all(
-            isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
-            for v in values):
+            isinstance(v, list) and len(v) == 2 and all(_an_int(x) for x in v) for v in values):
         raise RequestError("field 'tasks' must be a list of [array job id, task id] pairs")
     return [tuple(v) for v in values] if values is not None else None
 

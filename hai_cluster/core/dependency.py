@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from .jobids import MAX_ID
 from .reasons import DEPENDENCY, DEPENDENCY_NEVER
 from .states import JobState
 
@@ -84,6 +85,8 @@ def parse_dependency(text: str) -> Dependency:
             if m is None:
                 hint = " (a +TIME delay is not supported)" if "+" in ident else ""
                 raise DependencyError(f"invalid job id {ident!r} in {item!r}{hint}")
+            if int(m[1]) > MAX_ID or (m[2] is not None and int(m[2]) > MAX_ID):
+                raise DependencyError(f"invalid job id {ident!r} in {item!r}: too large")
             terms.append(Term(kind, int(m[1]), int(m[2]) if m[2] is not None else None))
     return Dependency(tuple(terms), any_of)
 

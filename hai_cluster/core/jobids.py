@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
+MAX_ID = 2**63 - 1  # the largest job id or task index the store's INTEGER columns hold
 DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's MaxArraySize: task indices 0..1000
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
 _REF = re.compile(r"([0-9]+)(?:_(?:([0-9]+)|\[([0-9,\-:]+)\]))?")
@@ -44,6 +45,8 @@ def parse_indices(text: str, max_size: int | None = None) -> tuple[int, ...]:
         lo = int(m[1])
         hi = int(m[2]) if m[2] is not None else lo
         step = int(m[3]) if m[3] is not None else 1
+        if hi > MAX_ID or step > MAX_ID:
+            raise ArrayError(f"task index or step in {item!r} is too large")
         if hi < lo:
             raise ArrayError(f"invalid range {item!r}: the end is below the start")
         if step < 1:
@@ -62,7 +65,7 @@ def parse_array(text: str, max_size: int | None = DEFAULT_MAX_ARRAY_SIZE) -> Arr
     spec, pct, limit_text = text.partition("%")
     limit = None
     if pct:
-        if not re.fullmatch(r"[0-9]+", limit_text) or int(limit_text) < 1:
+        if not re.fullmatch(r"[0-9]+", limit_text) or not 1 <= int(limit_text) <= MAX_ID:
             raise ArrayError(f"invalid task limit %{limit_text}: expected a positive integer")
         limit = int(limit_text)
     return ArraySpec(parse_indices(spec, max_size), limit)
@@ -99,6 +102,8 @@ class JobRef:
 def parse_job_ref(text: str) -> JobRef:
     m = _REF.fullmatch(text.strip())
     if m is None:
+        raise ArrayError(f"Invalid job id specified: {text}")
+    if any(g is not None and g.isdigit() and int(g) > MAX_ID for g in (m[1], m[2])):
         raise ArrayError(f"Invalid job id specified: {text}")
     if m[2] is not None:
         return JobRef(int(m[1]), (int(m[2]),))

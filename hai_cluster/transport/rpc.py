@@ -31,6 +31,31 @@ from ..protocol.codec import LINK_LIMITS, FrameDecoder, Limits, ProtocolError, e
 
 log = logging.getLogger(__name__)
 
+TRACEBACKS_PER_MINUTE = 20  # a handler's unexpected failures logged whole; the rest are counted
+
+
+class _FailureLog:
+    """Tracebacks of failed handlers, at most TRACEBACKS_PER_MINUTE: a request that makes a
+    handler fail, sent in a loop, must not become 80 GB of log a day (fifth audit)."""
+
+    def __init__(self) -> None:
+        self.window, self.logged, self.skipped = 0.0, 0, 0
+
+    def failed(self, method: str, peer: str) -> None:
+        now = time.monotonic()
+        if now - self.window >= 60:
+            if self.skipped:
+                log.error("%d more handler failure(s) in the last minute, not logged whole", self.skipped)
+            self.window, self.logged, self.skipped = now, 0, 0
+        if self.logged < TRACEBACKS_PER_MINUTE:
+            self.logged += 1
+            log.exception("handler %s failed for %s", method, peer)
+        else:
+            self.skipped += 1
+
+
+_failures = _FailureLog()
+
 READ_CHUNK = 64 * 1024
 
 
@@ -366,7 +391,7 @@ class RpcConnection:
             except RequestError as exc:
                 reply = messages.error_response(req.id, str(exc))
             except Exception as exc:
-                log.exception("handler %s failed for %s", req.method, self.name)
+                _failures.failed(req.method, self.name)
                 reply = messages.error_response(req.id, f"internal error in {req.method}: {exc}")
         try:
             await self._send(reply)

@@ -23,6 +23,12 @@ def peer_credentials(writer: asyncio.StreamWriter) -> tuple[int, int, int]:
         return -1, -1, -1
 
 
+# Connections the kernel queues before they are accepted (it caps this at net.core.somaxconn).
+# With 100, one user connecting and closing in a loop filled the queue and everyone else's
+# connect() failed with EAGAIN (fifth audit).
+LISTEN_BACKLOG = 4096
+
+
 def bind_socket(path: str, mode: int, what: str) -> socket.socket:
     """A listening socket at `path` with `mode`. A stale socket is removed; a live one is not."""
     os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
@@ -45,7 +51,7 @@ def bind_socket(path: str, mode: int, what: str) -> socket.socket:
     finally:
         os.umask(old)
     os.chmod(path, mode)
-    sock.listen(128)
+    sock.listen(LISTEN_BACKLOG)
     sock.setblocking(False)
     return sock
 

@@ -44,6 +44,16 @@ def test_time_limit_over_the_partition_max_time_is_refused(cluster):
     j = cluster.submit("-p", "short", "--hold", "--wrap", "true")  # no -t: the partition's MaxTime
     assert cluster.cli("hqueue", "-h", "-j", str(j), "-o", "%l").stdout.strip() == "10:00"
     cluster.cli("hcancel", str(j))
+    # moved into the partition later: its MaxTime applies as at submission (fifth audit: the job
+    # kept an unlimited time limit in a partition with MaxTime)
+    moved = cluster.submit("--hold", "--wrap", "true")
+    cluster.cli("hcontrol", "update", f"JobId={moved}", "Partition=short")
+    assert (cluster.job(moved)["partition"], cluster.job(moved)["time_limit"]) == ("short", 600)
+    over = cluster.submit("--hold", "-t", "20:00", "--wrap", "true")
+    res = cluster.cli("hcontrol", "update", f"JobId={over}", "Partition=short", check=False)
+    assert res.returncode != 0 and "MaxTime=10:00 of partition short" in res.stderr
+    assert (cluster.job(over)["partition"], cluster.job(over)["time_limit"]) == ("gpu", 1200)
+    cluster.cli("hcancel", str(moved), str(over))
 
 
 def test_user_not_allowed_in_a_partition_is_refused(cluster):

@@ -253,3 +253,67 @@ def test_a_listing_of_a_long_history_is_answered_in_pages():
         assert len(rows) == 25_000
     finally:
         c.close()
+
+
+CONNECT_FLOOD = r"""
+import os, socket, sys, time
+path, seconds, done = os.environ["HAI_CONTROLLER"], float(sys.argv[1]), sys.argv[2]
+made, end = 0, time.monotonic() + seconds
+while time.monotonic() < end:  # connect and close, as fast as it goes (the fifth audit: ~2,900/s)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.setblocking(False)
+    try:
+        s.connect(path)
+        made += 1
+    except OSError:
+        pass
+    s.close()
+open(done, "w").close()
+print(made)
+"""
+
+CONNECT_PROBE = r"""
+import json, os, sys, time
+from hai_cluster.cli.client import ClientError, ControllerClient
+done = sys.argv[1]
+ok, failed = 0, []
+while not os.path.exists(done):
+    client = ControllerClient(timeout=30)  # a new connection each time: the connect is what failed
+    try:
+        assert client.call("ping", {})["user"] == os.environ["USER"]
+        ok += 1
+    except ClientError as exc:
+        failed.append(str(exc))
+    finally:
+        client.close()
+    time.sleep(0.05)
+print(json.dumps({"ok": ok, "failed": failed[:5], "failures": len(failed)}))
+"""
+
+
+def test_a_connect_loop_does_not_lock_others_out_of_the_socket(cluster):
+    """Fifth audit (High): one user connecting and closing in a loop filled the accept queue (100)
+    and 107 of another user's 116 pings failed with EAGAIN. Now the queue is 4096 long, the client
+    waits in it, and a uid's connections beyond 100 a second are closed as soon as accepted."""
+    a, b = user_dir(cluster.workdir, TEST_USER), user_dir(cluster.workdir, OTHER_USER)
+    (a / "connect_flood.py").write_text(CONNECT_FLOOD)
+    (b / "connect_probe.py").write_text(CONNECT_PROBE)
+    done = a / "connect-done"
+    out: dict[str, subprocess.CompletedProcess] = {}
+    flood = threading.Thread(target=lambda: out.setdefault("a", run_as(
+        cluster, TEST_USER, str(a / "connect_flood.py"), "12", str(done), timeout=120)))
+    probe = threading.Thread(target=lambda: out.setdefault("b", run_as(
+        cluster, OTHER_USER, str(b / "connect_probe.py"), str(done), timeout=120)))
+    flood.start()
+    time.sleep(1)  # the loop is under way
+    probe.start()
+    flood.join(150)
+    probe.join(150)
+    assert out["a"].returncode == 0 and out["b"].returncode == 0, (out["a"].stderr, out["b"].stderr)
+    made, seen = int(out["a"].stdout), json.loads(out["b"].stdout)
+    print(f"\nconnects made by the loop: {made}; the other user's pings: {seen}")
+    assert seen["failures"] == 0 and seen["ok"] >= 20, seen
+    log = (cluster.workdir / "ctl.log").read_text()
+    uid = ensure_user(TEST_USER).pw_uid
+    lines = [line for line in log.splitlines() if f"from uid={uid}: connecting faster than" in line]
+    assert 1 <= len(lines) <= 3, lines  # the loop's refusals, summed up every 10 s

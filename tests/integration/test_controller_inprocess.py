@@ -188,7 +188,18 @@ def test_the_api_table_refuses_bad_input_and_changes_nothing(controller, tmp_pat
                 ("show_job", {"job_id": 99}, "Invalid job id specified: 99"),
                 ("submit", {"argv": ["--gpus-per-node=9", "--wrap", "true"], "cwd": str(tmp_path)},
                  "Requested node configuration is not available"),
-                ("no_such_method", {}, "not allowed")):
+                ("no_such_method", {}, "not allowed"),
+                # integers past what the store holds: refused, not an internal error with a
+                # traceback in the log for each (fifth audit)
+                ("jobs", {"ids": [2**64 - 1]}, "must be a list of job ids"),
+                ("jobs", {"after": 2**63}, "field 'after' is out of range"),
+                ("show_job", {"job_id": 2**63}, "field 'job_id' is out of range"),
+                ("acct", {"since": 2**64 - 1}, "field 'since' is out of range"),
+                ("cancel", {"tasks": [[1, 2**63]]}, "must be a list of \\[array job id, task id\\] pairs"),
+                ("submit", {"argv": ["--array=0-3%99999999999999999999", "--wrap", "true"], "cwd": str(tmp_path)},
+                 "invalid task limit"),
+                ("submit", {"argv": ["--dependency=afterok:9223372036854775808", "--wrap", "true"],
+                            "cwd": str(tmp_path)}, "too large")):
             with pytest.raises(RequestError, match=message):
                 await api.dispatch(method, body, caller)
         assert (await api.dispatch("jobs", {"all": True}, caller))["jobs"] == []

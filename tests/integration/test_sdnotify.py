@@ -116,9 +116,11 @@ def test_daemons_notify_ready_status_watchdog_and_stopping(base):
 
         flag, out = base / "go", base / "job.env"
         env = {**os.environ, "HAI_CONTROLLER": str(base / "ctl.sock")}
-        job = subprocess.run([str(BIN / "hsubmit"), "--parsable", "-o", "/dev/null", "-D", str(base), "--wrap",
-                              f"env > {out}.tmp; mv {out}.tmp {out}; while [ ! -e {flag} ]; do sleep 0.1; done"],
-                             env=env, capture_output=True, text=True, check=True).stdout.strip()
+        submitted = subprocess.run([str(BIN / "hsubmit"), "--parsable", "-o", "/dev/null", "-D", str(base), "--wrap",
+                                    f"env > {out}.tmp; mv {out}.tmp {out}; while [ ! -e {flag} ]; do sleep 0.1; done"],
+                                   env=env, capture_output=True, text=True)
+        assert submitted.returncode == 0, (submitted.stderr, (base / "ctl.log").read_text()[-3000:])
+        job = submitted.stdout.strip()
         ctl_notify.wait("STATUS=serving, 1/1 nodes responding, 1 jobs running, 0 pending")
         agent_notify.wait("STATUS=serving, 1 run(s) running, 1 controller connection(s)")
         wait_for(out.exists, 30, what="the job's environment")

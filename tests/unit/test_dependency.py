@@ -27,6 +27,7 @@ def test_parse(text, canonical):
     ("before:1", "invalid dependency type 'before'"),
     ("afterok:1,afterany:2?after:3", "cannot be mixed"),
     ("", "empty"),
+    ("afterok:9223372036854775808", "too large"),  # past what the store holds
 ])
 def test_bad_dependencies_name_the_problem(text, message):
     with pytest.raises(DependencyError, match=message):

@@ -29,6 +29,7 @@ def test_array_specs(text, indices, limit):
     ("0-9:0", "step"),
     ("0-9%0", "task limit"),
     ("0-9%x", "task limit"),
+    ("0-9%99999999999999999999", "task limit"),  # past what the store holds
 ])
 def test_bad_array_specs_name_the_problem(text, message):
     with pytest.raises(ArrayError, match=message):

@@ -19,3 +19,21 @@ def test_a_burst_then_the_rate_then_a_clear_refusal():
     assert slow.take(1000, 30) == 0.0  # refilled meanwhile (the refused one took nothing)
     assert rate.take(0, 10**6) == 0.0  # root is never limited
     assert SubmitRate(0, 1, lambda: 0.0).take(1000, 10**6) == 0.0  # 0: no limit
+
+
+def test_connections_of_one_uid_beyond_their_rate_are_refused_and_logged_once_a_while(caplog):
+    """Fifth audit: a connect loop (~2,900/s) locked everyone out of the socket, and refusals
+    were a log line each."""
+    from hai_cluster.controller.connlimit import LOG_EVERY, ConnectionCounter
+    now = [0.0]
+    counter = ConnectionCounter(64, rate=10.0, burst=20, clock=lambda: now[0])
+    with caplog.at_level("WARNING", logger="hai.access"):
+        verdicts = [counter.too_fast(1000) for _ in range(120)]
+        assert verdicts.count(False) == 20 and not any(counter.too_fast(0) for _ in range(100))  # root never
+        now[0] += 1.0
+        assert [counter.too_fast(1000) for _ in range(12)].count(False) == 10  # refilled at the rate
+        assert not counter.too_fast(1001)  # another uid has its own bucket
+        now[0] += LOG_EVERY
+        assert [counter.too_fast(1000) for _ in range(21)].count(True) == 1  # the burst again, then one refused
+    lines = [r.getMessage() for r in caplog.records if "uid=1000" in r.getMessage()]
+    assert len(lines) == 2 and lines[0].startswith("refused 1 connection(s)") and "refused 102 connection(s)" in lines[1]
