@@ -20,7 +20,7 @@ from ..sdnotify import Notifier
 from ..store.lease import StoreInUse
 from ..protocol.codec import client_limits
 from ..transport.rpc import RpcConnection, Shares
-from ..transport.unix import LISTEN_BACKLOG, SocketInUse, bind_socket, close_server, peer_credentials
+from ..transport.unix import GatedServer, SocketInUse, bind_socket, close_server, peer_credentials
 from .access import caller_from_creds
 from .api import build_api
 from .connlimit import ConnectionCounter
@@ -86,9 +86,6 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
 
     async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         pid, uid, gid = peer_credentials(writer)
-        if counter.too_fast(uid):
-            writer.transport.abort()
-            return
         share = shares.open(uid) if uid != 0 else None  # one uid's requests and bytes, over its connections
         if not counter.admit(uid):
             try:
@@ -113,7 +110,7 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
             if share is not None:
                 shares.close(uid)
 
-    server = await asyncio.start_unix_server(on_client, sock=sock, backlog=LISTEN_BACKLOG)  # asyncio listens again
+    server = GatedServer(sock, on_client, refused=counter.too_fast)  # a uid over its connect rate: closed unread
     log.info("controller listening on %s, %d node(s), store %s", cfg.socket, len(cfg.nodes),
              cfg.database.split("@")[-1])
 
