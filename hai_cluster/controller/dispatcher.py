@@ -67,6 +67,14 @@ class Dispatcher:
             log.warning("job %d: dispatch to %s not confirmed (%s); will retry", job["id"], node, exc)
         except StoreUnavailable:  # started but not recorded as running: the next resync records it
             pass
+        except Exception as exc:  # noqa: BLE001 - the run cannot be built (a bug): it must not hold its GPUs
+            log.exception("job %d: its run for %s cannot be dispatched", job["id"], node)
+            try:
+                await self.ctl.run_ended(node, {"job_id": job["id"], "attempt": attempt, "rank": rank,
+                                                "exit_code": None, "signal": None, "reason": "launch_failed",
+                                                "message": f"the controller could not build the run: {exc}"})
+            except StoreUnavailable:
+                pass
         finally:
             self.in_flight.discard(key)
 

@@ -36,8 +36,10 @@ def expand_output_pattern(pattern: str, *, job_id: int, job_name: str, user: str
         width, letter = m.group(1), m.group(2)
         if letter is None:  # "%%"
             return "%"
-        if letter in numbers:
-            return str(numbers[letter]).zfill(min(int(width or 0), _MAX_WIDTH))
+        if letter in numbers:  # a width of more digits than _MAX_WIDTH has is _MAX_WIDTH: never int()
+            # a 4,400-digit one (int() refuses past 4,300 digits; the job's dispatch failed forever)
+            pad = _MAX_WIDTH if len(width) > 2 else min(int(width or 0), _MAX_WIDTH)
+            return str(numbers[letter]).zfill(pad)
         if letter in texts:
             return texts[letter]
         return m.group(0)

@@ -14,16 +14,20 @@ from .shape import Limits, Shape
 
 # Between the daemons (the agent socket and the controller's links to it): the frame limit.
 LINK_LIMITS = Limits(max_frame_bytes=MAX_FRAME_BYTES, max_items=MAX_FRAME_BYTES, max_depth=32,
-                     max_containers=MAX_FRAME_BYTES)
+                     max_containers=MAX_FRAME_BYTES, max_total_items=2 * MAX_FRAME_BYTES)
 # A client's request (the controller socket; the frame size is [access] max_request_bytes). Far
 # above what a CLI sends: a few maps and lists, [array job, task] pairs up to max_array_size.
 CLIENT_MAX_ITEMS = 1 << 20
 CLIENT_MAX_CONTAINERS = 1 << 18
+# Items in all (a map's keys and values count apart): a listing of 10,000 ids, 10,000 task pairs
+# and an environment of a few thousand variables are far below; 800,000 tiny map entries cost
+# the controller 2 s of CPU per frame (sixth audit).
+CLIENT_MAX_TOTAL_ITEMS = 1 << 17
 
 
 def client_limits(max_request_bytes: int) -> Limits:
     return Limits(max_frame_bytes=max_request_bytes, max_items=CLIENT_MAX_ITEMS, max_depth=32,
-                  max_containers=CLIENT_MAX_CONTAINERS)
+                  max_containers=CLIENT_MAX_CONTAINERS, max_total_items=CLIENT_MAX_TOTAL_ITEMS)
 
 
 def packb(obj: object) -> bytes:

@@ -37,9 +37,10 @@ _WHAT = {_ONE: "a scalar", _FIXED: "a number", _FIXSTR: "a string", _STR: "a str
 
 class Limits(_Record):
     """What one frame may carry: its payload size, items per array or map (a map's entries),
-    nesting depth (the message map itself is depth 1), and arrays and maps in all (what costs the
-    decoder most: an allocation each, and the garbage collector's attention)."""
-    __slots__ = ("max_frame_bytes", "max_items", "max_depth", "max_containers")
+    nesting depth (the message map itself is depth 1), arrays and maps in all (what costs the
+    decoder most: an allocation each, and the garbage collector's attention), and items in all
+    (what this walk costs: a map of 800,000 tiny entries took 1.5 s of it and 0.7 s of msgpack)."""
+    __slots__ = ("max_frame_bytes", "max_items", "max_depth", "max_containers", "max_total_items")
 
 
 class Shape:
@@ -54,6 +55,7 @@ class Shape:
         self._open = [1]  # items still to come per open container, innermost last; [0] is the frame
         self._owed = 1  # sum(self._open): items announced and not yet begun
         self._containers = limits.max_containers  # arrays and maps the frame may still hold
+        self._items = limits.max_total_items  # items (a map's keys and values) the frame may still announce
 
     def feed(self, chunk: bytes) -> None:
         self._left -= len(chunk)
@@ -111,6 +113,9 @@ class Shape:
                     self._containers -= 1
                     if self._containers < 0:
                         raise ProtocolError(f"message holds more than {self._limits.max_containers} arrays and maps")
+                    self._items -= n
+                    if self._items < 0:  # at the header: before the items are walked
+                        raise ProtocolError(f"message holds more than {self._limits.max_total_items} items")
                 open_[-1] -= 1  # this item began: it takes a place in its container
                 owed += n - 1
                 room = end - pos + left - skip  # bytes left in the frame after this item's own

@@ -168,9 +168,11 @@ class Repository:
         if not wanted:
             return {}
         ids = sorted({job_id for job_id, _ in wanted})
-        q = select(jobs.c.id, jobs.c.array_job_id, jobs.c.array_task_id, jobs.c.state, jobs.c.attempts).where(
-            or_(jobs.c.id.in_(ids), jobs.c.array_job_id.in_(ids)))
-        rows = c.execute(q).all()
+        # In chunks: one IN of every target ran past SQLite's 250,000 bound parameters (and would
+        # past PostgreSQL's 65,535), which stopped every pass (sixth audit).
+        rows = [r for k in range(0, len(ids), CANCEL_CHUNK) for r in c.execute(
+            select(jobs.c.id, jobs.c.array_job_id, jobs.c.array_task_id, jobs.c.state, jobs.c.attempts).where(
+                or_(jobs.c.id.in_(ids[k:k + CANCEL_CHUNK]), jobs.c.array_job_id.in_(ids[k:k + CANCEL_CHUNK]))))]
         out: dict[tuple[int, int | None], list[Target]] = {}
         for r in rows:
             t = Target(JobState(r.state), r.attempts > 0)
@@ -183,9 +185,10 @@ class Repository:
 
     def _dependency_reasons(self, c, job_rows) -> dict[int, str | None]:
         """Each pending job's dependency, evaluated now: None (satisfied), Dependency or
-        DependencyNeverSatisfied."""
+        DependencyNeverSatisfied. Not a held job's: it cannot start whatever the verdict (and
+        thousands of held jobs with long lists cost every pass their lookups)."""
         deps = {j.id: parse_dependency(j.dependency) for j in job_rows
-                if j.dependency and j.state == JobState.PENDING.value}
+                if j.dependency and j.state == JobState.PENDING.value and not j.hold}
         if not deps:
             return {}
         targets = self._targets({t for d in deps.values() for t in d.targets}, c)
@@ -294,8 +297,9 @@ class Repository:
             return view
         newest = 2**62  # later than every job in the store (singleton counts the ones before it)
         with self.engine.connect() as c:
-            verdict = self._dependency_reasons(c, [SimpleNamespace(id=newest, state=JobState.PENDING.value, user=user,
-                                                                   name=spec.name, dependency=spec.dependency)])
+            probe = SimpleNamespace(id=newest, state=JobState.PENDING.value, hold=False, user=user, name=spec.name,
+                                    dependency=spec.dependency)
+            verdict = self._dependency_reasons(c, [probe])
         return replace(view, dependency=verdict.get(newest))
 
     def why_waiting(self, job_id: int) -> str | None:

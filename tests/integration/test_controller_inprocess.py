@@ -126,7 +126,8 @@ def test_a_submitted_job_is_started_on_the_agent_and_completes(controller, tmp_p
                                               "cwd": str(tmp_path), "env": {"PATH": "/usr/bin"}}, caller)
         job_id = reply["job_id"]
         await wait_until(lambda: asyncio.sleep(0, agent.started), "start_run at the agent")
-        (spec,) = agent.started
+        # one run (a start may be sent twice: re-sending what is unconfirmed is the protocol)
+        (spec,) = {s.key: s for s in agent.started}.values()
         assert (spec.job_id, spec.gpus, spec.cpus, spec.user) == (job_id, (0,), 2, caller.user)
         assert spec.environment["SLURM_JOB_ID"] == str(job_id)
         await agent.end(job_id, 0, exit_code=0)
@@ -172,6 +173,29 @@ def test_the_applier_refuses_a_start_whose_cpus_were_taken_after_the_snapshot(co
         await agent.end(hog, 0)
         await wait_until(lambda: asyncio.sleep(0, [s for s in agent.started if s.job_id == wants]),
                          "the job to start once the CPUs are back")
+
+    run(cfg, scenario)
+
+
+def test_a_run_that_cannot_be_built_ends_and_frees_its_gpus(controller, tmp_path, monkeypatch):
+    """Sixth audit: a run spec that raised while built was re-sent forever, the job holding its
+    GPUs even after an admin's cancel. Now the run ends as launch_failed."""
+    cfg, agent = controller
+    from hai_cluster.controller import dispatcher
+
+    def broken(*args, **kw):
+        raise ValueError("Exceeds the limit (4300 digits) for integer string conversion")
+
+    monkeypatch.setattr(dispatcher, "rank_spec", broken)
+
+    async def scenario(ctl, api):
+        spec = JobSpec(script="#!/bin/sh\ntrue\n", workdir=str(tmp_path), gpus_per_node=2, requeue=False)
+        job_id = await ctl.db(ctl.repo.submit, spec, user="root", uid=0, gid=0, partition="gpu", now=time.time())
+        await wait_until(lambda: ctl.db(lambda: ctl.repo.job(job_id)["state"] == "FAILED"), "the job to fail")
+        runs = await ctl.db(ctl.repo.runs, job_ids=[job_id])
+        assert "the controller could not build the run" in runs[-1]["reason"] and agent.started == []
+        nodes = {n.name: n for n in await ctl.db(ctl.repo.load_nodes)}
+        assert nodes["n1"].used_gpus == frozenset()
 
     run(cfg, scenario)
 

@@ -160,14 +160,18 @@ def test_install_node_makes_its_files_and_is_idempotent(wheel, tmp_path):
 
     # What sshd really makes of it: the drop-in, read through a copy whose Include points here.
     dropin = root / "etc/ssh/sshd_config.d/00-hai-cluster.conf"
-    assert "AllowStreamLocalForwarding yes" in dropin.read_text()
+    assert "Match User root\n    AllowStreamLocalForwarding local\n" in dropin.read_text()
     check = tmp_path / "sshd_config"
     check.write_text(f"HostKey {host_key}\n" + (root / "etc/ssh/sshd_config").read_text().replace(
         "/etc/ssh/sshd_config.d", str(root / "etc/ssh/sshd_config.d")))
-    effective = subprocess.run(["/usr/sbin/sshd", "-T", "-f", str(check)], capture_output=True, text=True)
-    assert effective.returncode == 0, effective.stderr
-    lines = effective.stdout.splitlines()
-    assert "allowstreamlocalforwarding yes" in lines and "allowtcpforwarding local" in lines
+    def effective(user: str) -> list[str]:
+        out = subprocess.run(["/usr/sbin/sshd", "-T", "-f", str(check), "-C", f"user={user},host=x,addr=10.0.0.9"],
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.splitlines()
+    assert {"allowstreamlocalforwarding local", "allowtcpforwarding local"} <= set(effective("root"))
+    # Other users keep the site's settings (sixth audit: a global drop-in lifted them for all).
+    assert "allowtcpforwarding no" in effective("daemon") and "allowtcpforwarding yes" in effective("nobody")
 
     before = tree(root)
     second = run(NODE, root, wheel, "--name", "gpu07", "--address", "10.1.2.3", "--controller-key", pub)
@@ -185,8 +189,8 @@ def test_sshd_without_dropin_directory_gets_a_block_on_top(wheel, tmp_path):
     (root / "etc/ssh/sshd_config").write_text(original)
     run(NODE, root, wheel, "--name", "n1", "--no-start")
     text = (root / "etc/ssh/sshd_config").read_text()
-    assert text.index("AllowStreamLocalForwarding yes") < text.index("Match User")  # not inside Match
-    assert text.endswith(original) and "AllowTcpForwarding" not in text  # nothing to override there
+    assert text.startswith(original) and text.index("Match User nobody") < text.index("Match User root")  # the end
+    assert "    AllowStreamLocalForwarding local" in text and "AllowTcpForwarding" not in text  # nothing to override
     before = tree(root)
     run(NODE, root, wheel, "--name", "n1", "--no-start")
     assert tree(root) == before

@@ -6,6 +6,7 @@ from sqlalchemy import event, func, select
 from hai_cluster.core.dependency import NEVER, WAITING
 from hai_cluster.core.model import JobSpec, Placement
 from hai_cluster.store.engine import downgrade, upgrade
+from hai_cluster.store import repository
 from hai_cluster.store.repository import spec_size
 from hai_cluster.store.schema import array_specs, jobs
 
@@ -135,3 +136,19 @@ def test_singleton_waits_for_earlier_jobs_of_the_same_name_and_user(repo):
     assert (v[a], v[b], v[other]) == (None, WAITING, None)
     finish(repo, a, 0)
     assert verdicts(repo)[b] is None
+
+
+def test_dependencies_are_looked_up_in_chunks_and_not_for_held_jobs(repo, monkeypatch):  # noqa: F811
+    """Sixth audit: one IN over every target of every pending job's dependency ran past the
+    database's bound parameters and stopped every pass. The lookup goes in chunks (here of 7),
+    and a held job's dependency is not looked up at all."""
+    monkeypatch.setattr(repository, "CANCEL_CHUNK", 7)
+    done = [submit(repo) for _ in range(20)]
+    for j in done:
+        finish(repo, j, 0)
+    array_id = submit(repo, array="0-9")
+    waits = submit(repo, dependency="afterok:" + ":".join(map(str, done + [array_id])))
+    ready = submit(repo, dependency="afterok:" + ":".join(map(str, done)))
+    held = submit(repo, hold=True, dependency="afterok:" + ":".join(map(str, done + [array_id])))
+    v = verdicts(repo)
+    assert (v[waits], v[ready], v[held]) == (WAITING, None, None)  # the held one: not evaluated

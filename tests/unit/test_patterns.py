@@ -18,6 +18,7 @@ JOB = dict(job_id=42, job_name="train", user="alice", node="gpu03", restart_coun
     ("%04j", "0042"),
     ("%3r", "002"),
     ("%15j", "0000000042"),  # at most 10 wide, as in Slurm
+    ("x%" + "9" * 4400 + "j", "x0000000042"),  # sixth audit: int() of it raised and the job's dispatch failed forever
     ("%5x", "train"),  # width is ignored for text
     ("%A", "42"),  # not an array: the job id
     ("%a", str(NO_VAL)),  # not an array: Slurm's NO_VAL
