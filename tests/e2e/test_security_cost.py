@@ -43,7 +43,7 @@ def nested_empties():  # a real request whose body is arrays of 65,535 empty arr
 def bare_empties():  # the audit's frame: one array of empty arrays
     return frame(b"\xdd" + struct.pack(">I", size - 5) + b"\x90" * (size - 5))
 
-def nils():  # a real ping with a body of 8 million nils: within every limit, so decoded and answered
+def nils():  # a real ping with a body of 8 million nils: past the 2^17 items a frame may hold (refused at once)
     per = 65535
     n = (size - len(ENVELOPE) - 3) // (per + 3)
     return frame(ENVELOPE + b"\xdc" + struct.pack(">H", n) + (b"\xdc\xff\xff" + b"\xc0" * per) * n)
@@ -177,10 +177,11 @@ def test_one_users_flood_and_junk_do_not_stall_another_user(cluster):
     assert probe["jobs"]["max"] < B_LATENCY_BOUND, probe
     # Every pipelined request was answered, none refused: the flood only waited for its own answers.
     assert attack["pipeline"]["ok"] == PIPELINED, attack["pipeline"]
-    # Junk that breaks a limit closes its connection, unanswered; junk within the limits is answered.
-    for name in ("nested0", "nested1", "nested2", "nested3", "bare0", "bare1"):
+    # Junk that breaks a limit closes its connection, unanswered.
+    # (Eight million nils were within every limit once, decoded and answered in about a second
+    # each; a frame now holds at most 2^17 items, so they are refused at their first header.)
+    for name in ("nested0", "nested1", "nested2", "nested3", "bare0", "bare1", "nils0", "nils1"):
         assert attack[name]["outcome"] == "closed", (name, attack[name])
-    assert attack["nils0"]["outcome"] == attack["nils1"]["outcome"] == "answered", attack
     log = (cluster.workdir / "ctl.log").read_text()
     assert "protocol error: message holds more than 131072 items" in log
     assert "protocol error: frame holds an array, expected a map" in log
