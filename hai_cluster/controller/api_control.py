@@ -107,6 +107,7 @@ async def requeue(ctx: ApiContext, body, caller: Caller):
         raise RequestError(f"Requeue of job {job['id']} refused: it was submitted with --no-requeue")
     if job["state"] != JobState.RUNNING.value:
         raise RequestError(f"Job {job['id']} is {job['state']}; only a running job can be requeued")
+    await ctx.take_rate(caller, 1)  # a new run, as a submission is (a loop made 110,000 a day per job)
     await ctx.ctl.preempt(job["id"], "requeue", f"requeued by {caller.user}", by=caller.user)
     return {"job_id": job["id"]}
 
@@ -170,6 +171,7 @@ async def requeuehold(ctx: ApiContext, body, caller: Caller):
         raise RequestError(f"Requeue of job {job['id']} refused: it was submitted with --no-requeue")
     if job["state"] != JobState.RUNNING.value:
         raise RequestError(f"Job {job['id']} is {job['state']}; only a running or pending job can be requeued held")
+    await ctx.take_rate(caller, 1)  # a new run, as requeue
     admin = caller.admin and job["user"] != caller.user
     if not await ctx.ctl.db(ctx.repo.hold_running, job["id"], admin=admin):
         raise RequestError(f"Job {job['id']} is no longer running")

@@ -21,7 +21,6 @@ from .apicontext import PARSE_ON_LOOP, ApiContext
 from .outputcheck import outputs_problem
 from .partitions import PartitionRefused, admit, groups_of
 from .requests import expect, str_list
-from .submitrate import OverRate
 
 
 async def submit(ctx: ApiContext, body, caller: Caller):
@@ -46,7 +45,7 @@ async def submit(ctx: ApiContext, body, caller: Caller):
     too_big = script_too_big(ctx, script, option_args, script_args)
     if too_big:
         raise RequestError(too_big)
-    await take_rate(ctx, caller, 1)  # before the parse: a refused submission costs its parse too
+    await ctx.take_rate(caller, 1)  # before the parse: a refused submission costs its parse too
     parse = functools.partial(parse_submission, script, option_args, cwd=cwd, env=env, script_args=script_args,
                               script_name=script_name, now=time.time(), max_array_size=ctx.ctl.cfg.max_array_size)
     try:
@@ -93,7 +92,7 @@ async def submit(ctx: ApiContext, body, caller: Caller):
         return {"test_only": await would_start(ctx, spec, partition, caller)}
     tasks = len(parse_array(spec.array, None).indices) if spec.array else 1
     if tasks > 1:
-        await take_rate(ctx, caller, tasks - 1)  # an array's other tasks
+        await ctx.take_rate(caller, tasks - 1)  # an array's other tasks
 
     def record() -> int:  # on the store thread: no other submission counts in between
         ctx.ctl.tenancy.check_submission(ctx.repo.engine, caller, account, tasks, spec_size(spec.to_wire()))
@@ -110,15 +109,6 @@ async def submit(ctx: ApiContext, body, caller: Caller):
     else:
         ctx.ctl.wake()
     return {"job_id": job_id, "parsable": sub.parsable, "wait": sub.wait}  # directives may set them
-
-
-async def take_rate(ctx: ApiContext, caller: Caller, jobs: int) -> None:
-    try:
-        wait = ctx.rate.take(caller.uid, jobs)
-    except OverRate as exc:
-        raise RequestError(str(exc)) from None
-    if wait:
-        await asyncio.sleep(wait)
 
 
 def script_too_big(ctx: ApiContext, script: str | None, option_args: list[str], script_args: list[str]) -> str | None:

@@ -16,7 +16,7 @@ from ..transport.rpc import RequestError
 from .access import Caller, deny, may_act_on
 from .outputcheck import RecentlyWritable
 from .requests import expect
-from .submitrate import SubmitRate
+from .submitrate import OverRate, SubmitRate
 
 if TYPE_CHECKING:
     from .service import Controller
@@ -63,6 +63,16 @@ class ApiContext:
         self.writable = RecentlyWritable()
         self.rate = SubmitRate(ctl.cfg.access.submit_rate, ctl.cfg.access.submit_burst, time.monotonic)
         self.probe_lock = asyncio.Lock()  # --test-only probes, one at a time (api_submit.would_start)
+
+    async def take_rate(self, caller: Caller, jobs: int) -> None:
+        """Tokens of the caller's submission bucket ([access] submit_rate): a submission's jobs,
+        and a requeue's new run (each a run row and more, as a job is)."""
+        try:
+            wait = self.rate.take(caller.uid, jobs)
+        except OverRate as exc:
+            raise RequestError(str(exc)) from None
+        if wait:
+            await asyncio.sleep(wait)
 
     @property
     def repo(self):

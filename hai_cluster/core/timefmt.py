@@ -100,6 +100,8 @@ def parse_datetime(text: str, now: float, *, future: bool = False) -> float:
         sign, count, unit = m.groups()
         if sign is None:
             return now
+        if len(count) > 12:  # past any date a clock shows (a float cannot hold 320 digits: seventh audit)
+            raise ValueError(f"invalid time {text!r}: {count} is too large")
         seconds = int(count) * _UNIT[(unit or "s")[0].lower()]
         return now + seconds if sign == "+" else now - seconds
     low = s.lower()

@@ -6,7 +6,7 @@ migrations build exactly these tables.
 from __future__ import annotations
 
 from sqlalchemy import (JSON, Boolean, Column, Float, ForeignKey, Index, Integer, MetaData, String,
-                        Table, Text, UniqueConstraint, false)
+                        Table, Text, UniqueConstraint, false, text)
 
 metadata = MetaData()
 
@@ -120,6 +120,9 @@ run_ranks = Table(
     Column("gpu_compute", Integer),
     Column("mig_uuid", String(100)),  # 0012: the MIG instance a sharing rank holds
     Index("ix_run_ranks_node_state", "node", "state"),
+    # 0014: the live ranks only, what every pass and every cancel looks for (the history is kept)
+    Index("ix_run_ranks_live", "run_id", "node", sqlite_where=text("state != 'ended'"),
+          postgresql_where=text("state != 'ended'")),
 )
 
 nodes = Table(

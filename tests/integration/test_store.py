@@ -37,7 +37,7 @@ def spec(**kw):
 
 
 def test_migrations_match_the_schema_and_go_down_and_up(engine):
-    assert current_revision(engine) == head_revision() == "0013"
+    assert current_revision(engine) == head_revision() == "0014"
     insp = inspect(engine)
     for table in metadata.sorted_tables:
         assert {c["name"] for c in insp.get_columns(table.name)} == {c.name for c in table.columns}
@@ -204,3 +204,16 @@ def test_set_reasons_writes_only_what_changed(repo):
     repo.set_reasons({a: "Resources", b: "Resources"})
     assert [(j["id"], j["reason"]) for j in repo.jobs()] == [(a, "Resources"), (b, "Resources")]
     assert "spec" not in repo.jobs()[0] and "spec" in repo.job(a)
+
+
+def test_live_ranks_are_read_from_their_own_index_not_the_whole_history(tmp_path):
+    """Seventh audit: with 2,000,000 ended ranks every pass and every cancelled job's lookup took
+    0.17 s, a scan of all ranks. The partial index holds the live ones; the queries say its
+    predicate as it is (a bound parameter there would keep SQLite off it)."""
+    from hai_cluster.store import statements as st
+    eng = make_engine(f"sqlite:///{tmp_path}/hai.db")
+    upgrade(eng)
+    with eng.connect() as c:
+        plan = " ".join(str(r[-1]) for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + str(st.LIVE_RANKS.compile(eng))))
+    eng.dispose()
+    assert "USING INDEX ix_run_ranks_live" in plan, plan

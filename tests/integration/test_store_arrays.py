@@ -152,3 +152,24 @@ def test_dependencies_are_looked_up_in_chunks_and_not_for_held_jobs(repo, monkey
     held = submit(repo, hold=True, dependency="afterok:" + ":".join(map(str, done + [array_id])))
     v = verdicts(repo)
     assert (v[waits], v[ready], v[held]) == (WAITING, None, None)  # the held one: not evaluated
+
+
+def test_a_long_end_message_fits_the_reason_columns_and_runs_are_shown_newest_first_capped(repo, monkeypatch):  # noqa: F811
+    """Seventh audit: a launch error of 559 characters went into 200-character columns (PostgreSQL
+    refuses that, and the end would never be recorded); a job requeued 100,000 times made one
+    reply 34 MB. The reasons are cut to the columns; a reply has each job's newest runs."""
+    job = submit(repo, requeue=True)
+    message = "chdir to /" + "d" * 540 + " failed: No such file or directory"
+    repo.start_run(job, Placement(("a",), ((),)), now=2.0)
+    repo.rank_ended(job, 0, "a", {"exit_code": None, "signal": None, "reason": "launch_failed",
+                                  "message": message}, now=3.0)
+    row = repo.job(job)
+    assert len(row["reason"]) == 200 and message.startswith(row["reason"])
+    monkeypatch.setattr(repository, "RUNS_SHOWN", 2)
+    again = submit(repo, requeue=True)
+    for attempt in range(4):  # four runs, each requeued
+        assert repo.start_run(again, Placement(("a",), ((),)), now=4.0 + attempt)
+        assert repo.request_end(again, "requeue", "requeued by u")
+        repo.rank_ended(again, attempt, "a", {"exit_code": None, "signal": 15, "reason": "requeue"}, now=4.5 + attempt)
+    assert repo.job(again)["attempts"] == 4
+    assert [r["attempt"] for r in repo.runs(job_ids=[again])] == [2, 3]

@@ -30,7 +30,8 @@ def test_begin_means_the_next_such_time():
 
 
 @pytest.mark.parametrize("text, message", [("yesterday-ish", "expected now"), ("2026-13-01", "month"),
-                                            ("25:00", "hour"), ("now+5parsecs", "expected now"), ("", "expected")])
+                                            ("25:00", "hour"), ("now+5parsecs", "expected now"), ("", "expected"),
+                                            ("now+" + "9" * 320, "too large")])  # a float cannot hold it
 def test_bad_times(text, message):
     with pytest.raises(ValueError, match=message):
         parse_datetime(text, NOW)
