@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from .model import JobView, NodeView, Placement
-from .sharing import add_share, card_misfit, share_misfit
+from .sharing import CardUse, add_share, card_misfit, card_use, share_misfit
 
 
 @dataclass(frozen=True)
@@ -155,8 +155,8 @@ def _share_misfit(job: JobView, node: NodeView, gpu_ids, share: tuple[int, int],
             return f"{node.name}: MIG instance {mig} is in use"
         return None
     mem, compute = share
-    used = next(((m, c) for i, m, c, _n in node.shared if i == card.index), (0, 0))
-    if used[0] + mem > card.memory_mb or used[1] + compute > 100:
+    used = card_use(node).get(card.index, CardUse())
+    if used.mem_mb + mem > card.memory_mb or used.compute + compute > 100:
         return f"{node.name}: GPU {card.index} cannot take {mem} MiB and {compute}% more"
     return None
 
