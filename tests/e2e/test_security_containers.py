@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import pytest
 
 from hai_cluster.agent import spool
 from tests.integration.test_agent_containers import busybox_rootfs, podman_installed
-from tests.integration.test_runtime_paths import bz2_bomb, slow_image
+from tests.integration.test_runtime_paths import bz2_bomb, slow_image, watched_tmpfs
 
 from .harness import TEST_USER, Cluster, ensure_user, start_local_cluster, user_dir, wait_for
 
@@ -234,28 +233,15 @@ def test_an_image_name_that_is_an_option_is_refused_at_submission(cluster):
 def image_cluster():
     """A cluster whose image cache is a 64 MiB tmpfs of its own, and the most of it ever used."""
     cache = Path(tempfile.mkdtemp(prefix="hai-imgcache-", dir="/tmp"))
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(cache)], check=True)
-    peak, stop = [0], threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            st = os.statvfs(cache)
-            peak[0] = max(peak[0], (st.f_blocks - st.f_bfree) * st.f_frsize)
-            time.sleep(0.002)
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
     try:
-        c = start_local_cluster(gpus=1, node="imgnode",
-                                agent_toml=f'[isolation]\nimage_cache = "{cache / "images"}"\n')
-        try:
-            yield c, cache, peak
-        finally:
-            c.close()
+        with watched_tmpfs(cache) as peak:
+            c = start_local_cluster(gpus=1, node="imgnode",
+                                    agent_toml=f'[isolation]\nimage_cache = "{cache / "images"}"\n')
+            try:
+                yield c, cache, peak
+            finally:
+                c.close()
     finally:
-        stop.set()
-        watcher.join()
-        if subprocess.run(["umount", str(cache)]).returncode != 0:
-            subprocess.run(["umount", "-l", str(cache)])
         os.rmdir(cache)
 
 

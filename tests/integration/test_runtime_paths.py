@@ -21,6 +21,7 @@ tests/e2e/test_security_containers.py."""
 from __future__ import annotations
 
 import bz2
+import contextlib
 import functools
 import gzip
 import io
@@ -463,13 +464,10 @@ def test_a_cancel_or_the_time_budget_ends_a_slow_unpack(box):
             request.unlink()
 
 
-@pytest.fixture
-def small_fs(tmp_path):
-    """A 64 MiB tmpfs for the image cache, and the most of it that was ever used while the test ran."""
-    need_root()
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(mnt)], check=True)
+@contextlib.contextmanager
+def watched_tmpfs(mnt: Path, size: str = "64m"):
+    """`mnt` as a tmpfs of `size`; yields a one-item list: the most of it used while it was open."""
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mnt)], check=True)
     peak, stop = [0], threading.Event()
 
     def watch():
@@ -480,12 +478,22 @@ def small_fs(tmp_path):
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        yield mnt, peak
+        yield peak
     finally:
         stop.set()
         watcher.join()
         if subprocess.run(["umount", str(mnt)]).returncode != 0:  # a failed test's fd still open there
             subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 64 MiB tmpfs for the image cache, and the most of it that was ever used while the test ran."""
+    need_root()
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    with watched_tmpfs(mnt) as peak:
+        yield mnt, peak
 
 
 def test_a_sparse_tarball_never_fills_the_image_cache(tmp_path, small_fs):
