@@ -78,7 +78,6 @@ class ApiContext:
     def repo(self):
         return self.ctl.repo  # the store opens after the table is built
 
-
     def public(self, job: dict) -> dict:
         return _public(job, self.ctl.cfg.scheduler.mlfq, time.time())
 
