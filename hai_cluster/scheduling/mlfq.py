@@ -25,7 +25,7 @@ from ..core.states import JobState
 from .placement import place, place_on_each, placement_on, release, reserve, with_usage
 from .plan import Plan, Preempt, Start, Wait
 from .shares import best_effort_room
-from .victims import Candidate, FreeIndex, VictimIndex, scan_options
+from .victims import Candidate, FreeIndex, SearchContext, VictimIndex, scan_options
 
 # Enum members as plain names: looked up once, not once per job of a long list.
 _PENDING, _RUNNING, _PREEMPTING = JobState.PENDING, JobState.RUNNING, JobState.PREEMPTING
@@ -88,10 +88,10 @@ class MlfqPolicy:
         self.config = config or MlfqConfig()
 
     def decide(self, snapshot: Snapshot) -> Plan:
-        return _Decision(self.config, snapshot).run()
+        return MlfqPass(self.config, snapshot).run()
 
 
-class _Decision:
+class MlfqPass:
     """One scheduling pass over a snapshot; all state here is the pass's working copy."""
     # "index": placement and preemption look only at the nodes the indexes in victims.py name;
     # "scan": every node, the reference the differential test compares the indexes with.
@@ -148,6 +148,8 @@ class _Decision:
         self.free_now = FreeIndex(self.nodes, cfg.placement)
         self.free_future = self.free_now.copy_for(self.future, changed=leaving)
         self.victim_index = VictimIndex(self.node_order)
+        self.search = SearchContext(self.future, self.candidates, self.reserved, self.victims, self.node_order,
+                                    cfg.prefer_idle_victims)
 
     def changed(self, names, *, now: bool = True) -> None:
         """Nodes whose working copies (or reservations, or victims) the pass just changed;
@@ -326,16 +328,12 @@ class _Decision:
         self.changed(placement.nodes)
 
     # ---- preemption --------------------------------------------------------------------
-    def _busy(self, victims: list[JobView]) -> int:
-        """How many victims are not idle, when idle victims are preferred (else 0: no preference)."""
-        return sum(not v.idle for v in victims) if self.cfg.prefer_idle_victims else 0
-
     def try_preempt(self, job: JobView, level: int) -> bool:
         rank = PRIORITY_RANK.get(job.priority, 2)
         if self.victim_search == "scan" or self.cfg.prefer_idle_victims:
-            picked = scan_options(self, job, level, rank)
+            picked = scan_options(self.search, job, level, rank)
         else:
-            picked = self.victim_index.options(self, job, level, rank)
+            picked = self.victim_index.options(self.search, job, level, rank)
         if picked is None:
             return False
         victims = {v.id: v for o in picked for v in o[3]}

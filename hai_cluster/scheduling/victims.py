@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
-from typing import TYPE_CHECKING, Iterable, NamedTuple
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple
 
 from ..core.model import JobView, NodeView
 from ..core.resources import fits
-
-if TYPE_CHECKING:
-    from .mlfq import _Decision
 
 URGENT = 0
 
@@ -34,6 +32,22 @@ class Candidate(NamedTuple):
     ripe: bool  # it has held its GPUs for its level's quantum
     gpus: int  # GPUs it holds on this node
     run_gpus: int  # GPUs it holds on all its nodes
+
+
+@dataclass(frozen=True)
+class SearchContext:
+    """What the victim search reads of one pass. The containers are the pass's own working copies,
+    shared and not copied: the pass changes them, and tells the VictimIndex which nodes changed."""
+    future: dict[str, NodeView]  # each node as it will be once the PREEMPTING runs have left
+    candidates: dict[str, list[Candidate]]  # per node, the runs that could be preempted, cheapest first
+    reserved: set[str]  # nodes held for a starving job
+    taken: set[int]  # ids of the runs the pass already preempts
+    node_order: list[str]  # every node, by name
+    prefer_idle: bool  # idle runs are taken first, whatever their level
+
+    def busy(self, victims: list[JobView]) -> int:
+        """How many victims are not idle, when idle victims are preferred (else 0: no preference)."""
+        return sum(not v.idle for v in victims) if self.prefer_idle else 0
 
 
 class FreeIndex:
@@ -103,7 +117,7 @@ class FreeIndex:
         return None
 
 
-def node_option(d: _Decision, job: JobView, level: int, name: str, rank: int, fit: bool | None = None):
+def node_option(d: SearchContext, job: JobView, level: int, name: str, rank: int, fit: bool | None = None):
     """The victims `job` (of this level and class rank) would take on node `name`: (count, their
     GPUs, name, victims) and the GPUs missing there before preempting; None when the node cannot
     give room. `fit`: whether one rank fits on the node empty, when the caller knows (it cannot
@@ -118,12 +132,12 @@ def node_option(d: _Decision, job: JobView, level: int, name: str, rank: int, fi
     chosen: list[JobView] = []
     freed = total = 0
     urgent = rank == URGENT
-    taken = d.victims
+    taken = d.taken
     for c in candidates:
         if freed >= need:
             break
         if not urgent and c.level <= level:
-            if d.cfg.prefer_idle_victims:
+            if d.prefer_idle:
                 continue  # idle runs came first, whatever their level: look further
             break  # candidates come lowest level first: the rest are not below this job
         if may_take(c, level, rank, taken):
@@ -150,7 +164,7 @@ def node_fits(job: JobView, node: NodeView) -> bool:
     return node.schedulable and bool(fits(job, node, ignore_usage=True))
 
 
-def scan_options(d: _Decision, job: JobView, level: int, rank: int) -> list | None:
+def scan_options(d: SearchContext, job: JobView, level: int, rank: int) -> list | None:
     """The reference: every node in name order. Returns the options picked (one per rank) or None.
     Also the search when idle victims are preferred (options with fewer busy victims first),
     which the index does not model."""
@@ -161,11 +175,11 @@ def scan_options(d: _Decision, job: JobView, level: int, rank: int) -> list | No
             continue
         option, need = found
         options.append(option)
-        if job.nodes == 1 and option[:2] == (1, need) and d._busy(option[3]) == 0:
+        if job.nodes == 1 and option[:2] == (1, need) and d.busy(option[3]) == 0:
             break  # one victim of exactly the size needed: nothing can be cheaper
     if len(options) < job.nodes:
         return None
-    options.sort(key=lambda o: (d._busy(o[3]), *o[:3]))
+    options.sort(key=lambda o: (d.busy(o[3]), *o[:3]))
     return options[:job.nodes]
 
 
@@ -255,18 +269,18 @@ class Takeable:
         for name in names:
             self.on.pop(name, None)
 
-    def at(self, d: _Decision, name: str) -> tuple[list[JobView], list[int], list[int]]:
+    def at(self, d: SearchContext, name: str) -> tuple[list[JobView], list[int], list[int]]:
         entry = self.on.get(name)
         if entry is None:
             entry = self.on[name] = self._walk(d, name)
         return entry
 
-    def _walk(self, d: _Decision, name: str) -> tuple[list[JobView], list[int], list[int]]:
+    def _walk(self, d: SearchContext, name: str) -> tuple[list[JobView], list[int], list[int]]:
         # The index is not used when idle runs are preferred, so the walk ends at the first run
         # not below this level.
         level, rank = self.level, self.rank
         urgent = rank == URGENT
-        taken = d.victims
+        taken = d.taken
         runs: list[JobView] = []
         freed: list[int] = []
         total: list[int] = []
@@ -312,7 +326,7 @@ class VictimIndex:
             takeable.seen = len(self.taken_log)
         return takeable
 
-    def options(self, d: _Decision, job: JobView, level: int, rank: int) -> list | None:
+    def options(self, d: SearchContext, job: JobView, level: int, rank: int) -> list | None:
         # Everything node_option reads of the job: fits() (partition, sizes, runtime), the level
         # and the class rank (may_preempt, urgency).
         key = (job.gpus_per_node, job.partition, job.cpus_per_task, job.mem_mb, job.runtime, level, rank)
@@ -334,7 +348,7 @@ class VictimIndex:
         return shape.pick(job.nodes)
 
     @staticmethod
-    def _compute(d: _Decision, shape: _Shape, takeable: Takeable, job: JobView, names: Iterable[str],
+    def _compute(d: SearchContext, shape: _Shape, takeable: Takeable, job: JobView, names: Iterable[str],
                  stop_at_exact: bool = False) -> int:
         """Compute the shape's options on these nodes, in order (one loop for them all: this runs
         for thousands of nodes a pass); with stop_at_exact, up to the first exact one. Returns how

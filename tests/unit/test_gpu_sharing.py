@@ -234,9 +234,9 @@ def test_mlfq_demotes_a_long_sharing_job():
     # A 0.5 share that has run 7300 s has 3650 GPU-seconds: past the first threshold (3600), level 1.
     long = replace(sharing(1, 0.5, state=JobState.RUNNING, alloc=[("a", (0,))], start=0.0), gpu_charge=0.5)
     n = replace(node(cards=1), used_gpus=frozenset({0}), shared=((0, 40960, 50, 1),))
-    from hai_cluster.scheduling.mlfq import _Decision
-    assert _Decision(MlfqConfig(), Snapshot(now=7100.0, jobs=(long,), nodes=(n,))).level(long) == 0  # 3550
-    assert _Decision(MlfqConfig(), Snapshot(now=7300.0, jobs=(long,), nodes=(n,))).level(long) == 1
+    from hai_cluster.scheduling.mlfq import MlfqPass
+    assert MlfqPass(MlfqConfig(), Snapshot(now=7100.0, jobs=(long,), nodes=(n,))).level(long) == 0  # 3550
+    assert MlfqPass(MlfqConfig(), Snapshot(now=7300.0, jobs=(long,), nodes=(n,))).level(long) == 1
     # At 7100 the policy wakes when the share crosses 3600: (3600 - 3550) / 0.5 = 100 s later.
     assert MlfqPolicy(MlfqConfig()).decide(Snapshot(now=7100.0, jobs=(long,), nodes=(n,))).wake_at == 7200.0
     # Requeued after that run, it waits behind a new sharing job when the card has room for one.

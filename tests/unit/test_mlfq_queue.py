@@ -1,4 +1,4 @@
-"""The MLFQ pass orders its pending jobs by groups and stable sorts (mlfq._Decision.queue); the
+"""The MLFQ pass orders its pending jobs by groups and stable sorts (mlfq.MlfqPass.queue); the
 order must be exactly that of the one sort key it replaces, compared here on random queues with
 every field of the key in play: classes, levels (the lowest one round-robin), best-effort shares,
 fair-share factors, equal submit times, with and without the starvation guard."""
@@ -11,12 +11,12 @@ from hai_cluster.core.model import JobView, Snapshot
 from hai_cluster.core.sharing import GpuShare
 from hai_cluster.core.states import JobState
 from hai_cluster.core.model import PRIORITY_RANK
-from hai_cluster.scheduling.mlfq import MlfqConfig, _Decision
+from hai_cluster.scheduling.mlfq import MlfqConfig, MlfqPass
 
 PRIORITIES = ["urgent", "high", "normal", "normal", "low"]
 
 
-def reference_order(d: _Decision) -> list[tuple[int, int, int]]:
+def reference_order(d: MlfqPass) -> list[tuple[int, int, int]]:
     """The single sort key of the MLFQ order, written out as the documentation states it."""
     keyed = []
     for j in d.pending:
@@ -60,6 +60,6 @@ def random_snapshot(seed: int) -> Snapshot:
 def test_queue_is_the_order_of_the_single_key(seed, starvation):
     snap = random_snapshot(seed)
     cfg = MlfqConfig(starvation_factor=starvation, starvation_floor=1000.0)
-    queued = [(j.id, level, rank) for j, level, rank in _Decision(cfg, snap).queue()]
-    assert queued == reference_order(_Decision(cfg, snap))
+    queued = [(j.id, level, rank) for j, level, rank in MlfqPass(cfg, snap).queue()]
+    assert queued == reference_order(MlfqPass(cfg, snap))
     assert len(queued) == len(snap.jobs)

@@ -60,12 +60,12 @@ CONFIGS = [MlfqConfig(thresholds=(100.0, 1000.0), quanta=(10.0, 50.0, 100.0)),
 
 
 def plan_with(search: str, cfg: MlfqConfig, snap: Snapshot):
-    old = mlfq._Decision.victim_search
-    mlfq._Decision.victim_search = search
+    old = mlfq.MlfqPass.victim_search
+    mlfq.MlfqPass.victim_search = search
     try:
         return MlfqPolicy(cfg).decide(snap)
     finally:
-        mlfq._Decision.victim_search = old
+        mlfq.MlfqPass.victim_search = old
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=["quanta", "no-quanta-spread", "starvation"])
