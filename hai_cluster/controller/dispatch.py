@@ -12,6 +12,7 @@ from ..core.jobids import parse_array
 from ..core.model import JobSpec
 from ..core.patterns import resolve_output_path
 from ..protocol.runspec import RunSpec
+from ..store.records import JobRecord
 
 
 def checkpoint_dir(spec: JobSpec, job_id: int) -> str:
@@ -21,44 +22,45 @@ def checkpoint_dir(spec: JobSpec, job_id: int) -> str:
     return posixpath.join(spec.workdir, ".hai", "checkpoints", str(job_id))
 
 
-def rank_spec(job: Mapping, attempt: int, rank: int, nodelist: Sequence[str], gpus: Sequence[int],
-              addresses: Mapping[str, str]) -> RunSpec:
-    spec = JobSpec.from_wire(job["spec"])
+def rank_spec(job: JobRecord, attempt: int, rank: int, nodelist: Sequence[str], gpus: Sequence[int],
+              addresses: Mapping[str, str], mig: str | None = None) -> RunSpec:
+    """What rank `rank` of the job's run `attempt` is sent; `mig`: the MIG instance it holds."""
+    spec = job.spec
     node = nodelist[rank]
-    array = dict(array_job_id=job.get("array_job_id"), array_task_id=job.get("array_task_id"))
-    names = dict(job_id=job["id"], job_name=job["name"], user=job["user"], node=node,
-                 restart_count=job["restart_count"], **array)
+    array = dict(array_job_id=job.array_job_id, array_task_id=job.array_task_id)
+    names = dict(job_id=job.id, job_name=job.name, user=job.user, node=node,
+                 restart_count=job.restart_count, **array)
     stdout = resolve_output_path(spec.stdout, spec.workdir, **names)
     stderr = resolve_output_path(spec.stderr, spec.workdir, **names) if spec.stderr else None
-    ckpt = checkpoint_dir(spec, job["id"])
+    ckpt = checkpoint_dir(spec, job.id)
     env = job_environment(
-        spec.environment, job_id=job["id"], job_name=job["name"], user=job["user"],
-        partition=job["partition"], nodelist=nodelist, rank=rank, node=node, gpus=gpus,
-        cpus_per_task=spec.cpus_per_task, restart_count=job["restart_count"], checkpoint_dir=ckpt,
+        spec.environment, job_id=job.id, job_name=job.name, user=job.user,
+        partition=job.partition, nodelist=nodelist, rank=rank, node=node, gpus=gpus,
+        cpus_per_task=spec.cpus_per_task, restart_count=job.restart_count, checkpoint_dir=ckpt,
         submit_dir=spec.submit_dir or spec.workdir, master_addr=addresses.get(nodelist[0], nodelist[0]),
         time_limit=spec.time_limit, preempt_signal=spec.signal, **array,
         array_indices=parse_array(spec.array, None).indices if spec.array else ())
     return RunSpec(
-        job_id=job["id"], attempt=attempt, rank=rank, user=job["user"], uid=job["uid"],
-        gid=job["gid"], script=spec.script, script_args=tuple(spec.script_args),
+        job_id=job.id, attempt=attempt, rank=rank, user=job.user, uid=job.uid,
+        gid=job.gid, script=spec.script, script_args=tuple(spec.script_args),
         workdir=spec.workdir, stdout=stdout, stderr=stderr, environment=env,
         time_limit=spec.time_limit, signal=spec.signal, signal_time=spec.signal_time,
         grace=spec.grace, checkpoint_dir=ckpt,
         # isolation: the agent picks the runtime's default when None, limits the rank to these
         # resources and shows a container only its own GPUs' device nodes
         runtime=spec.runtime, container_image=spec.container_image, mem_mb=spec.mem_mb,
-        cpus=spec.cpus_per_task, gpus=tuple(gpus), gpu_share=_share(spec, job.get("gpu_mig") or (), rank),
+        cpus=spec.cpus_per_task, gpus=tuple(gpus), gpu_share=_share(spec, mig),
         umask=0o022 if spec.umask is None else spec.umask,
     )
 
 
-def _share(spec: JobSpec, mig: Sequence[str], rank: int) -> dict | None:
+def _share(spec: JobSpec, mig: str | None) -> dict | None:
     """A sharing rank's share of its card (the agent turns it into MPS limits), and the MIG
     instance it holds on a MIG card."""
     if spec.gpu_fraction is None and spec.gpu_mem_mb is None:
         return None
     share = {"fraction": spec.gpu_fraction, "mem_mb": spec.gpu_mem_mb, "compute": spec.gpu_compute,
              "qos": spec.gpu_qos or "guaranteed"}
-    if rank < len(mig) and mig[rank]:
-        share["mig"] = mig[rank]
+    if mig:
+        share["mig"] = mig
     return share

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from ..store.records import JobRecord
 from ..store.repository import RankRef
 from ..transport.rpc import RpcError
 from .dispatch import rank_spec
@@ -26,9 +27,9 @@ class Dispatcher:
         self.in_flight: set[tuple[int, int, str]] = set()  # start_run requests under way
         self.told_to_end: set[tuple[int, int, str, int]] = set()  # (job, attempt, node, link generation)
 
-    def start(self, job: dict, attempt: int, rank: int, nodelist, gpus) -> None:
+    def start(self, job: JobRecord, attempt: int, rank: int, nodelist, gpus, mig: str | None = None) -> None:
         """Send the rank's start in the background (the tick does not wait for agents)."""
-        self.ctl.spawn(self._start(job, attempt, rank, nodelist, gpus))
+        self.ctl.spawn(self._start(job, attempt, rank, nodelist, gpus, mig))
 
     async def retry_unfinished(self) -> None:
         """Re-send what may have been lost: starts never confirmed, ends never acknowledged."""
@@ -41,36 +42,36 @@ class Dispatcher:
             if r.job_id in ending:
                 await self.tell_to_end(r, ending[r.job_id])
             elif r.state == "starting" and (r.job_id, r.attempt, r.node) not in self.in_flight:
-                job = await self.ctl.db(self.ctl.repo.job, r.job_id)
-                nodelist = job["nodelist"].split(",")
-                self.start(job, r.attempt, r.rank, nodelist, r.gpus)
+                job = await self.ctl.db(self.ctl.repo.job_record, r.job_id)
+                if job is not None:
+                    self.start(job, r.attempt, r.rank, job.nodelist_names, r.gpus, r.mig)
 
-    async def _start(self, job: dict, attempt: int, rank: int, nodelist, gpus) -> None:
+    async def _start(self, job: JobRecord, attempt: int, rank: int, nodelist, gpus, mig: str | None) -> None:
         node = nodelist[rank]
-        key = (job["id"], attempt, node)
+        key = (job.id, attempt, node)
         if key in self.in_flight:
             return
         self.in_flight.add(key)
         try:
-            spec = rank_spec(job, attempt, rank, list(nodelist), list(gpus), self.ctl.addresses)
+            spec = rank_spec(job, attempt, rank, list(nodelist), list(gpus), self.ctl.addresses, mig)
             reply = await self.ctl.links[node].call("start_run", {"spec": spec.to_wire()})
             status = reply["status"]
             if status.get("state") == "ended":
                 await self.ctl.run_ended(node, status)
             else:
-                await self.ctl.mark_running((job["id"], attempt, node))
+                await self.ctl.mark_running((job.id, attempt, node))
         except RpcError as exc:  # the agent refused the run: it can never start there
-            log.warning("job %d: node %s refused the run: %s", job["id"], node, exc)
-            await self.ctl.run_ended(node, {"job_id": job["id"], "attempt": attempt, "rank": rank, "exit_code": None,
+            log.warning("job %d: node %s refused the run: %s", job.id, node, exc)
+            await self.ctl.run_ended(node, {"job_id": job.id, "attempt": attempt, "rank": rank, "exit_code": None,
                                             "signal": None, "reason": "launch_failed", "message": str(exc)})
         except AGENT_ERRORS as exc:  # unknown whether it started: the retry pass asks again
-            log.warning("job %d: dispatch to %s not confirmed (%s); will retry", job["id"], node, exc)
+            log.warning("job %d: dispatch to %s not confirmed (%s); will retry", job.id, node, exc)
         except StoreUnavailable:  # started but not recorded as running: the next resync records it
             pass
         except Exception as exc:  # noqa: BLE001 - the run cannot be built (a bug): it must not hold its GPUs
-            log.exception("job %d: its run for %s cannot be dispatched", job["id"], node)
+            log.exception("job %d: its run for %s cannot be dispatched", job.id, node)
             try:
-                await self.ctl.run_ended(node, {"job_id": job["id"], "attempt": attempt, "rank": rank,
+                await self.ctl.run_ended(node, {"job_id": job.id, "attempt": attempt, "rank": rank,
                                                 "exit_code": None, "signal": None, "reason": "launch_failed",
                                                 "message": f"the controller could not build the run: {exc}"})
             except StoreUnavailable:

@@ -209,16 +209,17 @@ class Controller:
         seen = {j.id: j.version for j in snapshot.jobs}  # the applier starts only the jobs the policy saw
         recorded = await self.db(self.repo.start_runs, [StartRequest(s.job_id, s.placement, seen.get(s.job_id))
                                                         for s in plan.starts], time.time())
-        for start, job in zip(plan.starts, recorded):
-            if not job:
-                log.info("job %d: start no longer possible (%s), re-planning next tick", start.job_id, job.reason)
+        for start, run in zip(plan.starts, recorded):
+            if not run:
+                log.info("job %d: start no longer possible (%s), re-planning next tick", start.job_id, run.reason)
                 continue
-            self.events.record("started", job["id"], ",".join(start.placement.nodes), attempt=job["attempt"],
+            self.events.record("started", run.job.id, ",".join(start.placement.nodes), attempt=run.attempt,
                                gpus=" ".join(f"{n}:{','.join(map(str, g))}" for n, g in
                                              zip(start.placement.nodes, start.placement.gpus) if g) or None,
                                reason=start.reason)
             for rank, node in enumerate(start.placement.nodes):
-                self.dispatch.start(job, job["attempt"], rank, start.placement.nodes, start.placement.gpus[rank])
+                self.dispatch.start(run.job, run.attempt, rank, start.placement.nodes, start.placement.gpus[rank],
+                                    run.mig[rank] if rank < len(run.mig) else None)
         # Re-sending is the fallback for lost messages: once a tick is enough, not once per pass
         # (a burst of submissions and ends wakes a pass each; these are two queries each time).
         if time.monotonic() - self._last_retry >= self.cfg.tick_seconds:

@@ -16,6 +16,7 @@ from ..core.resources import placement_misfit, take
 from ..core.sharing import share_charge, share_of
 from ..core.states import JobState
 from . import statements as st
+from .records import JobRecord, StartedRun
 from .schema import jobs
 from .views import full_spec, job_view, live_ranks, node_views
 
@@ -37,7 +38,7 @@ class StartRequest:
     version: int | None = None  # the job's version in the policy's snapshot; None: any
 
 
-def start_runs(engine: Engine, starts: Sequence[StartRequest], now: float) -> list[dict | Refused]:
+def start_runs(engine: Engine, starts: Sequence[StartRequest], now: float) -> list[StartedRun | Refused]:
     """Each of a pass's starts, in one transaction (a pass that starts many jobs waits for one
     sync, not one each); each is checked after those before it."""
     if not starts:
@@ -49,7 +50,7 @@ def start_runs(engine: Engine, starts: Sequence[StartRequest], now: float) -> li
         return [start_run(c, s, now, views) for s in starts]
 
 
-def start_run(c, start: StartRequest, now: float, views: dict[str, NodeView]) -> dict | Refused:
+def start_run(c, start: StartRequest, now: float, views: dict[str, NodeView]) -> StartedRun | Refused:
     """In transaction `c`: record a run of `start`'s job on its placement, or refuse it. `views`:
     the nodes as they are in the transaction (a start recorded here is counted in them)."""
     job_id, placement = start.job_id, start.placement
@@ -68,10 +69,10 @@ def start_run(c, start: StartRequest, now: float, views: dict[str, NodeView]) ->
     partition = next((p for p in job.partition.split(",")
                       if all(not views[n].partitions or p in views[n].partitions for n in placement.nodes)),
                      job.partition)
-    res = c.execute(*st.update_by_id(jobs, job_id, dict(
-        state=JobState.RUNNING.value, reason="None", start_time=now, end_time=None,
-        attempts=attempt + 1, nodelist=",".join(placement.nodes), version=job.version + 1,
-        partition=partition), version=job.version))
+    started = dict(state=JobState.RUNNING.value, reason="None", start_time=now, end_time=None,
+                   attempts=attempt + 1, nodelist=",".join(placement.nodes), version=job.version + 1,
+                   partition=partition)
+    res = c.execute(*st.update_by_id(jobs, job_id, started, version=job.version))
     if res.rowcount != 1:
         return Refused(job_id, "changed while starting")
     run_id = c.execute(st.RUN_INSERT, dict(
@@ -88,8 +89,7 @@ def start_run(c, start: StartRequest, now: float, views: dict[str, NodeView]) ->
         mig_uuid=(placement.mig[rank] or None) if placement.mig else None)
         for rank, (name, gpu_ids) in enumerate(zip(placement.nodes, placement.gpus))])
     take(view, placement, views)
-    return {**job._mapping, "spec": full_spec(c, job), "partition": partition, "attempt": attempt,
-            "run_id": run_id, "gpu_mig": list(placement.mig)}
+    return StartedRun(JobRecord.of(job._mapping, full_spec(c, job), **started), attempt, run_id, tuple(placement.mig))
 
 
 def _share_charge(job, placement: Placement, views: dict[str, NodeView]) -> float:

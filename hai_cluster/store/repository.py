@@ -20,8 +20,9 @@ from ..core.states import ACTIVE_STATES, FINAL_STATES, JobState
 from . import applier
 from . import statements as st
 from .applier import Refused, StartRequest
+from .records import JobRecord, StartedRun
 from .schema import array_specs, gpus, jobs, nodes, run_ranks, runs
-from .views import full_spec, job_columns, job_view, live_ranks, node_views, probe_view
+from .views import full_spec, job_columns, job_view, live_ranks, node_views, probe_view, spec_columns
 
 ACTIVE = [s.value for s in ACTIVE_STATES]
 FINAL = [s.value for s in FINAL_STATES]
@@ -46,6 +47,7 @@ class RankRef:
     node: str
     gpus: tuple[int, ...]
     state: str  # starting | running
+    mig: str | None = None  # the MIG instance a sharing rank holds
 
 
 @dataclass(frozen=True)
@@ -263,17 +265,20 @@ class Repository:
             return res.rowcount == 1
 
     def update_pending(self, job_id: int, changes: Mapping[str, Any]) -> str | None:
-        """hcontrol update JobId=: change time_limit, partition or dependency of a pending job (the
-        columns and the spec alike). Returns an error text, or None when done."""
+        """hcontrol update JobId=: change time_limit, partition or dependency of a pending job: its
+        spec, and the columns derived from it. Returns an error text, or None when done."""
         with self.engine.begin() as c:
-            job = c.execute(select(jobs.c.state, jobs.c.spec).where(jobs.c.id == job_id)).first()
+            job = c.execute(select(jobs.c.state, jobs.c.spec, jobs.c.array_job_id).where(jobs.c.id == job_id)).first()
             if job is None:
                 return f"Invalid job id specified: {job_id}"
             if job.state != JobState.PENDING.value:
                 return f"Job {job_id} is {job.state}; only a pending job can be updated"
-            # An array task's own spec holds only its changes (_full_spec): these few fields.
+            spec = JobSpec.from_wire({**full_spec(c, job), **changes})
+            # The partition column is the admitted one (update admits it again), not spec_columns'.
+            partition = {"partition": changes["partition"]} if "partition" in changes else {}
+            # An array task's own spec holds only its changes (full_spec): these few fields.
             c.execute(update(jobs).where(jobs.c.id == job_id).values(
-                **changes, spec={**job.spec, **changes}, version=jobs.c.version + 1))
+                **spec_columns(spec), **partition, spec={**job.spec, **changes}, version=jobs.c.version + 1))
             return None
 
     # ---- scheduling ----------------------------------------------------------------------
@@ -331,23 +336,24 @@ class Repository:
                           .values(reason=bindparam("new")), changed)
             return {r["jid"]: r["new"] for r in changed}
 
-    def start_runs(self, starts: Sequence[StartRequest | tuple], now: float) -> list[dict | Refused]:
+    def start_runs(self, starts: Sequence[StartRequest | tuple], now: float) -> list[StartedRun | Refused]:
         """Record a pass's starts (store/applier.py): a run each, or why not."""
         return applier.start_runs(self.engine, [s if isinstance(s, StartRequest) else StartRequest(*s)
                                                 for s in starts], now)
 
-    def start_run(self, job_id: int, placement: Placement, now: float, version: int | None = None) -> dict | Refused:
+    def start_run(self, job_id: int, placement: Placement, now: float, version: int | None = None) -> StartedRun | Refused:
         return self.start_runs([StartRequest(job_id, placement, version)], now)[0]
 
     # ---- what agents report --------------------------------------------------------------
     def live_ranks(self, node: str | None = None) -> list[RankRef]:
         q = (select(runs.c.job_id, runs.c.attempt, run_ranks.c.rank, run_ranks.c.node, run_ranks.c.gpus,
-                    run_ranks.c.state)
+                    run_ranks.c.state, run_ranks.c.mig_uuid)
              .join(runs, runs.c.id == run_ranks.c.run_id).where(st.LIVE))
         if node is not None:
             q = q.where(run_ranks.c.node == node)
         with self.engine.connect() as c:
-            return [RankRef(r.job_id, r.attempt, r.rank, r.node, tuple(r.gpus), r.state) for r in c.execute(q)]
+            return [RankRef(r.job_id, r.attempt, r.rank, r.node, tuple(r.gpus), r.state, r.mig_uuid)
+                    for r in c.execute(q)]
 
     def mark_rank_running(self, job_id: int, attempt: int, node: str) -> None:
         self.mark_ranks_running([(job_id, attempt, node)])
@@ -516,6 +522,12 @@ class Repository:
             res = c.execute(q)
             keys = tuple(res.keys())
             return _with_shares(c, [dict(zip(keys, r)) for r in res])  # a third of the time of r._mapping per row
+
+    def job_record(self, job_id: int) -> JobRecord | None:
+        """The job with its whole spec, typed (what a run is built from)."""
+        with self.engine.connect() as c:
+            r = c.execute(st.JOB_BY_ID, {"p_id": job_id}).first()
+            return JobRecord.of(r._mapping, full_spec(c, r)) if r else None
 
     def job(self, job_id: int) -> dict | None:
         with self.engine.connect() as c:

@@ -24,20 +24,26 @@ def required_runtime(spec: JobSpec) -> str | None:
     return "container" if spec.container_image and not spec.runtime else None
 
 
+def spec_columns(spec: JobSpec) -> dict:
+    """The job table's columns that copy the spec, for the snapshot and the listings: derived here
+    alone, when a job is submitted and whenever its spec changes (update_pending)."""
+    return dict(
+        name=spec.name, priority=spec.priority, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
+        cpus_per_task=spec.cpus_per_task, mem_mb=spec.mem_mb, time_limit=spec.time_limit,
+        preemptible=spec.requeue, runtime=required_runtime(spec), begin_time=spec.begin_time,
+        dependency=spec.dependency, gpu_fraction=spec.gpu_fraction, gpu_mem_mb=spec.gpu_mem_mb,
+        gpu_compute=spec.gpu_compute, gpu_qos=spec.gpu_qos)
+
+
 def job_columns(spec: JobSpec, *, user: str, uid: int, gid: int, partition: str, now: float,
                 account: str = "default") -> dict:
-    """The job table's columns of a new job, derived from its spec (submit inserts them)."""
+    """The job table's columns of a new job: its spec's, and the state of a job just submitted."""
     return dict(
-        name=spec.name, user=user, uid=uid, gid=gid, partition=partition,
+        spec_columns(spec), user=user, uid=uid, gid=gid, partition=partition,
         # a held job's reason is known now (the pass that would set it is not woken: api.submit)
-        state=JobState.PENDING.value, reason=spec.reason_at_submission or "None",
-        priority=spec.priority, submit_time=now,
-        nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
-        mem_mb=spec.mem_mb, time_limit=spec.time_limit, hold=spec.hold,
-        restart_count=0, attempts=0, nodelist="", attained_gpu_seconds=0.0, version=1,
-        pending_since=now, preemptible=spec.requeue, hold_admin=False, runtime=required_runtime(spec),
-        begin_time=spec.begin_time, dependency=spec.dependency, account=account, gpu_fraction=spec.gpu_fraction,
-        gpu_mem_mb=spec.gpu_mem_mb, gpu_compute=spec.gpu_compute, gpu_qos=spec.gpu_qos)
+        state=JobState.PENDING.value, reason=spec.reason_at_submission or "None", submit_time=now,
+        hold=spec.hold, restart_count=0, attempts=0, nodelist="", attained_gpu_seconds=0.0, version=1,
+        pending_since=now, hold_admin=False, account=account)
 
 
 def probe_view(spec: JobSpec, *, job_id: int, user: str, partition: str, now: float,

@@ -51,7 +51,7 @@ def test_snapshot_reflects_allocations(repo):
     a = repo.submit(spec(gpus_per_node=2), user="u", uid=1000, gid=1000, partition="gpu", now=10)
     repo.submit(spec(gpus_per_node=1), user="u", uid=1000, gid=1000, partition="gpu", now=11)
     started = repo.start_run(a, Placement(("a",), ((0, 1),)), now=12)
-    assert started["attempt"] == 0 and started["state"] == "PENDING"  # the row as it was
+    assert started.attempt == 0 and started.job.state == "RUNNING" and started.job.nodelist == "a"  # as it now is
     snap = repo.load_snapshot(now=13)
     nodes = {n.name: n for n in snap.nodes}
     assert nodes["a"].used_gpus == {0, 1} and nodes["b"].used_gpus == frozenset()
@@ -141,7 +141,7 @@ def test_failed_rank_asks_to_stop_peers_and_node_fail_requeues(repo):
     assert res.run_state == JobState.NODE_FAIL and res.job_state == JobState.PENDING
     job = repo.job(k)
     assert job["restart_count"] == 1 and job["reason"] == "Requeued"
-    assert repo.start_run(k, Placement(("a",), ((),)), now=8)["attempt"] == 1
+    assert repo.start_run(k, Placement(("a",), ((),)), now=8).attempt == 1
     assert [r["state"] for r in repo.runs(job_ids=[k])] == ["NODE_FAIL", "RUNNING"]
 
 
@@ -217,3 +217,23 @@ def test_live_ranks_are_read_from_their_own_index_not_the_whole_history(tmp_path
         plan = " ".join(str(r[-1]) for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + str(st.LIVE_RANKS.compile(eng))))
     eng.dispose()
     assert "USING INDEX ix_run_ranks_live" in plan, plan
+
+
+def test_the_job_record_has_the_job_tables_columns():
+    """store/records.JobRecord is the typed job row: every column but the spec's bytes, the spec parsed."""
+    from hai_cluster.store.records import COLUMNS
+    from hai_cluster.store.schema import jobs
+    assert set(COLUMNS) == {c.name for c in jobs.c} - {"spec", "spec_bytes"}
+
+
+def test_an_update_rewrites_the_spec_and_the_columns_derived_from_it(repo):
+    """The job's columns copy its spec through views.spec_columns alone, at submission and update."""
+    from hai_cluster.store.views import spec_columns
+    j = repo.submit(spec(gpus_per_node=1, time_limit=600, partition="gpu"), user="u", uid=1, gid=1,
+                    partition="gpu", now=1)
+    assert repo.update_pending(j, {"time_limit": 60, "partition": "cpu", "dependency": "afterok:7"}) is None
+    job = repo.job(j)
+    derived = spec_columns(JobSpec.from_wire(job["spec"]))
+    assert {k: job[k] for k in derived} == derived
+    assert (job["time_limit"], job["partition"], job["dependency"]) == (60, "cpu", "afterok:7")
+    assert job["spec"]["partition"] == "cpu" and job["version"] == 2

@@ -67,7 +67,7 @@ def test_an_arrays_spec_is_stored_once(repo, engine):
     assert repo.job(last)["spec"]["time_limit"] == 60 and repo.job(last)["spec"]["script"] == big
     assert repo.job(array_id)["spec"]["time_limit"] == 600  # the others keep the array's
     started = repo.start_run(last, Placement(("a",), ((),)), now=2.0)
-    assert started["spec"]["script"] == big and started["spec"]["time_limit"] == 60
+    assert started.job.spec.script == big and started.job.spec.time_limit == 60
 
 
 def test_a_final_jobs_script_and_environment_leave_the_store(repo, engine):

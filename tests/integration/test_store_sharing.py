@@ -1,6 +1,7 @@
 """The store with fractional GPUs: requests kept, shares recorded, re-checked, and in the snapshot."""
 import pytest
 
+from hai_cluster.controller.dispatch import rank_spec
 from hai_cluster.core.model import JobSpec, Placement
 from hai_cluster.core.sharing import GpuShare
 from hai_cluster.store.engine import make_engine, upgrade
@@ -100,7 +101,12 @@ def test_mig_instances_in_the_store(repo):
     assert not repo.start_run(two, Placement(("a",), ((0,),), shares=((20480, 28),), mig=("MIG-a",)), now=3)
     assert not repo.start_run(two, Placement(("a",), ((0,),), shares=((20480, 25),)), now=3)
     started = repo.start_run(two, Placement(("a",), ((0,),), shares=((40960, 42),), mig=("MIG-a",)), now=3)
-    assert started["gpu_mig"] == ["MIG-a"]
+    assert started.mig == ("MIG-a",)
+    # What a re-sent start is built from (the dispatcher's retry): the rank keeps its instance.
+    (rank,) = [r for r in repo.live_ranks() if r.job_id == two]
+    assert rank.mig == "MIG-a"
+    resent = rank_spec(repo.job_record(two), rank.attempt, rank.rank, ["a"], rank.gpus, {}, rank.mig)
+    assert resent.gpu_share["mig"] == "MIG-a" and resent.gpus == (0,)
     snap = repo.load_snapshot(now=4)
     (node,) = snap.nodes
     assert node.gpus[0].mig == tuple(tuple(m) for m in layout) and node.mig_used == {"MIG-a", "MIG-b"}

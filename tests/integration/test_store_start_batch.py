@@ -17,7 +17,7 @@ def test_start_runs_checks_each_after_the_ones_before(repo):  # noqa: F811
         (held, Placement(("b",), ((1,),))),  # held
         (ids[3], Placement(("b",), ((1,),))),
     ], now=10)
-    assert [None if not r else (r["id"], r["attempt"]) for r in out] == [
+    assert [None if not r else (r.job.id, r.attempt) for r in out] == [
         (ids[0], 0), None, None, (ids[2], 0), None, (ids[3], 0)]
     states = {j.id: j.state for j in repo.load_snapshot(now=11).jobs}
     assert [states[i] for i in ids] == [JobState.RUNNING, JobState.PENDING, JobState.RUNNING, JobState.RUNNING]

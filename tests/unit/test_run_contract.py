@@ -5,6 +5,7 @@ import pytest
 from hai_cluster.controller.dispatch import rank_spec
 from hai_cluster.core.model import JobSpec
 from hai_cluster.protocol.runspec import RunSpec, SpecError
+from hai_cluster.store.records import COLUMNS, JobRecord
 
 # The keys of a plain job's start_run spec as the release before this contract sent it
 # (dispatch built the map by hand) and as its agent checked them: exactly these, no more.
@@ -15,10 +16,11 @@ PREVIOUS_WIRE_KEYS = {
 PREVIOUS_OPTIONAL = {"runtime", "container_image", "mem_mb", "cpus", "gpus", "umask", "gpu_share"}
 
 
-def job_row(**spec_fields) -> dict:
+def job_row(**spec_fields) -> JobRecord:
     spec = JobSpec(script="#!/bin/sh\necho hi\n", workdir="/home/u/run", name="train", **spec_fields)
-    return {"id": 42, "name": "train", "user": "u", "uid": 1000, "gid": 1000, "partition": "gpu",
-            "restart_count": 1, "array_job_id": None, "array_task_id": None, "spec": spec.to_wire(), "gpu_mig": []}
+    row = dict.fromkeys(COLUMNS)
+    row.update(id=42, name="train", user="u", uid=1000, gid=1000, partition="gpu", restart_count=1)
+    return JobRecord.of(row, spec.to_wire())
 
 
 def test_dispatch_builds_the_run_spec_the_agent_accepts():
