@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from ..store.records import JobRecord
 from ..store.repository import RankRef
+from ..protocol.runspec import RunStatus, SpecError
 from ..transport.rpc import RpcError
 from .dispatch import rank_spec
 from .errors import StoreUnavailable
@@ -55,25 +56,23 @@ class Dispatcher:
         try:
             spec = rank_spec(job, attempt, rank, list(nodelist), list(gpus), self.ctl.addresses, mig)
             reply = await self.ctl.links[node].call("start_run", {"spec": spec.to_wire()})
-            status = reply["status"]
-            if status.get("state") == "ended":
+            status = RunStatus.from_wire(reply.get("status") if isinstance(reply, dict) else reply)
+            if status.ended:
                 await self.ctl.run_ended(node, status)
             else:
                 await self.ctl.mark_running((job.id, attempt, node))
         except RpcError as exc:  # the agent refused the run: it can never start there
             log.warning("job %d: node %s refused the run: %s", job.id, node, exc)
-            await self.ctl.run_ended(node, {"job_id": job.id, "attempt": attempt, "rank": rank, "exit_code": None,
-                                            "signal": None, "reason": "launch_failed", "message": str(exc)})
-        except AGENT_ERRORS as exc:  # unknown whether it started: the retry pass asks again
+            await self.ctl.run_ended(node, RunStatus.ended_by(job.id, attempt, rank, "launch_failed", str(exc)))
+        except (*AGENT_ERRORS, SpecError) as exc:  # unknown whether it started: the retry pass asks again
             log.warning("job %d: dispatch to %s not confirmed (%s); will retry", job.id, node, exc)
         except StoreUnavailable:  # started but not recorded as running: the next resync records it
             pass
         except Exception as exc:  # noqa: BLE001 - the run cannot be built (a bug): it must not hold its GPUs
             log.exception("job %d: its run for %s cannot be dispatched", job.id, node)
             try:
-                await self.ctl.run_ended(node, {"job_id": job.id, "attempt": attempt, "rank": rank,
-                                                "exit_code": None, "signal": None, "reason": "launch_failed",
-                                                "message": f"the controller could not build the run: {exc}"})
+                await self.ctl.run_ended(node, RunStatus.ended_by(job.id, attempt, rank, "launch_failed",
+                                                                  f"the controller could not build the run: {exc}"))
             except StoreUnavailable:
                 pass
         finally:

@@ -8,6 +8,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from ..protocol.runspec import RunStatus, SpecError
 from ..transport.rpc import RpcError
 from .health import on_health
 from .nodes import AGENT_ERRORS
@@ -44,13 +45,27 @@ async def resync_all(ctl: Controller) -> None:
             await reconcile(ctl, name, runs)
 
 
+def statuses(node: str, runs) -> dict[tuple[int, int], RunStatus]:
+    """An agent's run list, checked: by (job id, attempt). A malformed entry is logged and left
+    out (its run is then looked at again at the next resync, or recorded lost)."""
+    out = {}
+    for raw in runs if isinstance(runs, list) else ():
+        try:
+            status = RunStatus.from_wire(raw)
+        except SpecError as exc:
+            log.warning("node %s reported a malformed run status (%s); ignored", node, exc)
+            continue
+        out[status.job_id, status.attempt] = status
+    return out
+
+
 async def reconcile(ctl: Controller, node: str, runs: list) -> set:
     """Make the store and an agent's run list agree. Returns the stray runs told to end."""
-    reported = {(int(s["job_id"]), int(s["attempt"])): s for s in runs}
+    reported = statuses(node, runs)
     known = {(r.job_id, r.attempt): r for r in await ctl.db(ctl.repo.live_ranks, node)}
     strays = []
     for key, status in reported.items():
-        if status.get("state") == "ended":
+        if status.ended:
             await ctl.run_ended(node, status)
         elif key not in known:
             # The store is the truth: a run it does not have as live (ended while the node was
@@ -70,13 +85,11 @@ async def reconcile(ctl: Controller, node: str, runs: list) -> set:
         # A second look, taken after the store was read: a run started while the first list was
         # on its way shows up here, so only a run that really vanished is declared lost.
         listed = (await ctl.links[node].call("list_runs", {}))["runs"]
-        fresh = {(int(s["job_id"]), int(s["attempt"])) for s in listed}
+        fresh = set(statuses(node, listed))
         missing = [(key, r) for key, r in missing if key not in fresh]
     for key, r in missing:
         log.warning("job %d attempt %d: node %s no longer has the run; recording it lost", *key, node)
-        await ctl.run_ended(node, {"job_id": key[0], "attempt": key[1], "rank": r.rank,
-                                   "exit_code": None, "signal": None, "reason": "lost",
-                                   "message": f"run vanished from node {node}"})
+        await ctl.run_ended(node, RunStatus.ended_by(key[0], key[1], r.rank, "lost", f"run vanished from node {node}"))
     return set(strays)
 
 
@@ -85,13 +98,12 @@ async def wait_for_strays(ctl: Controller, node: str, strays: set) -> None:
     deadline = time.monotonic() + STRAY_WAIT_MAX
     while strays and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
-        runs = {(int(s["job_id"]), int(s["attempt"])): s
-                for s in (await ctl.links[node].call("list_runs", {}))["runs"]}
+        runs = statuses(node, (await ctl.links[node].call("list_runs", {}))["runs"])
         for key in list(strays):
             status = runs.get(key)
             if status is None:  # ended, reported and acknowledged meanwhile
                 strays.discard(key)
-            elif status.get("state") == "ended":
+            elif status.ended:
                 strays.discard(key)
                 await ctl.run_ended(node, status)  # recorded already: this acknowledges it
     if strays:

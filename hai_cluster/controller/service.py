@@ -20,6 +20,7 @@ from .. import timeouts
 from ..config import ControllerConfig, NodeConfig, SshConfig
 from ..core.dependency import NEVER
 from ..core.states import JobState
+from ..protocol.runspec import RunStatus, SpecError
 from ..scheduling.registry import make_policy
 from ..store.engine import make_engine, upgrade
 from ..store.events import add_events, prune_events
@@ -250,13 +251,12 @@ class Controller:
         await self.dispatch.end_job(job_id, request)
         return True
 
-    async def run_ended(self, node: str, status: dict) -> None:
-        job_id, attempt = int(status["job_id"]), int(status["attempt"])
+    async def run_ended(self, node: str, status: RunStatus) -> None:
+        job_id, attempt = status.job_id, status.attempt
         result = await self._record_end((job_id, attempt, node, status))
         if result.run_state is not None:
             self.events.record("ended", job_id, node, attempt=attempt, state=result.run_state.value,
-                               exit_code=status.get("exit_code"), signal=status.get("signal"),
-                               reason=status.get("reason"))
+                               exit_code=status.exit_code, signal=status.signal, reason=status.reason)
             if result.job_state == JobState.PENDING:
                 self.events.record("requeued", job_id, attempt=attempt, after=result.run_state.value)
             rollup = self.telemetry.finish((job_id, attempt))
@@ -289,9 +289,8 @@ class Controller:
             log.warning("node %s is down: %s; failing %d run(s) there", name, why, len(ranks))
             self.events.record("node_down", None, name, reason=why, runs=len(ranks))
             for r in ranks:
-                await self.run_ended(name, {"job_id": r.job_id, "attempt": r.attempt, "rank": r.rank,
-                                             "exit_code": None, "signal": None, "reason": "node_fail",
-                                             "message": f"node {name} stopped responding"})
+                await self.run_ended(name, RunStatus.ended_by(r.job_id, r.attempt, r.rank, "node_fail",
+                                                              f"node {name} stopped responding"))
 
     # ---- node link callbacks (controller/reconcile.py) ------------------------------------
     async def _on_hello(self, node: str, hello: dict) -> None:
@@ -312,9 +311,11 @@ class Controller:
     async def _on_event(self, node: str, name: str, body: Any) -> None:
         if name == "telemetry":
             self.telemetry.ingest(node, body)  # checks the batch; garbage is logged and dropped
-        elif name == "run_exited" and isinstance(body, dict) and "job_id" in body and "attempt" in body:
+        elif name == "run_exited":
             try:
-                await self.run_ended(node, body)
+                await self.run_ended(node, RunStatus.from_wire(body))
+            except SpecError as exc:
+                log.warning("node %s: a run_exited report is malformed (%s); dropped", node, exc)
             except StoreUnavailable:
                 pass  # not acknowledged to the agent: the next resync delivers it again
         elif name == "health":

@@ -248,15 +248,45 @@ class RunStatus:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}  # all scalars: no asdict copies
 
     @classmethod
+    def ended_by(cls, job_id: int, attempt: int, rank: int, reason: str, message: str) -> "RunStatus":
+        """The end the controller records for a rank no agent reports (lost, node down, refused)."""
+        return cls(job_id=job_id, attempt=attempt, rank=rank, state="ended", reason=reason, message=message)
+
+    @classmethod
+    def from_wire(cls, d: Any) -> "RunStatus":
+        """An agent's report of a run (start_run's reply, list_runs, hello, run_exited), checked
+        field by field; fields a newer agent adds are ignored. Raises SpecError, naming the field."""
+        if not isinstance(d, dict):
+            raise SpecError(f"a run status must be a map, got {type(d).__name__}")
+        for name in ("job_id", "attempt", "rank"):
+            if not _is_int(d.get(name)) or d[name] < 0:
+                raise SpecError(f"status.{name} must be a non-negative integer, got {d.get(name)!r}")
+        state = d.get("state", "running")
+        if state not in ("running", "ended"):
+            raise SpecError(f"status.state must be running or ended, got {state!r}")
+        for name in ("pid", "exit_code", "signal"):
+            if d.get(name) is not None and not _is_int(d[name]):
+                raise SpecError(f"status.{name} must be an integer or nil, got {d[name]!r}")
+        for name in ("start_time", "end_time"):
+            v = d.get(name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise SpecError(f"status.{name} must be a number, got {v!r}")
+        for name in ("reason", "message"):
+            if d.get(name) is not None and not isinstance(d[name], str):
+                raise SpecError(f"status.{name} must be a string or nil, got {type(d[name]).__name__}")
+        return cls(job_id=d["job_id"], attempt=d["attempt"], rank=d["rank"], state=state, pid=d.get("pid"),
+                   start_time=float(d.get("start_time") or 0.0),
+                   end_time=None if d.get("end_time") is None else float(d["end_time"]),
+                   exit_code=d.get("exit_code"), signal=d.get("signal"),
+                   # the store's columns: a reason of REASONS (32 characters), a message of 64 KiB
+                   reason=None if d.get("reason") is None else d["reason"][:32],
+                   killed=bool(d.get("killed")),
+                   message=None if d.get("message") is None else d["message"][:65536])
+
+    @classmethod
     def from_disk(cls, d: Any) -> "RunStatus":
         """Read a status.json (always a final status); raises SpecError if it is not one of ours."""
-        if not isinstance(d, dict):
-            raise SpecError("status is not a map")
-        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
-        try:
-            st = cls(**known)
-        except TypeError as exc:
-            raise SpecError(f"status lacks fields: {exc}") from None
+        st = cls.from_wire(d)
         if st.state != "ended" or (st.reason is not None and st.reason not in REASONS):
             raise SpecError(f"status has state {st.state!r} / reason {st.reason!r}")
         return st

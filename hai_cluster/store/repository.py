@@ -19,6 +19,7 @@ from ..core.resources import why_waiting
 from ..core.states import ACTIVE_STATES, FINAL_STATES, JobState
 from . import applier
 from . import statements as st
+from ..protocol.runspec import RunStatus
 from .applier import Refused, StartRequest
 from .records import JobRecord, StartedRun
 from .schema import array_specs, gpus, jobs, nodes, run_ranks, runs
@@ -370,31 +371,31 @@ class Repository:
     def _run_id(c, job_id: int, attempt: int) -> int | None:
         return c.execute(st.RUN_ID_OF_ATTEMPT, {"p_job": job_id, "p_attempt": attempt}).scalar()
 
-    def rank_ended(self, job_id: int, attempt: int, node: str, status: Mapping[str, Any], now: float) -> RankEnd:
+    def rank_ended(self, job_id: int, attempt: int, node: str, status: RunStatus, now: float) -> RankEnd:
         """Record one rank's final status; when it is the last, finish the run and move the job."""
         return self.ranks_ended([(job_id, attempt, node, status)], now)[0]
 
-    def ranks_ended(self, ends: Sequence[tuple[int, int, str, Mapping[str, Any]]], now: float) -> list[RankEnd]:
+    def ranks_ended(self, ends: Sequence[tuple[int, int, str, RunStatus]], now: float) -> list[RankEnd]:
         """rank_ended for each (job id, attempt, node, status), in order, in one transaction."""
         with self.engine.begin() as c:
             return [self._rank_ended(c, job_id, attempt, node, status, now) for job_id, attempt, node, status in ends]
 
-    def _rank_ended(self, c, job_id: int, attempt: int, node: str, status: Mapping[str, Any], now: float) -> RankEnd:
+    def _rank_ended(self, c, job_id: int, attempt: int, node: str, status: RunStatus, now: float) -> RankEnd:
         """rank_ended on the caller's transaction."""
         run = c.execute(st.RUN_OF_ATTEMPT, {"p_job": job_id, "p_attempt": attempt}).first()
         if run is None:
             return RankEnd(False)
         res = c.execute(st.RANK_ENDED, {
-            "p_run": run.id, "p_node": node, "p_exit_code": status.get("exit_code"), "p_signal": status.get("signal"),
-            "p_reason": status.get("reason"), "p_killed": bool(status.get("killed")),
-            "p_message": status.get("message"), "p_end_time": status.get("end_time") or now})
+            "p_run": run.id, "p_node": node, "p_exit_code": status.exit_code, "p_signal": status.signal,
+            "p_reason": status.reason, "p_killed": status.killed, "p_message": status.message,
+            "p_end_time": status.end_time or now})
         if res.rowcount == 0:
             return RankEnd(False)
         ranks = [_row(r) for r in c.execute(st.RANKS_OF_RUN, {"p_run": run.id})]
         job = c.execute(st.JOB_BY_ID, {"p_id": job_id}).first()
         alive = [r for r in ranks if r["state"] != "ended"]
         if alive:
-            failed = status.get("exit_code") != 0 or status.get("signal") or status.get("reason")
+            failed = status.exit_code != 0 or status.signal or status.reason
             stop = tuple(RankRef(job_id, attempt, r["rank"], r["node"], tuple(r["gpus"]), r["state"])
                          for r in alive) if failed else ()
             return RankEnd(True, stop_ranks=stop)

@@ -140,6 +140,27 @@ def test_a_submitted_job_is_started_on_the_agent_and_completes(controller, tmp_p
     run(cfg, scenario)
 
 
+def test_a_malformed_run_report_is_dropped_and_the_controller_goes_on(controller, tmp_path, caplog):
+    """Agent reports are parsed at the controller's edge (RunStatus.from_wire): a bad one is
+    logged and dropped, and the next good report of the same run is recorded."""
+    cfg, agent = controller
+
+    async def scenario(ctl, api):
+        spec = JobSpec(script="#!/bin/sh\ntrue\n", workdir=str(tmp_path), gpus_per_node=1)
+        job_id = await ctl.db(ctl.repo.submit, spec, user="root", uid=0, gid=0, partition="gpu", now=time.time())
+        await wait_until(lambda: asyncio.sleep(0, agent.started), "start_run at the agent")
+        good = agent.runs[(job_id, 0)].to_wire()
+        for bad in ({**good, "state": "ended", "exit_code": "zero"}, {**good, "rank": None}, ["not", "a", "map"]):
+            await agent.conn.push("run_exited", bad)
+        await wait_until(lambda: asyncio.sleep(0, caplog.text.count("run_exited report is malformed") == 3),
+                         "three malformed reports logged")
+        assert (await ctl.db(ctl.repo.job, job_id))["state"] == "RUNNING"
+        await agent.end(job_id, 0, exit_code=0)
+        await wait_until(lambda: ctl.db(lambda: ctl.repo.job(job_id)["state"] == "COMPLETED"), "the job to complete")
+
+    run(cfg, scenario)
+
+
 def test_the_applier_refuses_a_start_whose_cpus_were_taken_after_the_snapshot(controller, tmp_path):
     """The tick's own path: the policy saw 8 free CPUs; before the applier ran, another start took
     6 of them; the job asking 4 stays pending and starts once they are back."""

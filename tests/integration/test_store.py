@@ -4,11 +4,17 @@ from sqlalchemy import inspect
 
 from hai_cluster.core.model import JobSpec, Placement
 from hai_cluster.core.states import JobState
+from hai_cluster.protocol.runspec import RunStatus
 from hai_cluster.store.engine import current_revision, downgrade, head_revision, make_engine, upgrade
 from hai_cluster.store import repository
 from hai_cluster.store.applier import Refused
 from hai_cluster.store.repository import RankRef, Repository
 from hai_cluster.store.schema import metadata
+
+
+def ended(**kw) -> RunStatus:
+    """A rank's final status as its agent reports it."""
+    return RunStatus(job_id=0, attempt=0, rank=0, state="ended", **kw)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -118,10 +124,10 @@ def test_gang_run_ends_when_every_rank_has_ended(repo):
     j = repo.submit(spec(nodes=2, gpus_per_node=1), user="u", uid=1, gid=1, partition="gpu", now=1)
     repo.start_run(j, Placement(("a", "b"), ((0,), (0,))), now=2)
     repo.mark_rank_running(j, 0, "a")
-    first = repo.rank_ended(j, 0, "a", {"exit_code": 0, "signal": None, "reason": None, "end_time": 5}, now=5)
+    first = repo.rank_ended(j, 0, "a", ended(exit_code=0, signal=None, reason=None, end_time=5), now=5)
     assert first.recorded and first.run_state is None and first.stop_ranks == ()
-    assert repo.rank_ended(j, 0, "a", {"exit_code": 0}, now=6).recorded is False  # duplicate report
-    last = repo.rank_ended(j, 0, "b", {"exit_code": 0, "signal": None, "reason": None, "end_time": 7}, now=7)
+    assert repo.rank_ended(j, 0, "a", ended(exit_code=0), now=6).recorded is False  # duplicate report
+    last = repo.rank_ended(j, 0, "b", ended(exit_code=0, signal=None, reason=None, end_time=7), now=7)
     assert last.run_state == JobState.COMPLETED and last.job_state == JobState.COMPLETED
     job = repo.job(j)
     assert job["state"] == "COMPLETED" and job["attained_gpu_seconds"] == pytest.approx(10.0)
@@ -131,13 +137,13 @@ def test_gang_run_ends_when_every_rank_has_ended(repo):
 def test_failed_rank_asks_to_stop_peers_and_node_fail_requeues(repo):
     j = repo.submit(spec(nodes=2), user="u", uid=1, gid=1, partition="gpu", now=1)
     repo.start_run(j, Placement(("a", "b"), ((), ())), now=2)
-    res = repo.rank_ended(j, 0, "a", {"exit_code": 3}, now=3)
+    res = repo.rank_ended(j, 0, "a", ended(exit_code=3), now=3)
     assert [r.node for r in res.stop_ranks] == ["b"]
-    res = repo.rank_ended(j, 0, "b", {"exit_code": None, "signal": 15, "reason": "cancel"}, now=4)
+    res = repo.rank_ended(j, 0, "b", ended(exit_code=None, signal=15, reason="cancel"), now=4)
     assert res.run_state == JobState.FAILED and repo.job(j)["exit_code"] == 3
     k = repo.submit(spec(), user="u", uid=1, gid=1, partition="gpu", now=5)
     repo.start_run(k, Placement(("a",), ((),)), now=6)
-    res = repo.rank_ended(k, 0, "a", {"reason": "lost"}, now=7)
+    res = repo.rank_ended(k, 0, "a", ended(reason="lost"), now=7)
     assert res.run_state == JobState.NODE_FAIL and res.job_state == JobState.PENDING
     job = repo.job(k)
     assert job["restart_count"] == 1 and job["reason"] == "Requeued"
@@ -152,7 +158,7 @@ def test_cancel_paths(repo):
     r = repo.submit(spec(), user="u", uid=1, gid=1, partition="gpu", now=1)
     repo.start_run(r, Placement(("a",), ((),)), now=2)
     assert repo.request_end(r, "cancel") and repo.job(r)["state"] == "COMPLETING"
-    res = repo.rank_ended(r, 0, "a", {"exit_code": 0}, now=4)  # even a clean exit after cancel
+    res = repo.rank_ended(r, 0, "a", ended(exit_code=0), now=4)  # even a clean exit after cancel
     assert res.job_state == JobState.CANCELLED
 
 

@@ -5,12 +5,18 @@ from sqlalchemy import event, func, select
 
 from hai_cluster.core.dependency import NEVER, WAITING
 from hai_cluster.core.model import JobSpec, Placement
+from hai_cluster.protocol.runspec import RunStatus
 from hai_cluster.store.engine import downgrade, upgrade
 from hai_cluster.store import repository
 from hai_cluster.store.repository import spec_size
 from hai_cluster.store.schema import array_specs, jobs
 
 from .test_store import engine, repo  # noqa: F401  (fixtures on SQLite and PostgreSQL)
+
+
+def ended(**kw) -> RunStatus:
+    """A rank's final status as its agent reports it."""
+    return RunStatus(job_id=0, attempt=0, rank=0, state="ended", **kw)
 
 
 def spec(**kw):
@@ -82,7 +88,7 @@ def test_a_final_jobs_script_and_environment_leave_the_store(repo, engine):
     assert (spec["script"], spec["environment"], spec["workdir"]) == ("", {}, "/tmp")
     assert repo.job(array + 2)["spec"]["script"] == big  # a task of the array still pending needs it
     repo.start_run(array + 2, Placement(("a",), ((),)), now=3.0)
-    repo.rank_ended(array + 2, 0, "a", {"exit_code": 0, "signal": None}, now=4.0)  # the array's last task
+    repo.rank_ended(array + 2, 0, "a", ended(exit_code=0, signal=None), now=4.0)  # the array's last task
     assert repo.job(array + 2)["spec"]["script"] == "" and repo.job(array)["spec"]["script"] == ""
     with engine.connect() as c:
         stored = sum(len(str(s)) for s in c.execute(select(jobs.c.spec)).scalars())
@@ -108,7 +114,7 @@ def verdicts(repo):
 
 def finish(repo, job_id, exit_code):
     repo.start_run(job_id, Placement(("a",), ((),)), now=2.0)
-    repo.rank_ended(job_id, 0, "a", {"exit_code": exit_code, "signal": None}, now=3.0)
+    repo.rank_ended(job_id, 0, "a", ended(exit_code=exit_code, signal=None), now=3.0)
 
 
 def test_snapshot_evaluates_dependencies(repo):
@@ -161,8 +167,8 @@ def test_a_long_end_message_fits_the_reason_columns_and_runs_are_shown_newest_fi
     job = submit(repo, requeue=True)
     message = "chdir to /" + "d" * 540 + " failed: No such file or directory"
     repo.start_run(job, Placement(("a",), ((),)), now=2.0)
-    repo.rank_ended(job, 0, "a", {"exit_code": None, "signal": None, "reason": "launch_failed",
-                                  "message": message}, now=3.0)
+    repo.rank_ended(job, 0, "a", ended(exit_code=None, signal=None, reason="launch_failed",
+                                  message=message), now=3.0)
     row = repo.job(job)
     assert len(row["reason"]) == 200 and message.startswith(row["reason"])
     monkeypatch.setattr(repository, "RUNS_SHOWN", 2)
@@ -170,6 +176,6 @@ def test_a_long_end_message_fits_the_reason_columns_and_runs_are_shown_newest_fi
     for attempt in range(4):  # four runs, each requeued
         assert repo.start_run(again, Placement(("a",), ((),)), now=4.0 + attempt)
         assert repo.request_end(again, "requeue", "requeued by u")
-        repo.rank_ended(again, attempt, "a", {"exit_code": None, "signal": 15, "reason": "requeue"}, now=4.5 + attempt)
+        repo.rank_ended(again, attempt, "a", ended(exit_code=None, signal=15, reason="requeue"), now=4.5 + attempt)
     assert repo.job(again)["attempts"] == 4
     assert [r["attempt"] for r in repo.runs(job_ids=[again])] == [2, 3]

@@ -4,8 +4,14 @@ import pytest
 from hai_cluster.controller.dispatch import rank_spec
 from hai_cluster.core.model import JobSpec, Placement
 from hai_cluster.core.sharing import GpuShare
+from hai_cluster.protocol.runspec import RunStatus
 from hai_cluster.store.engine import make_engine, upgrade
 from hai_cluster.store.repository import Repository
+
+
+def ended(**kw) -> RunStatus:
+    """A rank's final status as its agent reports it."""
+    return RunStatus(job_id=0, attempt=0, rank=0, state="ended", **kw)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -82,7 +88,7 @@ def test_sharing_runs_are_charged_their_share(repo):
     assert listed[small]["gpu_charge"] == 0.3
     assert sorted((u, g) for _a, u, g, _s, _e in usage_runs(repo.engine, 0)) == [("u", 0.3), ("u", 0.5)]
     # The run ends at 410: 400 s x 0.5 = 200 GPU-seconds attained; hacct's row carries the charge.
-    end = repo.rank_ended(half, 0, "a", {"exit_code": 0}, now=410)
+    end = repo.rank_ended(half, 0, "a", ended(exit_code=0), now=410)
     assert end.job_state is not None
     assert repo.job(half)["attained_gpu_seconds"] == pytest.approx(200.0)
     run = repo.runs(job_ids=[half])[0]

@@ -4,7 +4,7 @@ import pytest
 
 from hai_cluster.controller.dispatch import rank_spec
 from hai_cluster.core.model import JobSpec
-from hai_cluster.protocol.runspec import RunSpec, SpecError
+from hai_cluster.protocol.runspec import RunSpec, RunStatus, SpecError
 from hai_cluster.store.records import COLUMNS, JobRecord
 
 # The keys of a plain job's start_run spec as the release before this contract sent it
@@ -63,3 +63,38 @@ def test_the_agent_refuses_a_grace_past_the_protocols_bound():
     assert RunSpec.from_wire(wire).grace == 3600
     with pytest.raises(SpecError, match="spec.grace must be at most 3600 seconds"):
         RunSpec.from_wire({**wire, "grace": 1_000_000_000})
+
+
+# What an agent of the previous release sent as a run's status (RunStatus.to_wire, every field).
+PREVIOUS_STATUS = {"job_id": 42, "attempt": 3, "rank": 1, "state": "ended", "pid": 77, "start_time": 10.0,
+                   "end_time": 12.5, "exit_code": None, "signal": 15, "reason": "preempt", "killed": False,
+                   "message": None}
+
+
+def test_the_controller_reads_a_status_of_the_previous_release_and_ignores_newer_fields():
+    status = RunStatus.from_wire({**PREVIOUS_STATUS, "a_field_from_a_newer_agent": [1, 2]})
+    assert status.to_wire() == PREVIOUS_STATUS and status.ended
+    running = RunStatus.from_wire({"job_id": 1, "attempt": 0, "rank": 0, "state": "running", "pid": 5,
+                                   "start_time": 3})
+    assert not running.ended and running.start_time == 3.0 and running.exit_code is None
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("job_id", "42", "status.job_id must be a non-negative integer"),
+    ("attempt", -1, "status.attempt must be a non-negative integer"),
+    ("rank", True, "status.rank must be a non-negative integer"),
+    ("state", "exploded", "status.state must be running or ended"),
+    ("exit_code", 0.5, "status.exit_code must be an integer or nil"),
+    ("end_time", "soon", "status.end_time must be a number"),
+    ("message", b"bytes", "status.message must be a string or nil"),
+])
+def test_a_malformed_status_is_refused_by_field(field, value, message):
+    with pytest.raises(SpecError, match=message):
+        RunStatus.from_wire({**PREVIOUS_STATUS, field: value})
+    with pytest.raises(SpecError, match="must be a map"):
+        RunStatus.from_wire([PREVIOUS_STATUS])
+
+
+def test_a_status_is_cut_to_what_the_store_holds():
+    status = RunStatus.from_wire({**PREVIOUS_STATUS, "reason": "x" * 100, "message": "m" * 100_000})
+    assert len(status.reason) == 32 and len(status.message) == 65536
