@@ -12,6 +12,8 @@ from .apicontext import (DERIVED_FIELDS, LISTING_FIELDS, MAX_EVENTS, NOT_FINAL, 
 from .requests import expect, int_list, str_list, task_list
 from .telemetry_view import job_telemetry, nodes_telemetry
 
+MAX_NODE_NAME = 64  # nodes.name
+
 
 async def ping(ctx: ApiContext, body, caller: Caller):
     return {"time": time.time(), "user": caller.user, "uid": caller.uid, "admin": caller.admin,
@@ -119,6 +121,8 @@ async def events(ctx: ApiContext, body, caller: Caller):
         raise RequestError("give a job id or a node name (one of them)")
     if limit is not None and limit <= 0:
         raise RequestError("limit must be positive")
+    if node is not None and len(node) > MAX_NODE_NAME:
+        raise RequestError(f"Node name too long ({len(node)} characters; at most {MAX_NODE_NAME})")
     limit = min(limit or MAX_EVENTS, MAX_EVENTS)  # the newest; a reply is built on the event loop
     if job_id is not None:
         job = await ctx.own_job(body, caller, "the history")  # the job may be gone from the table: say so

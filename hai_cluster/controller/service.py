@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 # store was down (the agent pushes it once) is picked up here; acknowledged ends are never lost.
 RESYNC_INTERVAL = 15.0  # (reconcile.resync_all)
 PRUNE_INTERVAL = 3600.0  # seconds between prunes of old events
+STORE_LOG_INTERVAL = 60.0  # seconds between log lines of a store outage
 
 
 class Controller:
@@ -64,6 +66,9 @@ class Controller:
         self.dispatch = Dispatcher(self)  # starts, ends and signals sent to agents
         self._tasks: list[asyncio.Task] = []
         self.store_down = False
+        self._store_logged = -math.inf  # when an outage was last logged (monotonic)
+        self._store_failures = 0  # failures since then
+        self._store_reported = False  # the current outage was logged: its end is too
         self._last_resync = 0.0
         self._last_retry = 0.0
         self._agent_epoch: Callable[[], int] | None = None
@@ -84,14 +89,20 @@ class Controller:
         try:
             result = await asyncio.get_running_loop().run_in_executor(self._executor, lambda: fn(*args, **kw))
         except DBAPIError as exc:
-            if not self.store_down:
-                log.error("the store is unavailable (%s); no decisions until it is back",
-                          str(exc.orig).strip().splitlines()[0] if exc.orig else exc)
+            # Logged at most once a minute: a request that makes the store fail (eighth audit: a
+            # query SQLite refused, in a loop) wrote two lines each, the outage and its end.
+            now = time.monotonic()
+            self._store_failures += 1
+            if now - self._store_logged >= STORE_LOG_INTERVAL:
+                log.error("the store is unavailable (%s); no decisions until it is back (%d failure(s))",
+                          str(exc.orig).strip().splitlines()[0] if exc.orig else exc, self._store_failures)
+                self._store_logged, self._store_failures, self._store_reported = now, 0, True
             self.store_down = True
             raise StoreUnavailable("the job store is unavailable; nothing was changed, try again shortly") from None
         if self.store_down:
-            log.warning("the store is back")
-            self.store_down = False
+            if self._store_reported:
+                log.warning("the store is back")
+            self.store_down = self._store_reported = False
         return result
 
     # ---- start and stop --------------------------------------------------------------------

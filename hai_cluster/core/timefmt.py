@@ -19,6 +19,9 @@ _TIME_FORMS = ('expected minutes, minutes:seconds, hours:minutes:seconds, days-h
                'days-hours:minutes, days-hours:minutes:seconds, or UNLIMITED')
 
 
+MAX_TIME_LIMIT = 2**31 - 1  # seconds: what the store's time_limit column holds
+
+
 def parse_time_limit(text: str) -> int | None:
     """sbatch -t value -> seconds; None for no limit ("0", "UNLIMITED", "INFINITE", "-1")."""
     s = text.strip()
@@ -38,6 +41,8 @@ def parse_time_limit(text: str) -> int | None:
         total = (h * 60 + mi) * 60 + sec
     else:
         raise ValueError(f"invalid time limit {text!r}: {_TIME_FORMS}")
+    if total > MAX_TIME_LIMIT:  # every reader: the job script, hcontrol update, a partition's MaxTime
+        raise ValueError(f"invalid time limit {text!r}: longer than {MAX_TIME_LIMIT} seconds (about 68 years)")
     return total or None  # sbatch: a limit of zero means no limit
 
 

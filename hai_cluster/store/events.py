@@ -3,38 +3,54 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from sqlalchemy import Engine, delete, insert, or_, select
+from sqlalchemy import Engine, delete, insert, select
 
-from .schema import events
+from .schema import event_nodes, events
 
 
-_ADD = insert(events)  # built once: every scheduling pass writes events
+# Built once: every scheduling pass writes events. Those that name nodes return their ids, in
+# the order given, for their rows in event_nodes.
+_ADD = insert(events)
+_ADD_NAMING = insert(events).returning(events.c.id, sort_by_parameter_order=True)
+_ADD_NODES = insert(event_nodes)
 
 
 def add_events(engine: Engine, rows: Iterable[Mapping]) -> None:
-    """Append events (dicts with time, kind, job_id, node, detail) in one transaction."""
+    """Append events (dicts with time, kind, job_id, node, detail) in one transaction; `node`
+    is one node or a gang start's, comma-separated."""
     rows = list(rows)
-    if rows:
-        with engine.begin() as c:
-            c.execute(_ADD, rows)
+    naming = [r for r in rows if r.get("node")]
+    plain = [r for r in rows if not r.get("node")]
+    if not rows:
+        return
+    with engine.begin() as c:
+        if plain:
+            c.execute(_ADD, plain)
+        if naming:
+            ids = c.execute(_ADD_NAMING, naming).scalars().all()
+            c.execute(_ADD_NODES, [{"event_id": i, "node": n} for i, r in zip(ids, naming)
+                                   for n in sorted({n[:64] for n in r["node"].split(",") if n})])
+
+
+def events_query(*, job_id: int | None = None, node: str | None = None, limit: int | None = None):
+    """The select of read_events: with a limit, newest first."""
+    q = select(events.c.time, events.c.kind, events.c.job_id, events.c.node, events.c.detail)
+    if job_id is not None:
+        q = q.where(events.c.job_id == job_id)
+    order = events.c.id
+    if node is not None:  # through the index of (node, event id): never a scan of every event
+        q = q.join(event_nodes, event_nodes.c.event_id == events.c.id).where(event_nodes.c.node == node)
+        order = event_nodes.c.event_id
+    return q.order_by(order.desc()).limit(limit) if limit else q.order_by(order)
 
 
 def read_events(engine: Engine, *, job_id: int | None = None, node: str | None = None,
                 limit: int | None = None) -> list[dict]:
-    """Oldest first; a node's history includes the gang starts that named it among others."""
-    q = select(events.c.time, events.c.kind, events.c.job_id, events.c.node, events.c.detail)
-    if job_id is not None:
-        q = q.where(events.c.job_id == job_id)
-    if node is not None:
-        name = node.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")  # a name, not a pattern
-        q = q.where(or_(events.c.node == node, events.c.node.like(f"{name},%", escape="\\"),
-                        events.c.node.like(f"%,{name}", escape="\\"), events.c.node.like(f"%,{name},%", escape="\\")))
-    if limit:  # the newest `limit`, still printed oldest first
-        q = q.order_by(events.c.id.desc()).limit(limit)
-        with engine.connect() as c:
-            return [dict(r._mapping) for r in reversed(c.execute(q).all())]
+    """Oldest first (with a limit, the newest `limit`); a node's history includes the gang starts
+    that named it among others."""
     with engine.connect() as c:
-        return [dict(r._mapping) for r in c.execute(q.order_by(events.c.id))]
+        rows = [dict(r._mapping) for r in c.execute(events_query(job_id=job_id, node=node, limit=limit))]
+    return rows[::-1] if limit else rows
 
 
 def prune_events(engine: Engine, before: float) -> int:

@@ -198,3 +198,11 @@ events = Table(
     Index("ix_events_job", "job_id"),
     Index("ix_events_time", "time"),
 )
+
+# 0015: the nodes an event names, one row each: a node's history is read through ix_event_nodes_node
+event_nodes = Table(
+    "event_nodes", metadata,
+    Column("event_id", Integer, ForeignKey("events.id", ondelete="CASCADE"), primary_key=True),
+    Column("node", String(64), primary_key=True),
+    Index("ix_event_nodes_node", "node", "event_id"),
+)

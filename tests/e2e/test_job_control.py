@@ -71,6 +71,8 @@ def test_update_pending_job_time_limit_partition_and_dependency(cluster):
     for assignment, message in [("Partition=nope", "invalid partition specified: nope"),
                                 ("Dependency=afterok:999999", "no such job 999999"),
                                 ("TimeLimit=abc", "Invalid TimeLimit=abc"),
+                                # eighth audit: an internal error (past SQLite's INTEGER) before
+                                ("TimeLimit=99999999999999999999", "longer than 2147483647 seconds"),
                                 ("Nodes=3", "unknown field Nodes"),
                                 (f"Dependency=afterany:{j}", "cannot depend on itself")]:
         res = cluster.cli("hcontrol", "update", f"JobId={j}", assignment, check=False)

@@ -161,6 +161,27 @@ def test_a_malformed_run_report_is_dropped_and_the_controller_goes_on(controller
     run(cfg, scenario)
 
 
+def test_a_store_error_in_a_loop_is_logged_once_a_minute(controller, caplog):
+    """Eighth audit: a request the store refused (SQLite's LIKE limit), sent in a loop, logged an
+    outage and its end for each request: 12,000 lines in 10 s. Each request still gets its error."""
+    from sqlalchemy.exc import OperationalError
+    from hai_cluster.controller.errors import StoreUnavailable
+    cfg, _agent = controller
+
+    def refused():
+        raise OperationalError("SELECT", {}, Exception("LIKE or GLOB pattern too complex"))
+
+    async def scenario(ctl, api):
+        for _ in range(200):
+            with pytest.raises(StoreUnavailable):
+                await ctl.db(refused)
+            assert await ctl.db(lambda: 1) == 1
+        assert caplog.text.count("the store is unavailable") == 1 and caplog.text.count("the store is back") == 1
+        assert not ctl.store_down
+
+    run(cfg, scenario)
+
+
 def test_the_applier_refuses_a_start_whose_cpus_were_taken_after_the_snapshot(controller, tmp_path):
     """The tick's own path: the policy saw 8 free CPUs; before the applier ran, another start took
     6 of them; the job asking 4 stays pending and starts once they are back."""

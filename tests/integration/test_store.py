@@ -43,7 +43,7 @@ def spec(**kw):
 
 
 def test_migrations_match_the_schema_and_go_down_and_up(engine):
-    assert current_revision(engine) == head_revision() == "0014"
+    assert current_revision(engine) == head_revision() == "0015"
     insp = inspect(engine)
     for table in metadata.sorted_tables:
         assert {c["name"] for c in insp.get_columns(table.name)} == {c.name for c in table.columns}
@@ -243,3 +243,17 @@ def test_an_update_rewrites_the_spec_and_the_columns_derived_from_it(repo):
     assert {k: job[k] for k in derived} == derived
     assert (job["time_limit"], job["partition"], job["dependency"]) == (60, "cpu", "afterok:7")
     assert job["spec"]["partition"] == "cpu" and job["version"] == 2
+
+
+def test_events_name_their_nodes_on_both_databases(engine):
+    """add_events gets the ids of the events that name nodes back in order (RETURNING) for their
+    rows in event_nodes; a node's history is read through them."""
+    from hai_cluster.store.events import add_events, prune_events, read_events
+    add_events(engine, [{"time": float(i), "kind": "started", "job_id": i, "node": ",".join(names), "detail": {}}
+                        if names else {"time": float(i), "kind": "submitted", "job_id": i, "node": None, "detail": {}}
+                        for i, names in enumerate([("a", "b"), (), ("b",), ("c", "a")])])
+    assert [e["job_id"] for e in read_events(engine, node="a")] == [0, 3]
+    assert [e["job_id"] for e in read_events(engine, node="b", limit=1)] == [2]
+    assert read_events(engine, node="nosuch") == []
+    assert prune_events(engine, before=3.0) == 3
+    assert [e["job_id"] for e in read_events(engine, node="a")] == [3]

@@ -112,3 +112,11 @@ def test_size_is_rounded_up_to_whole_mib(n, unit):
     kib = n * {"K": 1, "M": 1024, "G": 1024**2, "T": 1024**3}[unit]
     mb = parse_size_mb(f"{n}{unit}")
     assert (mb - 1) * 1024 < kib <= mb * 1024
+
+
+def test_a_time_limit_past_what_the_store_holds_is_refused():
+    """Every reader refuses it (the script's -t, hcontrol update, MaxTime): update had stored 10^17 s."""
+    assert parse_time_limit("35791394:07") == 2**31 - 1  # minutes:seconds, the longest
+    for text in ("99999999999999999999", "35791394:08", "24856-0"):
+        with pytest.raises(ValueError, match="longer than 2147483647 seconds"):
+            parse_time_limit(text)
