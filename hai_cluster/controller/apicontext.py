@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.dependency import parse_dependency
 from ..core.jobids import JobRef
-from ..core.jobscript import MAX_DEPENDENCY_TEXT
+from ..core.optionvalues import MAX_DEPENDENCY_TEXT
 from ..core.model import attained_service
 from ..core.states import FINAL_STATES, JobState
 from ..store.repository import LISTING_COLUMNS

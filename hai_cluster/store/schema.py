@@ -65,6 +65,7 @@ jobs = Table(
     # answers a user's counts at every submission without reading the rows
     Column("spec_bytes", Integer),
     Index("ix_jobs_user_state", "user", "state", "spec_bytes"),
+    Index("ix_jobs_name", "name"),  # 0015: squeue -n NAME over every job (-t all) without a scan
 )
 
 # 0013: an array's spec, stored once for all its tasks. A task's own `spec` holds only what was

@@ -2,7 +2,8 @@
 --node`) is read through an index instead of LIKE patterns over every event (eighth audit: at
 2,000,000 events each lookup took 0.5 s on the store's one thread, and a user looping on a name
 that matches nothing delayed everyone's requests and starts by seconds). Existing events are
-copied in.
+copied in. And an index of job names: `squeue -n NAME -t all` read every job ever run (60 ms
+a request at 1,000,000 jobs; 4 ms with it).
 
 Revision ID: 0015
 Revises: 0014
@@ -24,6 +25,7 @@ def upgrade() -> None:
         sa.Column("node", sa.String(64), primary_key=True),
     )
     op.create_index("ix_event_nodes_node", "event_nodes", ["node", "event_id"])
+    op.create_index("ix_jobs_name", "jobs", ["name"])
     c = op.get_bind()
     rows = c.execute(sa.text("SELECT id, node FROM events WHERE node IS NOT NULL AND node != ''"))
     while batch := rows.fetchmany(10_000):
@@ -32,5 +34,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index("ix_jobs_name", table_name="jobs")
     op.drop_index("ix_event_nodes_node", table_name="event_nodes")
     op.drop_table("event_nodes")
