@@ -7,7 +7,7 @@ import time
 from dataclasses import replace
 from typing import Mapping
 
-from ..config import PRIORITY_CLASSES
+from ..core.model import PRIORITY_CLASSES
 from ..core.envfilter import submitted_env
 from ..core.jobids import parse_array
 from ..core.jobscript import JobScriptError, parse_submission, split_command_line

@@ -49,7 +49,7 @@ DEFAULT_UNPACK_TIMEOUT = 600.0  # = config.IsolationConfig.image_unpack_timeout
 @dataclass(frozen=True)
 class ImageLimits:
     """isolation.image_max_bytes, image_max_entries, image_cache_max_bytes, image_unpack_timeout
-    (their defaults are in config.py); 0 means no limit."""
+    (their defaults are in config/agent.py); 0 means no limit."""
     max_bytes: int = 0  # one image's unpacked file contents
     max_entries: int = 0  # one image's archive members
     cache_max_bytes: int = 0  # all the cache's images, unpacked
