@@ -65,7 +65,10 @@ jobs = Table(
     # answers a user's counts at every submission without reading the rows
     Column("spec_bytes", Integer),
     Index("ix_jobs_user_state", "user", "state", "spec_bytes"),
-    Index("ix_jobs_name", "name"),  # 0015: squeue -n NAME over every job (-t all) without a scan
+    # 0015: listings filtered by name, partition or end (hacct -S) over every job, without a scan
+    Index("ix_jobs_name", "name"),
+    Index("ix_jobs_partition", "partition"),
+    Index("ix_jobs_end_time", "end_time"),
 )
 
 # 0013: an array's spec, stored once for all its tasks. A task's own `spec` holds only what was

@@ -257,3 +257,31 @@ def test_events_name_their_nodes_on_both_databases(engine):
     assert read_events(engine, node="nosuch") == []
     assert prune_events(engine, before=3.0) == 3
     assert [e["job_id"] for e in read_events(engine, node="a")] == [3]
+
+
+def test_listings_filtered_by_name_partition_or_end_read_indexes(repo, tmp_path):
+    """Eighth audit, follow-up: `squeue -n X -t all`, `-p X` and `hacct -S` read every job ever run
+    when few or none matched. They now go through ix_jobs_name, ix_jobs_partition and
+    ix_jobs_end_time; the first job that can match hacct's -S is found in the index first."""
+    from sqlalchemy import func, select
+    from hai_cluster.store.schema import jobs
+    old = repo.submit(spec(), user="u", uid=1, gid=1, partition="gpu", now=1)  # pending: never ended
+    done = [repo.submit(spec(), user="u", uid=1, gid=1, partition="cpu", now=2 + i) for i in range(3)]
+    for i, j in enumerate(done):
+        repo.cancel_pending(j, now=10.0 + i)
+    assert [j["id"] for j in repo.jobs(ended_since=11.0, limit=100)] == [old, done[1], done[2]]
+    assert [j["id"] for j in repo.jobs(ended_since=11.0, after_id=old, limit=1)] == [done[1]]
+    assert [j["id"] for j in repo.jobs(ended_since=99.0, limit=100)] == [old]
+    eng = make_engine(f"sqlite:///{tmp_path}/plans.db")
+    upgrade(eng)
+    queries = {
+        "ix_jobs_name": select(jobs.c.id).where(jobs.c.name.in_(["x"])).order_by(jobs.c.id).limit(10),
+        "ix_jobs_partition": select(jobs.c.id).where(jobs.c.partition.in_(["x"])).order_by(jobs.c.id).limit(10),
+        "ix_jobs_end_time": select(func.min(jobs.c.id + 0)).where(jobs.c.end_time >= 5.0),
+    }
+    with eng.connect() as c:
+        for index, q in queries.items():
+            sql = str(q.compile(eng, compile_kwargs={"literal_binds": True}))
+            plan = " ".join(str(r[-1]) for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + sql))
+            assert index in plan, (index, plan)
+    eng.dispose()
