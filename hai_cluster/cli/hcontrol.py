@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import sys
 import time
 
@@ -14,7 +15,11 @@ from .client import ClientError, ControllerClient
 from ..core.usertext import printable
 from .common import call, call_pages, fail
 from .hinfo import node_state
+from .hostnames import print_hostlist, print_hostnames
 from .jobfields import elapsed, gres, nodelist
+
+
+PROG = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "hcontrol"  # scontrol too
 
 
 def _time(t) -> str:
@@ -60,9 +65,44 @@ def main():
     """Show and control jobs and nodes."""
 
 
-@main.group()
+class _ShowGroup(click.Group):
+    """scontrol's keywords: any case, and the host keywords by their prefixes as Slurm takes them
+    ("hostname" for hostnames, "hostl" for hostlist)."""
+    PREFIXES = (("hostnames", 5), ("hostlist", 5), ("hostlistsorted", 9))
+
+    def get_command(self, ctx, name):
+        word = name.lower()
+        for keyword, shortest in self.PREFIXES:
+            if len(word) >= shortest and keyword.startswith(word):
+                return super().get_command(ctx, keyword)
+        return super().get_command(ctx, word)
+
+
+@main.group(cls=_ShowGroup)
 def show():
-    """Show a job or nodes in key=value form."""
+    """Show a job, nodes, a history, accounts, or expand and encode host lists."""
+
+
+@show.command("hostnames")
+@click.argument("hostlist", required=False)
+def show_hostnames(hostlist):
+    """The hosts of HOSTLIST (default: $SLURM_NODELIST), one per line."""
+    sys.exit(print_hostnames(PROG, hostlist))
+
+
+@show.command("hostlist")
+@click.argument("hostlist", required=False)
+def show_hostlist(hostlist):
+    """HOSTLIST (names with commas, an absolute path of a file of names, or - for stdin) as one
+    hostlist expression, in the order given."""
+    sys.exit(print_hostlist(hostlist, sort=False))
+
+
+@show.command("hostlistsorted")
+@click.argument("hostlist", required=False)
+def show_hostlistsorted(hostlist):
+    """As hostlist, the names sorted first."""
+    sys.exit(print_hostlist(hostlist, sort=True))
 
 
 @show.command("job")

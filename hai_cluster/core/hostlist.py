@@ -145,3 +145,45 @@ def _runs(digit_strings: list[str]) -> list[_Run]:
             # A zero-padded name fixes the width; an unpadded one pads nothing.
             runs.append(_Run(n, n, len(d) if d.startswith("0") else 1))
     return sorted(runs, key=lambda r: (r.lo, r.width))
+
+
+def ranged(names: Iterable[str], *, sort: bool = False) -> str:
+    """scontrol show hostlist (sort: hostlistsorted): the names as Slurm's hostlist writes them.
+    Unlike compress, duplicates stay and, unsorted, so does the order: each name joins the range
+    before it when it is that range's next number ("n3,n1,n2,n2" -> "n[3,1-2,2]"), and neighbouring
+    ranges of one prefix share a bracket."""
+    names = list(names)
+    for name in names:
+        if not _LITERAL.fullmatch(name):
+            raise ValueError(f"host name {name!r} cannot be written in a hostlist "
+                             f"(allowed: letters, digits, '.', '_', '-')")
+    if sort:
+        names.sort(key=sort_key)
+    ranges: list[tuple[str, _Run | None]] = []  # (prefix, its run; None: a name without a number)
+    for name in names:
+        m = _TRAILING_NUMBER.fullmatch(name)
+        if m is None:
+            ranges.append((name, None))
+            continue
+        prefix, d = m.group(1), m.group(2)
+        n = int(d)
+        last = ranges[-1] if ranges else None
+        if last and last[0] == prefix and last[1] and last[1].hi == n - 1 and str(n).zfill(last[1].width) == d:
+            last[1].hi = n
+        else:
+            ranges.append((prefix, _Run(n, n, len(d) if d.startswith("0") else 1)))
+    out: list[str] = []
+    i = 0
+    while i < len(ranges):
+        prefix, run = ranges[i]
+        if run is None:
+            out.append(prefix)
+            i += 1
+            continue
+        group = [run]
+        while i + len(group) < len(ranges) and ranges[i + len(group)][0] == prefix and ranges[i + len(group)][1]:
+            group.append(ranges[i + len(group)][1])
+        body = ",".join(r.text() for r in group)
+        out.append(prefix + body if len(group) == 1 and run.lo == run.hi else f"{prefix}[{body}]")
+        i += len(group)
+    return ",".join(out)

@@ -35,6 +35,7 @@ def test_two_node_job_gets_ranks_gpus_and_master(cluster, ssh_nodes):
 echo "rank=$HAI_NODE_RANK host=$(hostname) master=$MASTER_ADDR:$MASTER_PORT"
 echo "cvd=$CUDA_VISIBLE_DEVICES nodes=$HAI_NODELIST nn=$HAI_NNODES slurm=$SLURM_JOB_ID/$SLURM_PROCID"
 echo "user=$(id -un) arg=$1"
+echo "head=$(hcontrol show hostnames | head -n1) all=$(hcontrol show hostnames | tr '\\n' ' ')"
 """)
     job_id = cluster.submit(str(script), "hello-arg")
     job = cluster.wait_state(job_id, "COMPLETED", "FAILED")
@@ -46,6 +47,7 @@ echo "user=$(id -un) arg=$1"
         assert f"rank={rank} host={name} master={master}:" in text
         assert "cvd=0,1 " in text and f"nn=2 slurm={job_id}/{rank}" in text
         assert f"user={TEST_USER} arg=hello-arg" in text
+        assert f"head={names[0]} all={' '.join(names)} \n" in text  # how scripts find their head node
     acct = cluster.cli("hacct", "-j", str(job_id), "-P", "-n", "-o", "JobID,State,ExitCode,AllocGPUS").stdout
     assert acct.splitlines() == [f"{job_id}|COMPLETED|0:0|4"]
     default = cluster.cli("hacct", "-j", str(job_id)).stdout.splitlines()

@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from hai_cluster.core.hostlist import MAX_HOSTS, compress, expand, sort_key
+from hai_cluster.core.hostlist import MAX_HOSTS, compress, expand, ranged, sort_key
 
 
 @pytest.mark.parametrize("text, names", [
@@ -105,3 +105,26 @@ def test_round_trip_order_without_padding(names):
 def test_compress_is_stable(names):
     once = compress(names)
     assert compress(expand(once)) == once
+
+
+# What Slurm 22.05's `scontrol show hostlist` / `hostlistsorted` printed for these (run here).
+@pytest.mark.parametrize("names,unsorted,sorted_", [
+    ("n3,n1,n2,n2,x,n4", "n[3,1-2,2],x,n4", "n[1-2,2-4],x"),
+    ("a1,a2", "a[1-2]", "a[1-2]"),
+    ("n5,n6,n8", "n[5-6,8]", "n[5-6,8]"),
+    ("a1-ib,a2-ib", "a1-ib,a2-ib", "a1-ib,a2-ib"),
+    ("n1,n1", "n[1,1]", "n[1,1]"),
+    ("n1,n1,n2", "n[1,1-2]", "n[1,1-2]"),
+    ("n1,n2,n3,n5,n6", "n[1-3,5-6]", "n[1-3,5-6]"),
+    ("n9,n10,n11,n01,n02", "n[9-11,01-02]", None),  # Slurm's sort of mixed padding is its own
+])
+def test_ranged_writes_what_slurms_hostlist_writes(names, unsorted, sorted_):
+    assert ranged(names.split(",")) == unsorted
+    if sorted_ is not None:
+        assert ranged(names.split(","), sort=True) == sorted_
+    assert expand(unsorted) == names.split(",")  # and it reads back as given
+
+
+def test_ranged_refuses_a_name_that_would_not_read_back():
+    with pytest.raises(ValueError, match="cannot be written"):
+        ranged(["a,b"])
