@@ -87,6 +87,6 @@ def deny(caller: Caller, what: str) -> RequestError:
     return RequestError(f"Access/permission denied: {what}")
 
 
-def may_act_on(caller: Caller, job: dict, *, operators: bool) -> bool:
+def may_act_on(caller: Caller, owner: str, *, operators: bool) -> bool:
     """The job's owner may; so may admins, and operators where `operators` says so."""
-    return job["user"] == caller.user or caller.admin or (operators and caller.operator)
+    return owner == caller.user or caller.admin or (operators and caller.operator)

@@ -70,7 +70,7 @@ async def cancel(ctx: ApiContext, body, caller: Caller):
     done, pending = [], []
     what = "signal" if signum is not None else "cancel"
     for job in rows:
-        if not may_act_on(caller, job, operators=False):
+        if not may_act_on(caller, job["user"], operators=False):
             refused.append(f"job {job_label(job)} (owned by {job['user']})")
             errors.append(f"Kill job error on job id {job_label(job)}: Access/permission denied: "
                           f"{what} of job {job_label(job)} (owned by {job['user']})")
@@ -103,13 +103,13 @@ async def cancel(ctx: ApiContext, body, caller: Caller):
 async def requeue(ctx: ApiContext, body, caller: Caller):
     """Checkpoint and requeue now (hcontrol requeue): the run ends as REQUEUED, the job waits again."""
     job = await ctx.own_job(body, caller, "requeue")
-    if not job["preemptible"]:
-        raise RequestError(f"Requeue of job {job['id']} refused: it was submitted with --no-requeue")
-    if job["state"] != JobState.RUNNING.value:
-        raise RequestError(f"Job {job['id']} is {job['state']}; only a running job can be requeued")
+    if not job.preemptible:
+        raise RequestError(f"Requeue of job {job.id} refused: it was submitted with --no-requeue")
+    if job.state != JobState.RUNNING.value:
+        raise RequestError(f"Job {job.id} is {job.state}; only a running job can be requeued")
     await ctx.take_rate(caller, 1)  # a new run, as a submission is (a loop made 110,000 a day per job)
-    await ctx.ctl.preempt(job["id"], "requeue", f"requeued by {caller.user}", by=caller.user)
-    return {"job_id": job["id"]}
+    await ctx.ctl.preempt(job.id, "requeue", f"requeued by {caller.user}", by=caller.user)
+    return {"job_id": job.id}
 
 
 async def preempt(ctx: ApiContext, body, caller: Caller):
@@ -117,22 +117,22 @@ async def preempt(ctx: ApiContext, body, caller: Caller):
     if not caller.operator:
         raise deny(caller, "only operators and administrators may preempt jobs")
     job = await ctx.own_job(body, caller, "preemption")
-    if job["state"] != JobState.RUNNING.value:
-        raise RequestError(f"Job {job['id']} is {job['state']}; only a running job can be preempted")
-    if not job["preemptible"]:
-        raise RequestError(f"Job {job['id']} was submitted with --no-requeue and is never preempted")
-    await ctx.ctl.preempt(job["id"], "preempt", f"preempted by administrator {caller.user}", by=caller.user)
-    return {"job_id": job["id"]}
+    if job.state != JobState.RUNNING.value:
+        raise RequestError(f"Job {job.id} is {job.state}; only a running job can be preempted")
+    if not job.preemptible:
+        raise RequestError(f"Job {job.id} was submitted with --no-requeue and is never preempted")
+    await ctx.ctl.preempt(job.id, "preempt", f"preempted by administrator {caller.user}", by=caller.user)
+    return {"job_id": job.id}
 
 
 async def set_hold(ctx: ApiContext, body, caller: Caller, hold: bool):
     job = await ctx.own_job(body, caller, "hold" if hold else "release")
-    error = await ctx.ctl.db(ctx.repo.set_hold, job["id"], hold, admin=caller.operator and job["user"] != caller.user)
+    error = await ctx.ctl.db(ctx.repo.set_hold, job.id, hold, admin=caller.operator and job.user != caller.user)
     if error:
         raise RequestError(error)
-    ctx.ctl.events.record("held" if hold else "released", job["id"], by=caller.user)
+    ctx.ctl.events.record("held" if hold else "released", job.id, by=caller.user)
     ctx.ctl.wake()
-    return {"job_id": job["id"]}
+    return {"job_id": job.id}
 
 
 async def update_node(ctx: ApiContext, body, caller: Caller):
@@ -165,18 +165,18 @@ async def requeuehold(ctx: ApiContext, body, caller: Caller):
     """Requeue a running job and hold it (a pending job is just held): JobHeldAdmin when an
     administrator does it to another's job, else JobHeldUser."""
     job = await ctx.own_job(body, caller, "requeue")
-    if job["state"] == JobState.PENDING.value:
+    if job.state == JobState.PENDING.value:
         return await set_hold(ctx, body, caller, True)
-    if not job["preemptible"]:
-        raise RequestError(f"Requeue of job {job['id']} refused: it was submitted with --no-requeue")
-    if job["state"] != JobState.RUNNING.value:
-        raise RequestError(f"Job {job['id']} is {job['state']}; only a running or pending job can be requeued held")
+    if not job.preemptible:
+        raise RequestError(f"Requeue of job {job.id} refused: it was submitted with --no-requeue")
+    if job.state != JobState.RUNNING.value:
+        raise RequestError(f"Job {job.id} is {job.state}; only a running or pending job can be requeued held")
     await ctx.take_rate(caller, 1)  # a new run, as requeue
-    admin = caller.admin and job["user"] != caller.user
-    if not await ctx.ctl.db(ctx.repo.hold_running, job["id"], admin=admin):
-        raise RequestError(f"Job {job['id']} is no longer running")
-    await ctx.ctl.preempt(job["id"], "requeue", f"requeued and held by {caller.user}")
-    return {"job_id": job["id"]}
+    admin = caller.admin and job.user != caller.user
+    if not await ctx.ctl.db(ctx.repo.hold_running, job.id, admin=admin):
+        raise RequestError(f"Job {job.id} is no longer running")
+    await ctx.ctl.preempt(job.id, "requeue", f"requeued and held by {caller.user}")
+    return {"job_id": job.id}
 
 
 async def update_job(ctx: ApiContext, body, caller: Caller):
@@ -195,34 +195,34 @@ async def update_job(ctx: ApiContext, body, caller: Caller):
                 limit = parse_time_limit(value)
             except ValueError as exc:
                 raise RequestError(f"Invalid TimeLimit={value}: {exc}") from None
-            old = job["time_limit"]
+            old = job.time_limit
             if not caller.admin and old is not None and (limit is None or limit > old):
                 raise RequestError(f"Access/permission denied: only an administrator may raise the time limit "
-                                   f"of job {job['id']} (from {format_limit(old)} to {format_limit(limit)})")
+                                   f"of job {job.id} (from {format_limit(old)} to {format_limit(limit)})")
             changes["time_limit"] = limit
         elif key.lower() == "partition":
-            probe = JobSpec.from_wire({**job["spec"], "partition": value,
-                                       "time_limit": changes.get("time_limit", job["time_limit"])})
+            probe = JobSpec.from_wire({**job.spec.to_wire(), "partition": value,
+                                       "time_limit": changes.get("time_limit", job.time_limit)})
             try:
-                changes["partition"], admitted = admit(probe, ctx.ctl.cfg, user=job["user"],
-                                                       groups=groups_of(job["user"], job["gid"]), admin=caller.admin)
+                changes["partition"], admitted = admit(probe, ctx.ctl.cfg, user=job.user,
+                                                       groups=groups_of(job.user, job.gid), admin=caller.admin)
             except (PartitionRefused, ValueError) as exc:
                 raise RequestError(str(exc)) from None
             if admitted.time_limit != probe.time_limit:  # none given: the partition's MaxTime
                 changes["time_limit"] = admitted.time_limit
         elif key.lower() == "dependency":
             changes["dependency"] = await ctx.checked_dependency(value) if value else None
-            own = {job["id"], job.get("array_job_id")}
+            own = {job.id, job.array_job_id}
             if value and any(j in own for j, _t in parse_dependency(value).targets):
-                raise RequestError(f"Job dependency problem: job {job['id']} cannot depend on itself or its array")
+                raise RequestError(f"Job dependency problem: job {job.id} cannot depend on itself or its array")
         else:
-            raise RequestError(f"Update of job {job['id']} failed: unknown field {key} "
+            raise RequestError(f"Update of job {job.id} failed: unknown field {key} "
                                f"(TimeLimit, Partition and Dependency can be changed)")
-    error = await ctx.ctl.db(ctx.repo.update_pending, job["id"], changes)
+    error = await ctx.ctl.db(ctx.repo.update_pending, job.id, changes)
     if error:
         raise RequestError(error)
     ctx.ctl.wake()
-    return {"job_id": job["id"]}
+    return {"job_id": job.id}
 
 
 async def update_limits(ctx: ApiContext, body, caller: Caller):

@@ -82,7 +82,7 @@ async def show_job(ctx: ApiContext, body, caller: Caller):
     out = ctx.public(job)
     # A job's arguments may hold secrets (--api-key=...), as its environment and script may:
     # its owner and admins see them, nobody else.
-    hidden = ("environment", "script") if may_act_on(caller, job, operators=False) else (
+    hidden = ("environment", "script") if may_act_on(caller, job["user"], operators=False) else (
         "environment", "script", "script_args")
     out["spec"] = {k: v for k, v in job["spec"].items() if k not in hidden}
     out["runs"] = await ctx.ctl.db(ctx.repo.runs, job_ids=[job_id])
@@ -126,7 +126,7 @@ async def events(ctx: ApiContext, body, caller: Caller):
     limit = min(limit or MAX_EVENTS, MAX_EVENTS)  # the newest; a reply is built on the event loop
     if job_id is not None:
         job = await ctx.own_job(body, caller, "the history")  # the job may be gone from the table: say so
-        job_id = job["id"]
+        job_id = job.id
     await ctx.ctl.flush_events()
     rows = await ctx.ctl.db(read_events, ctx.repo.engine, job_id=job_id, node=node, limit=limit)
     if node is not None and not rows and node not in {n["name"] for n in await ctx.ctl.db(ctx.repo.nodes)}:

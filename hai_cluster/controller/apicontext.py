@@ -11,6 +11,7 @@ from ..core.jobids import JobRef
 from ..core.optionvalues import MAX_DEPENDENCY_TEXT
 from ..core.model import attained_service
 from ..core.states import FINAL_STATES, JobState
+from ..store.records import JobRecord
 from ..store.repository import LISTING_COLUMNS
 from ..transport.rpc import RequestError
 from .access import Caller, deny, may_act_on
@@ -81,15 +82,15 @@ class ApiContext:
     def public(self, job: dict) -> dict:
         return _public(job, self.ctl.cfg.scheduler.mlfq, time.time())
 
-    async def own_job(self, body: Any, caller: Caller, action: str, *, operators: bool = True) -> dict:
+    async def own_job(self, body: Any, caller: Caller, action: str, *, operators: bool = True) -> JobRecord:
         """The job (or array task) named in the body, if the caller may `action` it (owner or
         admin, and operators unless `operators` is false)."""
         job_id = await self.task_job_id(body)
-        job = await self.ctl.db(self.repo.job, job_id)
+        job = await self.ctl.db(self.repo.job_record, job_id)
         if job is None:
             raise RequestError(f"Invalid job id specified: {job_id}")
-        if not may_act_on(caller, job, operators=operators):
-            raise deny(caller, f"{action} of job {job_id} (owned by {job['user']})")
+        if not may_act_on(caller, job.user, operators=operators):
+            raise deny(caller, f"{action} of job {job_id} (owned by {job.user})")
         return job
 
     async def task_job_id(self, body: Any) -> int:

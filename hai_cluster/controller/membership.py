@@ -97,8 +97,8 @@ async def remove(ctl: Controller, name: str, *, force: bool, by: str) -> dict:
     ctl.events.record("node_state", None, name, state="drain", by=by, reason=why)
     told = []
     for job_id in job_ids:
-        job = await ctl.db(ctl.repo.job, job_id)
-        if job and job["preemptible"] and job["state"] == JobState.RUNNING.value:
+        job = await ctl.db(ctl.repo.job_record, job_id)
+        if job and job.preemptible and job.state == JobState.RUNNING.value:
             if await ctl.preempt(job_id, "preempt", f"node {name} is being removed by {by}", by=by):
                 told.append(job_id)
     ctl.spawn(_remove_when_empty(ctl, name, by))
