@@ -16,6 +16,7 @@ from typing import Any, Callable
 from .. import timeouts
 from ..protocol.codec import Limits
 from ..transport.rpc import RequestError, RpcConnection, Share
+from .submitrate import SubmitRate
 
 log = logging.getLogger("hai.access")
 
@@ -43,25 +44,16 @@ class ConnectionCounter:
         self.cap = cap
         self.open: dict[int, int] = {}
         self.lingering: dict[int, int] = {}
-        self.rate, self.burst, self.clock = rate, burst, clock
-        self._tokens: dict[int, tuple[float, float]] = {}  # uid -> (tokens, when)
+        self.rate, self.clock = rate, clock
+        self._connects = SubmitRate(rate, burst, clock)  # a token bucket per uid, as submissions have
         self._refused: dict[int, tuple[int, float]] = {}  # uid -> (refused since the last line, its time)
 
     def too_fast(self, uid: int) -> bool:
         """Whether this new connection of `uid` is over its rate (token bucket; uid 0 never is)."""
-        if uid == 0 or not self.rate:
+        if self._connects.take_now(uid):
             return False
-        now = self.clock()
-        tokens, when = self._tokens.get(uid, (float(self.burst), now))
-        tokens = min(float(self.burst), tokens + (now - when) * self.rate)
-        if len(self._tokens) > 4096:  # uids seen long ago are full again: forget them
-            self._tokens = {u: t for u, t in self._tokens.items() if now - t[1] < self.burst / self.rate}
-        if tokens < 1:
-            self._tokens[uid] = (tokens, now)
-            self.note_refused(uid, "connecting faster than %g a second" % self.rate)
-            return True
-        self._tokens[uid] = (tokens - 1, now)
-        return False
+        self.note_refused(uid, "connecting faster than %g a second" % self.rate)
+        return True
 
     def note_refused(self, uid: int, why: str) -> None:
         """One log line per uid every LOG_EVERY seconds, with the count: refusals by the thousand

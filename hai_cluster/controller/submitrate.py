@@ -1,5 +1,6 @@
 """How fast one user may add jobs to the store ([access] submit_rate, submit_burst), a token
-bucket per uid as Slurm 23.02's rl_enable has for RPCs (root is never limited).
+bucket per uid as Slurm 23.02's rl_enable has for RPCs (root is never limited). The same
+buckets, taken at once or not at all (take_now), pace a uid's new connections (connlimit.py).
 
 The store keeps a row for every job it was ever given (its script and environment go when it
 is final): a user submitting and cancelling in a loop adds rows as fast as the controller takes
@@ -38,6 +39,21 @@ class SubmitRate:
             self._forget_full(now)
         self._buckets[uid] = (tokens - need, now)
         return wait
+
+    def take_now(self, uid: int) -> bool:
+        """Take one token if there is one now (True), else take nothing (False): no waiting."""
+        if not self.rate or uid == 0:
+            return True
+        now = self._clock()
+        tokens, then = self._buckets.get(uid, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - then) * self.rate)
+        if tokens < 1:
+            self._buckets[uid] = (tokens, now)
+            return False
+        if len(self._buckets) >= MAX_KEPT:
+            self._forget_full(now)
+        self._buckets[uid] = (tokens - 1, now)
+        return True
 
     def _forget_full(self, now: float) -> None:
         for uid, (tokens, then) in list(self._buckets.items()):

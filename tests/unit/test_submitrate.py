@@ -37,3 +37,13 @@ def test_connections_of_one_uid_beyond_their_rate_are_refused_and_logged_once_a_
         assert [counter.too_fast(1000) for _ in range(21)].count(True) == 1  # the burst again, then one refused
     lines = [r.getMessage() for r in caplog.records if "uid=1000" in r.getMessage()]
     assert len(lines) == 2 and lines[0].startswith("refused 1 connection(s)") and "refused 102 connection(s)" in lines[1]
+
+
+def test_take_now_takes_a_token_or_nothing():
+    now = [0.0]
+    rate = SubmitRate(2.0, 3, lambda: now[0])
+    assert [rate.take_now(1000) for _ in range(5)] == [True, True, True, False, False]
+    now[0] = 0.5  # one token back
+    assert [rate.take_now(1000) for _ in range(2)] == [True, False]
+    assert rate.take(1000, 1) == 0.5  # the same bucket: a submission now waits for its token
+    assert all(rate.take_now(0) for _ in range(10))  # root never waits
