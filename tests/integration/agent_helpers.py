@@ -199,6 +199,15 @@ def run(coro) -> Any:
     return asyncio.run(coro)
 
 
+def run_to_end(agent: AgentProcess, spec: dict, timeout: float = 60.0) -> dict:
+    """Start the run of `spec` on the agent and wait for its run_exited event: that event's body."""
+    async def body():
+        async with client(agent) as c:
+            await c.call("start_run", {"spec": spec})
+            return await c.exited(spec["job_id"], spec["attempt"], timeout=timeout)
+    return run(body())
+
+
 def group_alive(pgid: int) -> bool:
     return bool(spool.group_members(pgid))
 

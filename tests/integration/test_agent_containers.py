@@ -18,7 +18,7 @@ import pytest
 from hai_cluster.agent import spool
 from hai_cluster.transport.rpc import RpcError
 
-from .agent_helpers import AgentProcess, Sandbox, client, need_root, read_when, run, wait_for
+from .agent_helpers import AgentProcess, Sandbox, client, need_root, read_when, run, run_to_end, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -169,12 +169,7 @@ def test_job_sees_only_its_gpus_runs_as_the_user_and_writes_its_output(env, runt
                     script_args=["a", "b c"])
     spec["environment"]["CUDA_VISIBLE_DEVICES"] = "1,2"
 
-    async def body():
-        async with client(agent) as c:
-            assert (await c.call("start_run", {"spec": spec}))["started"]
-            return await c.exited(spec["job_id"], timeout=60)
-
-    ended = run(body())
+    ended = run_to_end(agent, spec)
     out = Path(spec["stdout"]).read_text()
     assert ended["exit_code"] == 7 and ended["reason"] is None and ended["signal"] is None, (ended, out)
     user = box.user
@@ -307,12 +302,7 @@ def test_memory_limit_ends_the_job_as_oom(env, runtime, kind):
     script = "#!/bin/sh\nhead -c 300m /dev/zero | tail > /dev/null\nwhile :; do sleep 0.1; done\n"
     spec = box.spec(script, runtime=runtime, container_image=image_for(env, kind), mem_mb=48)
 
-    async def body():
-        async with client(agent) as c:
-            await c.call("start_run", {"spec": spec})
-            return await c.exited(spec["job_id"], timeout=60)
-
-    ended = run(body())
+    ended = run_to_end(agent, spec)
     assert ended["reason"] == "oom", (ended, Path(spec["stdout"]).read_text())
     assert ended["message"] == "job exceeded its memory limit of 48 MiB"
 
@@ -379,12 +369,7 @@ def test_a_tarball_made_by_gnu_tar_unpacks_as_it_was(env):
               "dd if=/data/sparse bs=1048576 skip=100 count=1 2>/dev/null | head -c 6; echo\n")
     spec = box.spec(script, runtime="runc", container_image=str(tarball))
 
-    async def body():
-        async with client(agent) as c:
-            await c.call("start_run", {"spec": spec})
-            return await c.exited(spec["job_id"], timeout=60)
-
-    ended = run(body())
+    ended = run_to_end(agent, spec)
     out = Path(spec["stdout"]).read_text()
     assert ended["exit_code"] == 0, (ended, out)
     assert out == "linked\nhard-linked\n268435456\n755\n555\nmiddle\n", out

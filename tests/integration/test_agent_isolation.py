@@ -15,7 +15,7 @@ import pytest
 from hai_cluster.agent import spool
 from hai_cluster.agent.cgroups import RunCgroup
 
-from .agent_helpers import AgentProcess, Sandbox, client, need_root, read_when, run, wait_for
+from .agent_helpers import AgentProcess, Sandbox, client, need_root, read_when, run, run_to_end, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -113,12 +113,7 @@ def test_allocating_past_mem_ends_the_run_as_oom(agent):
     spec = box.spec(f"#!/bin/sh\n{sys.executable} -c 'b = b\"x\" * (300 << 20); print(\"survived\")'\n"
                     "echo after\n", mem_mb=64)
 
-    async def body():
-        async with client(agent) as c:
-            await c.call("start_run", {"spec": spec})
-            return await c.exited(spec["job_id"], timeout=60)
-
-    ended = run(body())
+    ended = run_to_end(agent, spec)
     out = open(spec["stdout"]).read()
     assert ended["reason"] == "oom", (ended, out)
     assert ended["message"] == "job exceeded its memory limit of 64 MiB"

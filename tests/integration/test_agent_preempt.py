@@ -17,7 +17,7 @@ import pytest
 
 from hai_cluster.agent import spool
 
-from .agent_helpers import Sandbox, async_wait_for, client, group_alive, read_when, run
+from .agent_helpers import Sandbox, async_wait_for, client, group_alive, read_when, run, run_to_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -192,12 +192,7 @@ def test_time_limit_leaves_a_terminate_notice(agent):
               "while :; do sleep 0.1; done\n")
     spec = job_spec(box, script, job_id, 0, box.work / "ckpt" / str(job_id), time_limit=1, grace=30)
 
-    async def body():
-        async with client(agent) as c:
-            await c.call("start_run", {"spec": spec})
-            return await c.exited(job_id, 0, timeout=60)
-
-    ended = run(body())
+    ended = run_to_end(agent, spec)
     assert ended["reason"] == "timeout" and ended["killed"] is False and ended["exit_code"] == 0
     got = json.loads((box.work / f"got-{job_id}").read_text())
     assert got["reason"] == "timeout" and got["signal"] == signal.SIGTERM and got["grace"] == 30

@@ -12,7 +12,7 @@ import pytest
 from hai_cluster.agent import spool
 from hai_cluster.transport.rpc import RpcError
 
-from .agent_helpers import client, group_alive, read_when, run
+from .agent_helpers import client, group_alive, read_when, run, run_to_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -173,12 +173,7 @@ def test_time_limit_warns_then_terminates(agent):
     spec = box.spec("#!/bin/sh\ntrap 'echo warned' USR1\n" + LOOP, time_limit=2,
                     signal=signal.SIGUSR1, signal_time=1, grace=1)
 
-    async def body():
-        async with client(agent) as c:
-            await c.call("start_run", {"spec": spec})
-            return await c.exited(spec["job_id"], timeout=30)
-
-    ended = run(body())
+    ended = run_to_end(agent, spec, timeout=30)
     assert ended["reason"] == "timeout" and ended["signal"] == signal.SIGTERM
     assert ended["end_time"] - ended["start_time"] >= 2
     assert "warned" in open(spec["stdout"]).read()

@@ -47,7 +47,7 @@ from hai_cluster.agent.runtimes.rootfs import RootfsError
 from hai_cluster.config import ConfigError, load_agent_config
 from hai_cluster.core.jobscript import JobScriptError, parse_submission
 
-from .agent_helpers import Sandbox, client, need_root, run
+from .agent_helpers import Sandbox, client, need_root, run, run_to_end
 from .test_agent_containers import fake_gpu_nodes, isolation_agent, podman_installed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -165,12 +165,7 @@ def test_a_bwrap_job_leaves_no_file_of_the_users_in_its_run_dir(box):
     try:
         spec = box.spec("#!/bin/sh\nexit 1\n", runtime="bwrap")
 
-        async def body():
-            async with client(agent) as c:
-                await c.call("start_run", {"spec": spec})
-                return await c.exited(spec["job_id"], timeout=60)
-
-        ended = run(body())
+        ended = run_to_end(agent, spec)
         assert ended["exit_code"] == 1 and ended["reason"] is None, ended
         from hai_cluster.agent import spool
         rd = spool.runs_dir(box.spool) / spool.run_dir_name(spec["job_id"], 0)
@@ -189,12 +184,7 @@ def test_a_real_bwrap_setup_failure_still_names_its_reason(box):
     try:
         spec = box.spec("#!/bin/sh\necho ran\n", runtime="bwrap", gpus=[1])
 
-        async def body():
-            async with client(agent) as c:
-                await c.call("start_run", {"spec": spec})
-                return await c.exited(spec["job_id"], timeout=60)
-
-        ended = run(body())
+        ended = run_to_end(agent, spec)
         assert ended["reason"] == "launch_failed", ended
         assert ended["message"].startswith("bwrap could not set up the container: bwrap: "), ended
         assert f"{devices}/nvidia1" in ended["message"], ended
