@@ -141,6 +141,6 @@ async def accounts(ctx: ApiContext, body, caller: Caller):
 
 async def shares(ctx: ApiContext, body, caller: Caller):
     """hshare: the fair-share tree, like sshare -a."""
-    rows = await ctx.ctl.db(ctx.ctl.tenancy.share_rows, ctx.repo.engine, time.time())
+    rows = await ctx.ctl.db(ctx.ctl.tenancy.current_rows, ctx.repo.engine, time.time())
     return {"half_life": ctx.ctl.cfg.fairshare.half_life, "enabled": ctx.ctl.cfg.fairshare.enabled,
             "rows": [vars(r) for r in rows]}

@@ -20,13 +20,13 @@ from ..store import accounts as store
 from ..transport.rpc import RequestError
 from .access import Caller, deny, group_names, matches
 from .submitcounts import NEAR, SubmissionCounts
+from .usage import UsageTracker
 
 FAIRSHARE_REFRESH = 10.0  # seconds between recomputations of the decayed usage
 # Seconds the live limits are kept between reads: every submission and every pass wants them, and
 # only `update` (which forgets them at once) changes them, unless another controller did before
 # a takeover.
 OVERRIDES_REFRESH = 2.0
-USAGE_HORIZON = 20  # half-lives: older runs weigh less than 1e-6 and are not read
 
 
 class Tenancy:
@@ -40,6 +40,8 @@ class Tenancy:
         self._overrides_at = 0.0
         self._counts: SubmissionCounts | None = None  # per store engine (a takeover brings a new one)
         self._counts_engine = None
+        self._usage: UsageTracker | None = None  # per store engine, as the counts
+        self._usage_engine = None
 
     # ---- accounts and their users -----------------------------------------------------
     @property
@@ -156,16 +158,30 @@ class Tenancy:
         quotas = Quotas(user_gpus=users, default_user_gpus=self.cfg.user_limits.max_gpus,
                         account_gpus={a: self._limits("account", a, over).max_gpus for a in self.account_names},
                         class_user_gpus=dict(self.cfg.class_limits))
-        if self.cfg.fairshare.enabled and now - self._computed_at >= FAIRSHARE_REFRESH:
-            self._rows = self.share_rows(engine, now, over)
-            self._factors = fairshare.factors(self._rows)
-            self._computed_at = now
+        if self.cfg.fairshare.enabled and (now - self._computed_at >= FAIRSHARE_REFRESH or self._catching_up(engine)):
+            self._refresh_rows(engine, now, over)
         return quotas, (self._factors if self.cfg.fairshare.enabled else {})
+
+    def _catching_up(self, engine) -> bool:
+        return self._usage is None or self._usage_engine is not engine or self._usage.behind
+
+    def _refresh_rows(self, engine, now: float, over: dict | None) -> None:
+        self._rows = self.share_rows(engine, now, over)
+        self._factors = fairshare.factors(self._rows)
+        self._computed_at = now
+
+    def current_rows(self, engine, now: float) -> list[fairshare.ShareRow]:
+        """hshare: the rows of the last refresh if it is recent (what the scheduler uses), else
+        fresh ones; never a read of the whole history per request."""
+        if now - self._computed_at >= FAIRSHARE_REFRESH or self._catching_up(engine):
+            self._refresh_rows(engine, now, None)
+        return self._rows
 
     def share_rows(self, engine, now: float, over: dict | None = None) -> list[fairshare.ShareRow]:
         over = store.overrides(engine) if over is None else over
-        half_life = self.cfg.fairshare.half_life
-        usage = fairshare.decayed_usage(store.usage_runs(engine, now - USAGE_HORIZON * half_life), now, half_life)
+        if self._usage is None or self._usage_engine is not engine:
+            self._usage, self._usage_engine = UsageTracker(self.cfg.fairshare.half_life), engine
+        usage = self._usage.refresh(engine, now)
         members: dict[str, list[str]] = {a.name: [u for u in a.users if not u.startswith("@")]
                                          for a in self.cfg.accounts}
         for account, user in store.open_members(engine):

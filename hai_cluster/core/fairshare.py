@@ -10,7 +10,7 @@ computes it from the runs table and passes the factors in the snapshot.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 Run = tuple[str, str, int, float, "float | None"]  # (account, user, gpus, start, end or None: running)
@@ -28,6 +28,40 @@ def decayed_usage(runs: Iterable[Run], now: float, half_life: float) -> dict[tup
         used = gpus * (math.exp(-lam * (now - end)) - math.exp(-lam * (now - start))) / lam
         usage[(account, user)] = usage.get((account, user), 0.0) + used
     return usage
+
+
+@dataclass
+class UsageLedger:
+    """decayed_usage kept up to date run by run instead of recomputed over every run: the ended
+    runs' sums decay as a whole (every term decays by the same factor), and the runs still going
+    are added fresh each time. A run is told once as ended (end) and may be told before as live."""
+    half_life: float
+    ended: dict[tuple[str, str], float] = field(default_factory=dict)  # valued at `as_of`
+    as_of: float = -math.inf
+    live: dict[int, Run] = field(default_factory=dict)  # run id -> its run, end None
+
+    def advance(self, now: float) -> None:
+        """Value the ended sums at `now` (a clock that went back leaves them as they are)."""
+        if now > self.as_of:
+            if self.ended and self.as_of > -math.inf:
+                k = math.exp(-math.log(2) / self.half_life * (now - self.as_of))
+                self.ended = {key: v * k for key, v in self.ended.items() if v * k > 0.0}
+            self.as_of = now
+
+    def ended_run(self, run_id: int, run: Run) -> None:
+        """An ended run (valued at as_of: advance first); a live one of that id is replaced."""
+        self.live.pop(run_id, None)
+        for key, used in decayed_usage([run], self.as_of, self.half_life).items():
+            self.ended[key] = self.ended.get(key, 0.0) + used
+
+    def usage(self, now: float) -> dict[tuple[str, str], float]:
+        """What decayed_usage would give over every run told (runs older than 20 half-lives
+        aside, which weigh less than 1e-6 there and are not read)."""
+        self.advance(now)
+        out = dict(self.ended)
+        for key, used in decayed_usage(self.live.values(), self.as_of, self.half_life).items():
+            out[key] = out.get(key, 0.0) + used
+        return out
 
 
 @dataclass(frozen=True)

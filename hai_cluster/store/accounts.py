@@ -65,6 +65,27 @@ def usage_runs(engine: Engine, since: float) -> list[tuple[str, str, int, float,
         return [tuple(r) for r in c.execute(q)]
 
 
+def runs_after(engine: Engine, after_id: int, limit: int) -> tuple[list[tuple[int, tuple]], int]:
+    """Up to `limit` runs with ids above `after_id`, by id, read through the primary key: (id,
+    (account, user, gpus, start, end)) for those charged anything, and the last id read."""
+    charged = func.coalesce(runs.c.gpu_charge, runs.c.gpus)
+    q = (select(runs.c.id, _account(), jobs.c.user, charged, runs.c.start_time, runs.c.end_time)
+         .join(jobs, jobs.c.id == runs.c.job_id).where(runs.c.id > after_id).order_by(runs.c.id).limit(limit))
+    with engine.connect() as c:
+        rows = c.execute(q).all()
+    last = rows[-1][0] if rows else after_id
+    return [(r[0], tuple(r[1:])) for r in rows if r[3] and r[3] > 0], last
+
+
+def run_ends(engine: Engine, run_ids: list[int]) -> dict[int, float | None]:
+    """The end time (None: still going) of each of these runs that exists, by primary key."""
+    out: dict[int, float | None] = {}
+    with engine.connect() as c:
+        for i in range(0, len(run_ids), 500):
+            out.update(c.execute(select(runs.c.id, runs.c.end_time).where(runs.c.id.in_(run_ids[i:i + 500]))).all())
+    return out
+
+
 def open_members(engine: Engine) -> list[tuple[str, str]]:
     """(account, user) pairs with open jobs: they appear in the share tree even before any usage."""
     with engine.connect() as c:
@@ -72,4 +93,4 @@ def open_members(engine: Engine) -> list[tuple[str, str]]:
                                             .group_by(_account(), jobs.c.user))]
 
 
-__all__ = ["overrides", "set_override", "job_counts", "usage_runs", "open_members"]
+__all__ = ["overrides", "set_override", "job_counts", "usage_runs", "runs_after", "run_ends", "open_members"]

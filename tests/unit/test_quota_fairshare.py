@@ -180,3 +180,38 @@ def test_priority_class_limits_config(tmp_path):
         path.write_text(text)
         with pytest.raises(ConfigError, match=re.escape(message)):
             load_controller_config(path)
+
+
+def test_the_ledger_gives_what_decayed_usage_gives_over_the_same_runs():
+    """UsageLedger (controller/usage.py feeds it what changed) against the full recomputation:
+    runs told live and later ended, runs told already ended, refreshes at random times."""
+    import random
+    from hai_cluster.core.fairshare import UsageLedger
+    rng = random.Random(7)
+    h = 3600.0
+    ledger, told, now = UsageLedger(h), {}, 0.0
+    runs: dict[int, list] = {}
+    for step in range(300):
+        now += rng.uniform(0, 900)
+        for run_id, r in list(runs.items()):  # some live runs end (a little before now)
+            if r[4] is None and rng.random() < 0.2:
+                r[4] = now - rng.uniform(0, 60)
+                told[run_id] = "ended"
+                ledger.advance(now)
+                ledger.ended_run(run_id, tuple(r))
+        for _ in range(rng.randint(0, 3)):  # new runs: some already ended when first seen
+            run_id = len(runs) + 1
+            start = now - rng.uniform(0, 1200)
+            end = None if rng.random() < 0.5 else min(now, start + rng.uniform(1, 600))
+            runs[run_id] = [rng.choice(["a", "b"]), rng.choice(["x", "y", "z"]), rng.choice([1, 2, 0.25]), start, end]
+            ledger.advance(now)
+            if end is None:
+                ledger.live[run_id] = tuple(runs[run_id])
+            else:
+                ledger.ended_run(run_id, tuple(runs[run_id]))
+        if step % 10 == 0:
+            expected = decayed_usage([tuple(r) for r in runs.values()], now, h)
+            got = ledger.usage(now)
+            assert set(got) == set(expected)
+            for key, value in expected.items():
+                assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-9)
