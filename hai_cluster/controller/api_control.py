@@ -16,16 +16,16 @@ from ..transport.rpc import RequestError
 from .access import Caller, deny, may_act_on
 from .apicontext import NOT_FINAL, ApiContext
 from .partitions import PartitionRefused, admit, groups_of
-from .requests import expect, int_list, str_list, task_list
+from .requests import expect, filter_list, int_list, str_list, task_list
 
 
 async def cancel(ctx: ApiContext, body, caller: Caller):
     ids = int_list(body, "ids")
     tasks = task_list(body)
-    users = str_list(body, "users")
+    users = filter_list(body, "users")
     states = str_list(body, "states")
-    names = str_list(body, "names")
-    partitions = str_list(body, "partitions")
+    names = filter_list(body, "names")
+    partitions = filter_list(body, "partitions")
     signum = expect(body, "signal", int)
     if not (ids or tasks or users or states or names or partitions):
         raise RequestError("No job identification provided")

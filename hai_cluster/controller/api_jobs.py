@@ -9,7 +9,7 @@ from ..transport.rpc import RequestError
 from .access import Caller, may_act_on
 from .apicontext import (DERIVED_FIELDS, LISTING_FIELDS, MAX_EVENTS, NOT_FINAL, PUBLIC_NEEDS, SHARE_NEEDS,
                          TELEMETRY_FIELDS, TELEMETRY_NEEDS, ApiContext)
-from .requests import expect, int_list, str_list, task_list
+from .requests import expect, filter_list, int_list, str_list, task_list
 from .telemetry_view import job_telemetry, nodes_telemetry
 
 MAX_NODE_NAME = 64  # nodes.name
@@ -44,8 +44,8 @@ async def jobs(ctx: ApiContext, body, caller: Caller):
         columns = sorted(need)
     after, limit = ctx.page(body)
     rows = await ctx.ctl.db(ctx.repo.jobs, ids=int_list(body, "ids"), states=states,
-                            users=str_list(body, "users"), names=str_list(body, "names"),
-                            partitions=str_list(body, "partitions"), columns=columns, tasks=task_list(body),
+                            users=filter_list(body, "users"), names=filter_list(body, "names"),
+                            partitions=filter_list(body, "partitions"), columns=columns, tasks=task_list(body),
                             after_id=after, limit=limit + 1)
     more = {"more": len(rows) > limit, "next": rows[limit - 1]["id"] if len(rows) > limit else None}
     listed = map(ctx.public, rows[:limit])
@@ -100,7 +100,7 @@ async def nodes(ctx: ApiContext, body, caller: Caller):
 
 async def acct(ctx: ApiContext, body, caller: Caller):
     ids = int_list(body, "ids")
-    users = str_list(body, "users")
+    users = filter_list(body, "users")
     tasks = task_list(body)
     since = expect(body, "since", (int, float))  # jobs that had not ended before then (hacct -S)
     after, limit = ctx.page(body)

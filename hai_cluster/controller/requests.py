@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..store.listing import MAX_FILTER_VALUES
 from ..transport.rpc import RequestError
 
 MAX_LIST = 10_000  # entries of one list in a request (ids, tasks, users, ...): every id costs a lookup
@@ -57,4 +58,14 @@ def str_list(body: Any, key: str) -> list[str] | None:
     values = list_field(body, key)
     if values is not None and not all(isinstance(v, str) for v in values):
         raise RequestError(f"field {key!r} must be a list of strings")
+    return values
+
+
+def filter_list(body: Any, key: str) -> list[str] | None:
+    """Users, names or partitions a listing is filtered by: each is walked on its own
+    (store/listing.py), so a listing takes at most MAX_FILTER_VALUES of them."""
+    values = str_list(body, key)
+    if values is not None and len(set(values)) > MAX_FILTER_VALUES:
+        raise RequestError(f"field {key!r} has too many entries for a filter ({len(set(values))}; "
+                           f"at most {MAX_FILTER_VALUES} in one listing)")
     return values

@@ -17,7 +17,7 @@ from ..core.model import JobSpec, JobView, NodeView, Placement, Snapshot, held_r
 from ..core.outcome import combine, job_state_after
 from ..core.resources import why_waiting
 from ..core.states import ACTIVE_STATES, FINAL_STATES, JobState
-from . import applier
+from . import applier, listing
 from . import statements as st
 from ..protocol.runspec import RunStatus
 from .applier import Refused, StartRequest
@@ -210,7 +210,7 @@ class Repository:
         unfinished: dict[tuple[str, str], list[int]] = {}
         if singles:
             for r in c.execute(select(jobs.c.id, jobs.c.user, jobs.c.name).where(
-                    jobs.c.state.notin_([s.value for s in FINAL_STATES]),
+                    jobs.c.state.in_([JobState.PENDING.value] + ACTIVE),  # (name, state) seeks, not a walk
                     jobs.c.user.in_({u for u, _ in singles}), jobs.c.name.in_({n for _, n in singles}))):
                 unfinished.setdefault((r.user, r.name), []).append(r.id)
         return {j.id: evaluate(deps[j.id], targets, not any(
@@ -511,32 +511,32 @@ class Repository:
         """Job rows without the spec; `columns`: only these (names in LISTING_COLUMNS). `ids` also
         name every task of an array; `tasks` are (array id, task id). A page: ids above
         `after_id`, at most `limit`; `ended_since`: only jobs not ended before then."""
-        q = select(*(LISTING_COLUMNS if columns is None else [jobs.c[n] for n in columns])).order_by(jobs.c.id)
-        if after_id is not None:
-            q = q.where(jobs.c.id > after_id)
-        if limit is not None:
-            q = q.limit(limit)
+        cols = LISTING_COLUMNS if columns is None else [jobs.c[n] for n in columns]
+        q = select(*cols, *([] if columns is None or "id" in columns else [jobs.c.id]))
         if ended_since is not None:
             q = q.where(or_(jobs.c.end_time.is_(None), jobs.c.end_time >= ended_since))
         if ids or tasks:
             q = q.where(_selected(ids, tasks))
-        if states:
-            q = q.where(jobs.c.state.in_(list(states)))
-        if users:
-            q = q.where(jobs.c.user.in_(list(users)))
-        if names:
-            q = q.where(jobs.c.name.in_(list(names)))
-        if partitions:
-            q = q.where(jobs.c.partition.in_(list(partitions)))
+        walk, values = (None, None) if ids or tasks else listing.leading(users, names, partitions)
+        for column, given in ((jobs.c.user, users), (jobs.c.name, names), (jobs.c.partition, partitions)):
+            if given and column is not walk:
+                q = q.where(column.in_(list(given)))
         with self.engine.connect() as c:
             if ended_since is not None:  # start at the first job that can match, found through ix_jobs_end_time
                 first = _first_not_ended_before(c, ended_since)
                 if first is None:
                     return []
-                q = q.where(jobs.c.id >= first)
-            res = c.execute(q)
-            keys = tuple(res.keys())
-            return _with_shares(c, [dict(zip(keys, r)) for r in res])  # a third of the time of r._mapping per row
+                after_id = max(after_id if after_id is not None else -1, first - 1)
+            if walk is not None:  # one walk per (value, state), merged: never the whole history
+                rows = listing.merged_page(c, q, walk, values, states, after_id, limit)
+            else:
+                if states:
+                    q = q.where(jobs.c.state.in_(list(states)))
+                if after_id is not None:
+                    q = q.where(jobs.c.id > after_id)
+                rows = c.execute(q.order_by(jobs.c.id).limit(limit)).all()
+            keys = [col.name for col in cols]
+            return _with_shares(c, [dict(zip(keys, r)) for r in rows])  # a third of the time of r._mapping per row
 
     def job_record(self, job_id: int) -> JobRecord | None:
         """The job with its whole spec, typed (what a run is built from)."""

@@ -64,10 +64,12 @@ jobs = Table(
     # pending jobs hold in the store is bounded by it ([limits] max_pending_bytes); the index
     # answers a user's counts at every submission without reading the rows
     Column("spec_bytes", Integer),
-    Index("ix_jobs_user_state", "user", "state", "spec_bytes"),
+    # 0015: with the id, for listings by user (store/listing.py); the counts at submission still
+    # read the index alone (0013)
+    Index("ix_jobs_user_state", "user", "state", "id", "spec_bytes"),
     # 0015: listings filtered by name, partition or end (hacct -S) over every job, without a scan
-    Index("ix_jobs_name", "name"),
-    Index("ix_jobs_partition", "partition"),
+    Index("ix_jobs_name", "name", "state", "id"),
+    Index("ix_jobs_partition", "partition", "state", "id"),
     Index("ix_jobs_end_time", "end_time"),
 )
 

@@ -182,6 +182,20 @@ def test_a_store_error_in_a_loop_is_logged_once_a_minute(controller, caplog):
     run(cfg, scenario)
 
 
+def test_a_listing_filter_of_too_many_users_is_refused_by_name(controller):
+    """Each user, name or partition of a filter is walked on its own (store/listing.py): at most 64."""
+    cfg, _agent = controller
+
+    async def scenario(ctl, api):
+        caller = root_caller()
+        for method in ("jobs", "acct", "cancel"):
+            with pytest.raises(RequestError, match="field 'users' has too many entries for a filter"):
+                await api.dispatch(method, {"users": [f"u{i}" for i in range(65)]}, caller)
+        assert (await api.dispatch("jobs", {"users": [f"u{i}" for i in range(64)]}, caller))["jobs"] == []
+
+    run(cfg, scenario)
+
+
 def test_the_applier_refuses_a_start_whose_cpus_were_taken_after_the_snapshot(controller, tmp_path):
     """The tick's own path: the policy saw 8 free CPUs; before the applier ran, another start took
     6 of them; the job asking 4 stays pending and starts once they are back."""
