@@ -105,8 +105,11 @@ def test_nul_bytes_are_refused_clearly(cluster):
                         "script argument 1 contains a NUL")):
         out = raw_call(cluster, TEST_USER, "submit", body).stdout
         assert out.startswith("ERROR") and text in out, out
-    assert "internal error" not in (cluster.workdir / "ctl.log").read_text()
-    assert "Traceback" not in (cluster.workdir / "ctl.log").read_text()
+    log = (cluster.workdir / "ctl.log").read_text()
+    assert "internal error" not in log
+    # (once in CI, 2026-12-02, a traceback of some request of this module's cluster was here; not
+    # seen again in 7 runs, under load too: the message now shows which handler and why)
+    assert "Traceback" not in log, log[max(0, log.index("Traceback") - 400):][:6000]
 
 
 def test_a_jobs_arguments_are_its_owners_and_admins_only(cluster):
