@@ -13,7 +13,7 @@ import heapq
 from collections import deque
 from typing import Sequence
 
-from sqlalchemy import Select
+from sqlalchemy import Select, func, select
 
 from ..core.states import JobState
 from .schema import jobs
@@ -70,3 +70,12 @@ def merged_page(c, q: Select, column, values: Sequence[str], states: Sequence[st
         if buf:
             heapq.heappush(heap, (buf[0].id, i))
     return out
+
+
+def first_not_ended_before(c, since: float) -> int | None:
+    """The lowest id of a job not ended before `since`, read off ix_jobs_end_time. `id + 0`: min(id)
+    would walk the primary key until a row matches, every job when none does (eighth audit:
+    hacct -S now cost 150 ms at 1,000,000 jobs; with this, 1 ms)."""
+    lows = [c.execute(select(func.min(jobs.c.id + 0)).where(cond)).scalar()
+            for cond in (jobs.c.end_time.is_(None), jobs.c.end_time >= since)]
+    return min((x for x in lows if x is not None), default=None)

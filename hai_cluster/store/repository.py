@@ -107,15 +107,6 @@ def _selected(ids: Sequence[int] | None, tasks: Sequence[tuple[int, int]] | None
     if tasks:  # one row-value IN: an OR per task is an expression too deep for SQLite past ~1000
         terms.append(tuple_(jobs.c.array_job_id, jobs.c.array_task_id).in_([tuple(t) for t in tasks]))
     return or_(*terms)
-def _first_not_ended_before(c, since: float) -> int | None:
-    """The lowest id of a job not ended before `since`, read off ix_jobs_end_time. `id + 0`: min(id)
-    would walk the primary key until a row matches, every job when none does (eighth audit:
-    hacct -S now cost 150 ms at 1,000,000 jobs; with this, 1 ms)."""
-    lows = [c.execute(select(func.min(jobs.c.id + 0)).where(cond)).scalar()
-            for cond in (jobs.c.end_time.is_(None), jobs.c.end_time >= since)]
-    return min((x for x in lows if x is not None), default=None)
-
-
 def _with_shares(c, rows: list[dict]) -> list[dict]:
     """Add gpu_share_mb, the card memory the current run of a sharing job got (rank 0's), and
     gpu_charge, the GPU-equivalents that run is charged."""
@@ -523,7 +514,7 @@ class Repository:
                 q = q.where(column.in_(list(given)))
         with self.engine.connect() as c:
             if ended_since is not None:  # start at the first job that can match, found through ix_jobs_end_time
-                first = _first_not_ended_before(c, ended_since)
+                first = listing.first_not_ended_before(c, ended_since)
                 if first is None:
                     return []
                 after_id = max(after_id if after_id is not None else -1, first - 1)
