@@ -24,8 +24,7 @@ class UsageTracker:
         """The usage per (account, user) at `now`, after reading what changed (store thread)."""
         ledger = self.ledger
         ledger.advance(now)
-        new, self.after_id = store.runs_after(engine, self.after_id, CHUNK)
-        self.behind = len(new) >= CHUNK
+        new, self.after_id, self.behind = store.runs_after(engine, self.after_id, CHUNK)
         was_live = list(ledger.live)
         for run_id, run in new:
             if run[4] is None:

@@ -65,16 +65,17 @@ def usage_runs(engine: Engine, since: float) -> list[tuple[str, str, int, float,
         return [tuple(r) for r in c.execute(q)]
 
 
-def runs_after(engine: Engine, after_id: int, limit: int) -> tuple[list[tuple[int, tuple]], int]:
+def runs_after(engine: Engine, after_id: int, limit: int) -> tuple[list[tuple[int, tuple]], int, bool]:
     """Up to `limit` runs with ids above `after_id`, by id, read through the primary key: (id,
-    (account, user, gpus, start, end)) for those charged anything, and the last id read."""
+    (account, user, gpus, start, end)) for those charged anything, the last id read, and whether
+    `limit` were read (more may follow)."""
     charged = func.coalesce(runs.c.gpu_charge, runs.c.gpus)
     q = (select(runs.c.id, _account(), jobs.c.user, charged, runs.c.start_time, runs.c.end_time)
          .join(jobs, jobs.c.id == runs.c.job_id).where(runs.c.id > after_id).order_by(runs.c.id).limit(limit))
     with engine.connect() as c:
         rows = c.execute(q).all()
     last = rows[-1][0] if rows else after_id
-    return [(r[0], tuple(r[1:])) for r in rows if r[3] and r[3] > 0], last
+    return [(r[0], tuple(r[1:])) for r in rows if r[3] and r[3] > 0], last, len(rows) >= limit
 
 
 def run_ends(engine: Engine, run_ids: list[int]) -> dict[int, float | None]:

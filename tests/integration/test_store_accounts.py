@@ -41,6 +41,8 @@ def test_usage_tracker_reads_what_changed_and_agrees_with_the_full_read(repo, mo
     from hai_cluster.core.fairshare import decayed_usage
     from hai_cluster.protocol.runspec import RunStatus
     monkeypatch.setattr(usage, "CHUNK", 2)
+    cpu_only = repo.submit(spec(), user="dan", uid=1, gid=1, partition="gpu", now=1, account="lab")
+    assert repo.start_run(cpu_only, Placement(("a",), ((),)), now=5)  # charged nothing: read, not counted
     jobs = [repo.submit(spec(gpus_per_node=1), user=u, uid=1, gid=1, partition="gpu", now=1, account="lab")
             for u in ("ann", "bob", "ann", "cy")]
     slots = [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
@@ -52,8 +54,9 @@ def test_usage_tracker_reads_what_changed_and_agrees_with_the_full_read(repo, mo
     def full(now):
         return decayed_usage(accounts.usage_runs(repo.engine, 0.0), now, 100.0)
 
-    first = tracker.refresh(repo.engine, 60.0)  # two runs of three: a full chunk, more to read
-    assert tracker.behind and len(first) <= 2
+    first = tracker.refresh(repo.engine, 60.0)  # two runs of four (one charged nothing): more to read
+    assert tracker.behind and len(first) <= 1
+    tracker.refresh(repo.engine, 65.0)
     got = tracker.refresh(repo.engine, 70.0)
     assert not tracker.behind and got == pytest.approx(full(70.0))
     # a live run ends, a new one starts and ends before the next refresh
@@ -62,4 +65,4 @@ def test_usage_tracker_reads_what_changed_and_agrees_with_the_full_read(repo, mo
     repo.rank_ended(jobs[3], 0, "b", RunStatus(jobs[3], 0, 0, state="ended", exit_code=1, end_time=90.0), now=90)
     got = tracker.refresh(repo.engine, 95.0)
     assert set(got) == {("lab", "ann"), ("lab", "bob"), ("lab", "cy")} and got == pytest.approx(full(95.0))
-    assert list(tracker.ledger.live) == [2 + 1]  # only jobs[2]'s run is still going (run id 3)
+    assert list(tracker.ledger.live) == [4]  # only jobs[2]'s run is still going (run id 4)
