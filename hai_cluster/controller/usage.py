@@ -34,10 +34,9 @@ class UsageTracker:
         if was_live:
             ends = store.run_ends(engine, was_live)
             for run_id in was_live:
-                end = ends.get(run_id, 0.0)
                 if run_id not in ends:  # its job is gone from the store: so is its usage
                     ledger.live.pop(run_id, None)
-                elif end is not None:
+                elif (end := ends[run_id]) is not None:
                     account, user, gpus, start, _ = ledger.live[run_id]
                     ledger.ended_run(run_id, (account, user, gpus, start, end))
         return ledger.usage(now)

@@ -8,10 +8,9 @@ from sqlalchemy import Engine, delete, insert, select
 from .schema import event_nodes, events
 
 
-# Built once: every scheduling pass writes events. Those that name nodes return their ids, in
-# the order given, for their rows in event_nodes.
-_ADD = insert(events)
-_ADD_NAMING = insert(events).returning(events.c.id, sort_by_parameter_order=True)
+# Built once: every scheduling pass writes events. They are inserted in the order given (ids are
+# the history's order) and return their ids, for the rows in event_nodes of those naming nodes.
+_ADD = insert(events).returning(events.c.id, sort_by_parameter_order=True)
 _ADD_NODES = insert(event_nodes)
 
 
@@ -19,17 +18,14 @@ def add_events(engine: Engine, rows: Iterable[Mapping]) -> None:
     """Append events (dicts with time, kind, job_id, node, detail) in one transaction; `node`
     is one node or a gang start's, comma-separated."""
     rows = list(rows)
-    naming = [r for r in rows if r.get("node")]
-    plain = [r for r in rows if not r.get("node")]
     if not rows:
         return
     with engine.begin() as c:
-        if plain:
-            c.execute(_ADD, plain)
-        if naming:
-            ids = c.execute(_ADD_NAMING, naming).scalars().all()
-            c.execute(_ADD_NODES, [{"event_id": i, "node": n} for i, r in zip(ids, naming)
-                                   for n in sorted({n[:64] for n in r["node"].split(",") if n})])
+        ids = c.execute(_ADD, rows).scalars().all()
+        named = [{"event_id": i, "node": n} for i, r in zip(ids, rows) if r.get("node")
+                 for n in sorted({n[:64] for n in r["node"].split(",") if n})]
+        if named:
+            c.execute(_ADD_NODES, named)
 
 
 def events_query(*, job_id: int | None = None, node: str | None = None, limit: int | None = None):

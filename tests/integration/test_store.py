@@ -332,3 +332,14 @@ def test_a_listing_walk_reads_its_index_in_order(tmp_path):
             plan = " ".join(str(r[-1]) for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + sql))
         assert index in plan and "TEMP B-TREE" not in plan and "SCAN" not in plan, (index, plan)
     eng.dispose()
+
+
+def test_events_keep_their_order_whether_they_name_nodes_or_not(engine):
+    """A run's end names its node and the requeue that follows names none: a job's history keeps
+    them in the order they happened (they are written in one insert, in order)."""
+    from hai_cluster.store.events import add_events, read_events
+    add_events(engine, [{"time": 1.0, "kind": "ended", "job_id": 9, "node": "a", "detail": {}},
+                        {"time": 1.0, "kind": "requeued", "job_id": 9, "node": None, "detail": {}},
+                        {"time": 2.0, "kind": "started", "job_id": 9, "node": "b", "detail": {}}])
+    assert [e["kind"] for e in read_events(engine, job_id=9)] == ["ended", "requeued", "started"]
+    assert [e["kind"] for e in read_events(engine, node="b")] == ["started"]
