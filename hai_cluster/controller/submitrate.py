@@ -28,16 +28,13 @@ class SubmitRate:
         if not self.rate or uid == 0:
             return 0.0
         now = self._clock()
-        tokens, then = self._buckets.get(uid, (float(self.burst), now))
-        tokens = min(float(self.burst), tokens + (now - then) * self.rate)
+        tokens = self._tokens(uid, now)
         need = min(jobs, self.burst)  # an array larger than the bucket waits for all of it
         wait = max(0.0, (need - tokens) / self.rate)
         if wait > MAX_WAIT:
             raise OverRate(f"submitting too fast: at most {self.rate:g} jobs a second and {self.burst} at once "
                            f"([access] submit_rate, submit_burst); these {jobs} can go in {math.ceil(wait)} s")
-        if len(self._buckets) >= MAX_KEPT:
-            self._forget_full(now)
-        self._buckets[uid] = (tokens - need, now)
+        self._keep(uid, tokens - need, now)
         return wait
 
     def take_now(self, uid: int) -> bool:
@@ -45,15 +42,21 @@ class SubmitRate:
         if not self.rate or uid == 0:
             return True
         now = self._clock()
-        tokens, then = self._buckets.get(uid, (float(self.burst), now))
-        tokens = min(float(self.burst), tokens + (now - then) * self.rate)
+        tokens = self._tokens(uid, now)
         if tokens < 1:
-            self._buckets[uid] = (tokens, now)
-            return False
+            return False  # the bucket as kept refills to the same count: nothing to write
+        self._keep(uid, tokens - 1, now)
+        return True
+
+    def _tokens(self, uid: int, now: float) -> float:
+        """The uid's tokens at `now`: what was kept, refilled at the rate up to the burst."""
+        tokens, then = self._buckets.get(uid, (float(self.burst), now))
+        return min(float(self.burst), tokens + (now - then) * self.rate)
+
+    def _keep(self, uid: int, tokens: float, now: float) -> None:
         if len(self._buckets) >= MAX_KEPT:
             self._forget_full(now)
-        self._buckets[uid] = (tokens - 1, now)
-        return True
+        self._buckets[uid] = (tokens, now)
 
     def _forget_full(self, now: float) -> None:
         for uid, (tokens, then) in list(self._buckets.items()):
