@@ -96,9 +96,25 @@ class _Run:
     hi: int
     width: int  # zero-padding width, taken from the first name of the run
 
+    @classmethod
+    def of(cls, digits: str) -> _Run:
+        """A run of one name's number: a zero-padded one fixes the width; an unpadded one pads nothing."""
+        return cls(int(digits), int(digits), len(digits) if digits.startswith("0") else 1)
+
+    def extends_to(self, digits: str) -> bool:
+        """Whether the number is this run's next, written as the run's padding writes it (so "9"
+        and "09" never share a run)."""
+        return int(digits) == self.hi + 1 and str(self.hi + 1).zfill(self.width) == digits
+
     def text(self) -> str:
         lo = str(self.lo).zfill(self.width)
         return lo if self.lo == self.hi else f"{lo}-{str(self.hi).zfill(self.width)}"
+
+
+def _writable(name: str) -> None:
+    if not _LITERAL.fullmatch(name):  # "a,b" or "n[1]" would expand to something else
+        raise ValueError(f"host name {name!r} cannot be written in a hostlist "
+                         f"(allowed: letters, digits, '.', '_', '-')")
 
 
 def sort_key(name: str) -> tuple[str, int, int]:
@@ -114,9 +130,7 @@ def compress(names: Iterable[str]) -> str:
     plain: set[str] = set()
     numbered: dict[str, list[str]] = {}  # prefix -> digit strings
     for name in set(names):
-        if not _LITERAL.fullmatch(name):  # "a,b" or "n[1]" would expand to something else
-            raise ValueError(f"host name {name!r} cannot be written in a hostlist "
-                             f"(allowed: letters, digits, '.', '_', '-')")
+        _writable(name)
         m = _TRAILING_NUMBER.fullmatch(name)
         if m:
             numbered.setdefault(m.group(1), []).append(m.group(2))
@@ -136,14 +150,12 @@ def _runs(digit_strings: list[str]) -> list[_Run]:
     writes it exactly as given, so "9" and "09" never share a run."""
     runs: list[_Run] = []
     for d in sorted(digit_strings, key=lambda d: (int(d), len(d))):
-        n = int(d)
         for run in runs:
-            if run.hi == n - 1 and str(n).zfill(run.width) == d:
-                run.hi = n
+            if run.extends_to(d):
+                run.hi = int(d)
                 break
         else:
-            # A zero-padded name fixes the width; an unpadded one pads nothing.
-            runs.append(_Run(n, n, len(d) if d.startswith("0") else 1))
+            runs.append(_Run.of(d))
     return sorted(runs, key=lambda r: (r.lo, r.width))
 
 
@@ -154,9 +166,7 @@ def ranged(names: Iterable[str], *, sort: bool = False) -> str:
     ranges of one prefix share a bracket."""
     names = list(names)
     for name in names:
-        if not _LITERAL.fullmatch(name):
-            raise ValueError(f"host name {name!r} cannot be written in a hostlist "
-                             f"(allowed: letters, digits, '.', '_', '-')")
+        _writable(name)
     if sort:
         names.sort(key=sort_key)
     ranges: list[tuple[str, _Run | None]] = []  # (prefix, its run; None: a name without a number)
@@ -166,12 +176,11 @@ def ranged(names: Iterable[str], *, sort: bool = False) -> str:
             ranges.append((name, None))
             continue
         prefix, d = m.group(1), m.group(2)
-        n = int(d)
         last = ranges[-1] if ranges else None
-        if last and last[0] == prefix and last[1] and last[1].hi == n - 1 and str(n).zfill(last[1].width) == d:
-            last[1].hi = n
+        if last and last[0] == prefix and last[1] and last[1].extends_to(d):
+            last[1].hi = int(d)
         else:
-            ranges.append((prefix, _Run(n, n, len(d) if d.startswith("0") else 1)))
+            ranges.append((prefix, _Run.of(d)))
     out: list[str] = []
     i = 0
     while i < len(ranges):
