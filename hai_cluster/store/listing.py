@@ -27,7 +27,8 @@ class TooManyValues(ValueError):
 
 
 def leading(users, names, partitions):
-    """The filter to walk by (the most selective given), and the others as plain conditions."""
+    """The filter to walk by, the most selective given (users, then names, then partitions), and
+    its values without repeats; (None, None) when there is none. The others stay plain conditions."""
     for column, values in ((jobs.c.user, users), (jobs.c.name, names), (jobs.c.partition, partitions)):
         if values:
             return column, list(dict.fromkeys(values))
@@ -40,7 +41,8 @@ def merged_page(c, q: Select, column, values: Sequence[str], states: Sequence[st
     state in `states` (None: any), ids above `after_id`, in id order, at most `limit`."""
     if len(values) > MAX_FILTER_VALUES:
         raise TooManyValues(f"at most {MAX_FILTER_VALUES} {column.name}s in one listing, got {len(values)}")
-    pairs = [(v, s) for v in values for s in (list(dict.fromkeys(states)) if states else ALL_STATES)]
+    walked_states = list(dict.fromkeys(states)) if states else ALL_STATES
+    pairs = [(v, s) for v in values for s in walked_states]
     want = limit if limit is not None else 1 << 62
     batch = max(20, min(want, 10_000) // len(pairs) + 1)
     start = after_id if after_id is not None else -1

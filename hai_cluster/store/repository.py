@@ -17,9 +17,9 @@ from ..core.model import JobSpec, JobView, NodeView, Placement, Snapshot, held_r
 from ..core.outcome import combine, job_state_after
 from ..core.resources import why_waiting
 from ..core.states import ACTIVE_STATES, FINAL_STATES, JobState
+from ..protocol.runspec import RunStatus
 from . import applier, listing
 from . import statements as st
-from ..protocol.runspec import RunStatus
 from .applier import Refused, StartRequest
 from .records import JobRecord, StartedRun
 from .schema import array_specs, gpus, jobs, nodes, run_ranks, runs
