@@ -54,13 +54,20 @@ def job_counts(engine: Engine, user: str, account: str | None = None) -> dict[st
             "account_jobs": at}
 
 
-def usage_runs(engine: Engine, since: float) -> list[tuple[str, str, int, float, float | None]]:
-    """(account, user, gpus, start, end) of runs still running or ended after `since`; a sharing
-    run's gpus are the GPU-equivalents it is charged."""
+def _usage_of_runs(*first):
+    """(first..., account, user, gpus, start, end) per run; a sharing run's gpus are the
+    GPU-equivalents it is charged."""
     charged = func.coalesce(runs.c.gpu_charge, runs.c.gpus)
-    q = (select(_account(), jobs.c.user, charged, runs.c.start_time, runs.c.end_time)
-         .join(jobs, jobs.c.id == runs.c.job_id)
-         .where(charged > 0, or_(runs.c.end_time.is_(None), runs.c.end_time >= since)))
+    return select(*first, _account(), jobs.c.user, charged, runs.c.start_time, runs.c.end_time).join(
+        jobs, jobs.c.id == runs.c.job_id), charged
+
+
+def usage_runs(engine: Engine, since: float) -> list[tuple[str, str, int, float, float | None]]:
+    """Every run still running or ended after `since`, charged anything: the whole read that
+    fair share once did each refresh, kept as the reference the tracker (runs_after) is tested
+    against."""
+    q, charged = _usage_of_runs()
+    q = q.where(charged > 0, or_(runs.c.end_time.is_(None), runs.c.end_time >= since))
     with engine.connect() as c:
         return [tuple(r) for r in c.execute(q)]
 
@@ -69,9 +76,8 @@ def runs_after(engine: Engine, after_id: int, limit: int) -> tuple[list[tuple[in
     """Up to `limit` runs with ids above `after_id`, by id, read through the primary key: (id,
     (account, user, gpus, start, end)) for those charged anything, the last id read, and whether
     `limit` were read (more may follow)."""
-    charged = func.coalesce(runs.c.gpu_charge, runs.c.gpus)
-    q = (select(runs.c.id, _account(), jobs.c.user, charged, runs.c.start_time, runs.c.end_time)
-         .join(jobs, jobs.c.id == runs.c.job_id).where(runs.c.id > after_id).order_by(runs.c.id).limit(limit))
+    q, _charged = _usage_of_runs(runs.c.id)
+    q = q.where(runs.c.id > after_id).order_by(runs.c.id).limit(limit)
     with engine.connect() as c:
         rows = c.execute(q).all()
     last = rows[-1][0] if rows else after_id
