@@ -43,17 +43,27 @@ async def jobs(ctx: ApiContext, body, caller: Caller):
             need.update(SHARE_NEEDS)
         columns = sorted(need)
     after, limit = ctx.page(body)
-    rows = await ctx.ctl.db(ctx.repo.jobs, ids=int_list(body, "ids"), states=states,
+    page = await ctx.ctl.db(ctx.repo.jobs_page, ids=int_list(body, "ids"), states=states,
                             users=filter_list(body, "users"), names=filter_list(body, "names"),
                             partitions=filter_list(body, "partitions"), columns=columns, tasks=task_list(body),
                             after_id=after, limit=limit + 1)
-    more = {"more": len(rows) > limit, "next": rows[limit - 1]["id"] if len(rows) > limit else None}
-    listed = map(ctx.public, rows[:limit])
+    rows, more = _page_and_next(page, limit)
+    listed = map(ctx.public, rows)
     if telemetry:
         listed = map(ctx.with_telemetry, listed)
     if fields is None:
         return {"now": time.time(), "jobs": list(listed), **more}
     return {"now": time.time(), "jobs": [{k: p.get(k) for k in fields} for p in listed], **more}
+
+
+def _page_and_next(page, limit: int) -> tuple[list[dict], dict]:
+    """A page's first `limit` rows (it was asked one more, to tell whether more follow) and its
+    `more` and `next`: after its last row, or where the store stopped examining rows."""
+    if len(page.rows) > limit:
+        return page.rows[:limit], {"more": True, "next": page.rows[limit - 1]["id"]}
+    if page.resume_after is not None:
+        return page.rows, {"more": True, "next": page.resume_after}
+    return page.rows, {"more": False, "next": None}
 
 
 async def telemetry(ctx: ApiContext, body, caller: Caller):
@@ -104,10 +114,9 @@ async def acct(ctx: ApiContext, body, caller: Caller):
     tasks = task_list(body)
     since = expect(body, "since", (int, float))  # jobs that had not ended before then (hacct -S)
     after, limit = ctx.page(body)
-    job_rows = await ctx.ctl.db(ctx.repo.jobs, ids=ids, users=users, tasks=tasks, after_id=after, limit=limit + 1,
-                                ended_since=since)
-    more = {"more": len(job_rows) > limit, "next": job_rows[limit - 1]["id"] if len(job_rows) > limit else None}
-    job_rows = job_rows[:limit]
+    page = await ctx.ctl.db(ctx.repo.jobs_page, ids=ids, users=users, tasks=tasks, after_id=after, limit=limit + 1,
+                            ended_since=since)
+    job_rows, more = _page_and_next(page, limit)
     run_rows = await ctx.ctl.db(ctx.repo.runs, of_jobs=[j["id"] for j in job_rows]) if job_rows else []
     return {"now": time.time(), "runs": run_rows, "jobs": [ctx.public(j) for j in job_rows], **more}
 

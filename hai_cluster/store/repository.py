@@ -494,14 +494,20 @@ class Repository:
             return res.rowcount == 1
 
     # ---- queries for the CLI -------------------------------------------------------------
-    def jobs(self, *, ids: Sequence[int] | None = None, states: Sequence[str] | None = None,
-             users: Sequence[str] | None = None, names: Sequence[str] | None = None,
-             partitions: Sequence[str] | None = None, columns: Sequence[str] | None = None,
-             tasks: Sequence[tuple[int, int]] | None = None, after_id: int | None = None,
-             limit: int | None = None, ended_since: float | None = None) -> list[dict]:
+    def jobs(self, **filters) -> list[dict]:
+        """Job rows as jobs_page finds them, for a caller that asks no limit (every row) or
+        takes a short page as it comes."""
+        return self.jobs_page(**filters).rows
+
+    def jobs_page(self, *, ids: Sequence[int] | None = None, states: Sequence[str] | None = None,
+                  users: Sequence[str] | None = None, names: Sequence[str] | None = None,
+                  partitions: Sequence[str] | None = None, columns: Sequence[str] | None = None,
+                  tasks: Sequence[tuple[int, int]] | None = None, after_id: int | None = None,
+                  limit: int | None = None, ended_since: float | None = None) -> listing.Page:
         """Job rows without the spec; `columns`: only these (names in LISTING_COLUMNS). `ids` also
         name every task of an array; `tasks` are (array id, task id). A page: ids above
-        `after_id`, at most `limit`; `ended_since`: only jobs not ended before then."""
+        `after_id`, at most `limit`, and where the next starts if the page ended short of its
+        rows examined (store/listing.py); `ended_since`: only jobs not ended before then."""
         cols = LISTING_COLUMNS if columns is None else [jobs.c[n] for n in columns]
         q = select(*cols, *([] if columns is None or "id" in columns else [jobs.c.id]))
         if ended_since is not None:
@@ -512,22 +518,34 @@ class Repository:
         for column, given in ((jobs.c.user, users), (jobs.c.name, names), (jobs.c.partition, partitions)):
             if given and column is not walk:
                 q = q.where(column.in_(list(given)))
+        walks = listing.walks_of(walk, values, states) if walk is not None and limit is not None else None
+        if walks is None:  # every row asked for (hcancel -u): the plain filters
+            if walk is not None:
+                q = q.where(walk.in_(values))
+            if states:
+                q = q.where(jobs.c.state.in_(list(states)))
         with self.engine.connect() as c:
-            if ended_since is not None:  # start at the first job that can match, found through ix_jobs_end_time
-                first = listing.first_not_ended_before(c, ended_since)
-                if first is None:
-                    return []
-                after_id = max(after_id if after_id is not None else -1, first - 1)
-            if walk is not None:  # one walk per (value, state), merged: never the whole history
-                rows = listing.merged_page(c, q, walk, values, states, after_id, limit)
+            if ended_since is not None and not (ids or tasks):
+                start = after_id if after_id is not None else -1
+                if walk is None and limit is not None and (
+                        few := listing.not_ended_ids(ended_since, start, listing.EXAMINED_PER_ROW * limit, c)) is not None:
+                    q, after_id = q.where(jobs.c.id.in_(few)), None  # those few, not the walk from the oldest
+                elif after_id is None:  # start at the first job that can match, found through ix_jobs_end_time
+                    first = listing.first_not_ended_before(c, ended_since)
+                    if first is None:
+                        return listing.Page([])
+                    after_id = first - 1
+                if walk is None and limit is not None and after_id is not None:
+                    walks = [()]  # the primary key, a budget of rows at a time: most may have ended before
+            if walks is not None:  # never the whole history for one page
+                page = listing.merged_page(c, q, walks, after_id, limit)
             else:
-                if states:
-                    q = q.where(jobs.c.state.in_(list(states)))
                 if after_id is not None:
                     q = q.where(jobs.c.id > after_id)
-                rows = c.execute(q.order_by(jobs.c.id).limit(limit)).all()
+                page = listing.Page(c.execute(q.order_by(jobs.c.id).limit(limit)).all())
             keys = [col.name for col in cols]
-            return _with_shares(c, [dict(zip(keys, r)) for r in rows])  # a third of the time of r._mapping per row
+            rows = [dict(zip(keys, r)) for r in page.rows]  # a third of the time of r._mapping per row
+            return listing.Page(_with_shares(c, rows), page.resume_after)
 
     def job_record(self, job_id: int) -> JobRecord | None:
         """The job with its whole spec, typed (what a run is built from)."""
