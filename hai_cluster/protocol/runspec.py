@@ -9,6 +9,7 @@ out when unset, so an agent and a controller one release apart still understand 
 """
 from __future__ import annotations
 
+import math
 import os
 import signal as _signal
 from dataclasses import dataclass
@@ -68,6 +69,9 @@ def nonneg_int(where: str, v: Any) -> int:
     if not _is_int(v) or v < 0:
         raise SpecError(f"{where} must be a non-negative integer, got {v!r}")
     return v
+
+
+MAX_INT32, MAX_INT64 = 2**31 - 1, 2**63 - 1  # what the store's INTEGER and BIGINT columns hold
 
 
 @dataclass(frozen=True)
@@ -258,19 +262,21 @@ class RunStatus:
         field by field; fields a newer agent adds are ignored. Raises SpecError, naming the field."""
         if not isinstance(d, dict):
             raise SpecError(f"a run status must be a map, got {type(d).__name__}")
-        for name in ("job_id", "attempt", "rank"):
-            if not _is_int(d.get(name)) or d[name] < 0:
-                raise SpecError(f"status.{name} must be a non-negative integer, got {d.get(name)!r}")
+        for name in ("job_id", "attempt", "rank"):  # the store's BIGINT (job_id) and INTEGER columns
+            if not _is_int(d.get(name)) or not 0 <= d[name] <= (MAX_INT64 if name == "job_id" else MAX_INT32):
+                raise SpecError(f"status.{name} must be a non-negative integer that fits the store, "
+                                f"got {str(d.get(name))[:40]!r}")
         state = d.get("state", "running")
         if state not in ("running", "ended"):
             raise SpecError(f"status.state must be running or ended, got {state!r}")
         for name in ("pid", "exit_code", "signal"):
-            if d.get(name) is not None and not _is_int(d[name]):
-                raise SpecError(f"status.{name} must be an integer or nil, got {d[name]!r}")
+            if d.get(name) is not None and not (_is_int(d[name]) and -MAX_INT32 - 1 <= d[name] <= MAX_INT32):
+                raise SpecError(f"status.{name} must be a 32-bit integer or nil, got {str(d[name])[:40]!r}")
         for name in ("start_time", "end_time"):
             v = d.get(name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                raise SpecError(f"status.{name} must be a number, got {v!r}")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or not math.isfinite(v) or abs(v) > MAX_INT64):
+                raise SpecError(f"status.{name} must be a finite number, got {str(v)[:40]!r}")
         for name in ("reason", "message"):
             if d.get(name) is not None and not isinstance(d[name], str):
                 raise SpecError(f"status.{name} must be a string or nil, got {type(d[name]).__name__}")

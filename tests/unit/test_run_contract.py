@@ -84,8 +84,16 @@ def test_the_controller_reads_a_status_of_the_previous_release_and_ignores_newer
     ("attempt", -1, "status.attempt must be a non-negative integer"),
     ("rank", True, "status.rank must be a non-negative integer"),
     ("state", "exploded", "status.state must be running or ended"),
-    ("exit_code", 0.5, "status.exit_code must be an integer or nil"),
-    ("end_time", "soon", "status.end_time must be a number"),
+    ("exit_code", 0.5, "status.exit_code must be a 32-bit integer or nil"),
+    ("end_time", "soon", "status.end_time must be a finite number"),
+    # Tenth audit: these passed and failed only at the store (job ids 2^64, exit codes 2^100, NaN).
+    ("job_id", 2**64, "status.job_id must be a non-negative integer that fits the store"),
+    ("attempt", 2**31, "status.attempt must be a non-negative integer that fits the store"),
+    ("exit_code", 2**100, "status.exit_code must be a 32-bit integer or nil"),
+    ("pid", -2**40, "status.pid must be a 32-bit integer or nil"),
+    ("start_time", float("nan"), "status.start_time must be a finite number"),
+    ("end_time", float("inf"), "status.end_time must be a finite number"),
+    ("end_time", 10**30, "status.end_time must be a finite number"),
     ("message", b"bytes", "status.message must be a string or nil"),
 ])
 def test_a_malformed_status_is_refused_by_field(field, value, message):
