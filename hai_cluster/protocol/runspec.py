@@ -15,6 +15,7 @@ import signal as _signal
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..core.jobids import MAX_ID
 from ..core.model import MAX_GRACE_SECONDS
 from ..core.runtimes import REFERENCE_RUNTIMES, RUNTIMES, needs_image
 
@@ -71,7 +72,7 @@ def nonneg_int(where: str, v: Any) -> int:
     return v
 
 
-MAX_INT32, MAX_INT64 = 2**31 - 1, 2**63 - 1  # what the store's INTEGER and BIGINT columns hold
+MAX_INT32 = 2**31 - 1  # what the store's 32-bit INTEGER columns (attempt, exit_code, ...) hold
 
 
 @dataclass(frozen=True)
@@ -263,7 +264,7 @@ class RunStatus:
         if not isinstance(d, dict):
             raise SpecError(f"a run status must be a map, got {type(d).__name__}")
         for name in ("job_id", "attempt", "rank"):  # the store's BIGINT (job_id) and INTEGER columns
-            if not _is_int(d.get(name)) or not 0 <= d[name] <= (MAX_INT64 if name == "job_id" else MAX_INT32):
+            if not _is_int(d.get(name)) or not 0 <= d[name] <= (MAX_ID if name == "job_id" else MAX_INT32):
                 raise SpecError(f"status.{name} must be a non-negative integer that fits the store, "
                                 f"got {str(d.get(name))[:40]!r}")
         state = d.get("state", "running")
@@ -275,7 +276,7 @@ class RunStatus:
         for name in ("start_time", "end_time"):
             v = d.get(name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
-                                  or not math.isfinite(v) or abs(v) > MAX_INT64):
+                                  or not math.isfinite(v) or abs(v) > MAX_ID):
                 raise SpecError(f"status.{name} must be a finite number, got {str(v)[:40]!r}")
         for name in ("reason", "message"):
             if d.get(name) is not None and not isinstance(d[name], str):

@@ -85,11 +85,9 @@ def merged_page(c, q: Select, walks: Sequence[tuple[ColumnElement, ...]], after_
 
     # (next id, 0: a row in the buffer | 1: the walk must read on, walk): every walk reads one
     # window whatever the budget, so a short page still moves past `after_id`.
-    heap = []
     for i in range(len(walks)):
         pull(i)
-        heap.append(_head(buffers[i], reached[i], i))
-    heap = [h for h in heap if h is not None]
+    heap = [h for i in range(len(walks)) if (h := _head(buffers[i], reached[i], i)) is not None]
     heapq.heapify(heap)
     out: list = []
     while heap and len(out) < limit:

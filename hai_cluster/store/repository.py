@@ -526,17 +526,19 @@ class Repository:
                 q = q.where(jobs.c.state.in_(list(states)))
         with self.engine.connect() as c:
             if ended_since is not None and not (ids or tasks):
-                start = after_id if after_id is not None else -1
-                if walk is None and limit is not None and (
-                        few := listing.not_ended_ids(ended_since, start, listing.EXAMINED_PER_ROW * limit, c)) is not None:
+                key_walk = walk is None and limit is not None
+                few = listing.not_ended_ids(ended_since, after_id if after_id is not None else -1,
+                                            listing.EXAMINED_PER_ROW * limit, c) if key_walk else None
+                if few is not None:
                     q, after_id = q.where(jobs.c.id.in_(few)), None  # those few, not the walk from the oldest
-                elif after_id is None:  # start at the first job that can match, found through ix_jobs_end_time
-                    first = listing.first_not_ended_before(c, ended_since)
-                    if first is None:
-                        return listing.Page([])
-                    after_id = first - 1
-                if walk is None and limit is not None and after_id is not None:
-                    walks = [()]  # the primary key, a budget of rows at a time: most may have ended before
+                else:
+                    if after_id is None:  # start at the first job that can match, found through ix_jobs_end_time
+                        first = listing.first_not_ended_before(c, ended_since)
+                        if first is None:
+                            return listing.Page([])
+                        after_id = first - 1
+                    if key_walk:
+                        walks = [()]  # the primary key, a budget of rows at a time: most may have ended before
             if walks is not None:  # never the whole history for one page
                 page = listing.merged_page(c, q, walks, after_id, limit)
             else:
