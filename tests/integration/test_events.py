@@ -33,9 +33,13 @@ def test_a_jobs_history_says_why_it_waited_who_released_it_and_how_it_ended(clus
     cluster.wait_state(job, "COMPLETED", "FAILED")
     wait_for(lambda: "event=ended" in cluster.cli("hcontrol", "show", "events", str(job)).stdout, 10,
              what="the end in the history")
-    lines = cluster.cli("hcontrol", "show", "events", str(job)).stdout.splitlines()
+    every = cluster.cli("hcontrol", "show", "events", str(job)).stdout.splitlines()
+    # Once released it may wait again, for the GPU an earlier test's job still holds: the
+    # history says so (a second "waiting"), which is right, but not what this test is about.
+    lines = every[:3] + [line for line in every[3:] if line.split()[1] != "event=waiting"]
     assert [line.split()[1] for line in lines] == [
-        "event=submitted", "event=waiting", "event=released", "event=started", "event=ended"], lines
+        "event=submitted", "event=waiting", "event=released", "event=started", "event=ended"], every
+    assert all("reason=JobHeldUser" not in line for line in every[3:]), every
     assert f"job={job} user={TEST_USER}" in lines[0] and "hold=True" in lines[0]
     assert "reason=JobHeldUser" in lines[1]
     assert "by=root" in lines[2]
