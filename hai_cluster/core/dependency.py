@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping
 
 from .jobids import MAX_ID
 from .reasons import DEPENDENCY, DEPENDENCY_NEVER
@@ -88,7 +88,8 @@ def parse_dependency(text: str) -> Dependency:
             if int(m[1]) > MAX_ID or (m[2] is not None and int(m[2]) > MAX_ID):
                 raise DependencyError(f"invalid job id {ident!r} in {item!r}: too large")
             terms.append(Term(kind, int(m[1]), int(m[2]) if m[2] is not None else None))
-    return Dependency(tuple(terms), any_of)
+    # A term said twice says nothing more, and would cost every pass its look again.
+    return Dependency(tuple(dict.fromkeys(terms)), any_of)
 
 
 @dataclass(frozen=True)
@@ -98,33 +99,82 @@ class Target:
     started: bool  # has had a run
 
 
-def _term_state(term: Term, targets: Sequence[Target]) -> str | None:
+@dataclass(frozen=True)
+class Targets:
+    """What a term needs to know of the jobs one id stands for (a job, or every task of an
+    array), gathered once a pass: a term over a 1000-task array is then one look, not 1000."""
+    ended: bool  # every one is in a final state
+    started: bool  # every one has had a run, or has ended
+    failed: bool  # one has ended, and not COMPLETED
+
+
+def summarize(found: Iterable[Target]) -> Targets:
+    ended = started = True
+    failed = False
+    for t in found:
+        final = t.state.is_final
+        ended = ended and final
+        started = started and (t.started or final)
+        failed = failed or (final and t.state != JobState.COMPLETED)
+    return Targets(ended, started, failed)
+
+
+def _term_state(term: Term, found: Targets | None) -> str | None:
     """None: satisfied; WAITING; NEVER."""
-    if not targets:
+    if found is None:
         return NEVER  # the job is gone
-    ended = all(t.state.is_final for t in targets)
     if term.kind == "after":
-        return None if all(t.started or t.state.is_final for t in targets) else WAITING
+        return None if found.started else WAITING
     if term.kind == "afterany":
-        return None if ended else WAITING
+        return None if found.ended else WAITING
     if term.kind == "afterok":
-        if any(t.state.is_final and t.state != JobState.COMPLETED for t in targets):
+        if found.failed:
             return NEVER
-        return None if ended else WAITING
+        return None if found.ended else WAITING
     if term.kind == "afternotok":
-        if not ended:
+        if not found.ended:
             return WAITING
-        return None if any(t.state != JobState.COMPLETED for t in targets) else NEVER
+        return None if found.failed else NEVER
     raise ValueError(f"unknown dependency kind {term.kind!r}")
 
 
-def evaluate(dep: Dependency, targets: Mapping[tuple[int, int | None], Sequence[Target]],
+@dataclass(frozen=True)
+class Settled:
+    """A dependency with the terms whose outcome can no longer change taken out: `rest` holds
+    those that still can, or is None when the verdict (None: satisfied, or NEVER) is final."""
+    rest: Dependency | None
+    verdict: str | None = None
+
+
+def settle(dep: Dependency, targets: Mapping[tuple[int, int | None], Targets]) -> Settled:
+    """Take out of `dep` the terms that are decided for good. A job leaves a final state never
+    and a run, once started, stays started, so a term that is satisfied or never satisfiable
+    now stays so: the scheduler need not look its targets up again, pass after pass. A term
+    whose job is not found (yet) and a singleton stay, as does one still waiting."""
+    decided: list[str | None] = []
+    rest: list[Term] = []
+    for term in dep.terms:
+        found = targets.get(term.target) if term.kind != "singleton" else None
+        state = _term_state(term, found) if found is not None else WAITING
+        if state == WAITING:
+            rest.append(term)
+        else:
+            decided.append(state)
+    if dep.any_of and None in decided or not dep.any_of and NEVER in decided:
+        return Settled(None, None if dep.any_of else NEVER)
+    if not rest:  # every term decided, none of them decisive: all satisfied (,) or all never (?)
+        return Settled(None, NEVER if dep.any_of else None)
+    return Settled(Dependency(tuple(rest), dep.any_of) if decided else dep)
+
+
+def evaluate(dep: Dependency, targets: Mapping[tuple[int, int | None], Targets],
              singleton_clear: bool = True) -> str | None:
     """The pending reason a dependency gives now: None (satisfied), WAITING or NEVER.
-    `targets` maps each (job id, task id or None) the terms name to the jobs it stands for;
+    `targets` maps each (job id, task id or None) the terms name to the jobs it stands for
+    (summarized; an id not found is not in it);
     `singleton_clear` says no earlier job of the same name and user is unfinished."""
     states = [(None if singleton_clear else WAITING) if t.kind == "singleton"
-              else _term_state(t, targets.get(t.target, ())) for t in dep.terms]
+              else _term_state(t, targets.get(t.target)) for t in dep.terms]
     if dep.any_of:
         if any(s is None for s in states):
             return None

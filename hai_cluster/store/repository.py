@@ -11,7 +11,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from sqlalchemy import Engine, bindparam, delete, func, insert, or_, select, tuple_, update
 
-from ..core.dependency import Target, evaluate, parse_dependency
+from ..core.dependency import Target, Targets, summarize
 from ..core.jobids import parse_array
 from ..core.model import JobSpec, JobView, NodeView, Placement, Snapshot, held_reason
 from ..core.outcome import combine, job_state_after
@@ -21,6 +21,7 @@ from ..protocol.runspec import RunStatus
 from . import applier, listing
 from . import statements as st
 from .applier import Refused, StartRequest
+from .dependencies import DependencyBook
 from .records import JobRecord, StartedRun
 from .schema import array_specs, gpus, jobs, nodes, run_ranks, runs
 from .views import full_spec, job_columns, job_view, live_ranks, node_views, probe_view, spec_columns
@@ -139,6 +140,9 @@ def _gpu_sharing(g: Mapping[str, Any]) -> dict[str, Any]:
 class Repository:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        # What of each pending job's dependency is still open, from pass to pass (one store
+        # thread calls load_snapshot, so no lock).
+        self._dependencies = DependencyBook()
 
     # ---- submission and user actions -------------------------------------------------------
     def submit(self, spec: JobSpec, *, user: str, uid: int, gid: int, partition: str, now: float,
@@ -166,10 +170,11 @@ class Repository:
         """The (job id, task id or None) a dependency names that no job is."""
         with self.engine.connect() as c:
             found = self._targets(set(targets), c)
-        return sorted((t for t in set(targets) if not found.get(t)), key=lambda t: (t[0], t[1] or -1))
+        return sorted((t for t in set(targets) if t not in found), key=lambda t: (t[0], t[1] or -1))
 
     @staticmethod
-    def _targets(wanted: set[tuple[int, int | None]], c) -> dict[tuple[int, int | None], list[Target]]:
+    def _targets(wanted: set[tuple[int, int | None]], c) -> dict[tuple[int, int | None], Targets]:
+        """What each (job id, task id or None) stands for now; one not found is left out."""
         if not wanted:
             return {}
         ids = sorted({job_id for job_id, _ in wanted})
@@ -178,35 +183,34 @@ class Repository:
         rows = [r for k in range(0, len(ids), CANCEL_CHUNK) for r in c.execute(
             select(jobs.c.id, jobs.c.array_job_id, jobs.c.array_task_id, jobs.c.state, jobs.c.attempts).where(
                 or_(jobs.c.id.in_(ids[k:k + CANCEL_CHUNK]), jobs.c.array_job_id.in_(ids[k:k + CANCEL_CHUNK]))))]
-        out: dict[tuple[int, int | None], list[Target]] = {}
+        found: dict[tuple[int, int | None], list[Target]] = {}
         for r in rows:
             t = Target(JobState(r.state), r.attempts > 0)
             if r.array_job_id is not None:
-                out.setdefault((r.array_job_id, None), []).append(t)
-                out.setdefault((r.array_job_id, r.array_task_id), []).append(t)
+                found.setdefault((r.array_job_id, None), []).append(t)
+                found.setdefault((r.array_job_id, r.array_task_id), []).append(t)
             if r.array_job_id is None or r.id != r.array_job_id:
-                out.setdefault((r.id, None), []).append(t)  # a task is also its own job
-        return out
+                found.setdefault((r.id, None), []).append(t)  # a task is also its own job
+        return {key: summarize(ts) for key, ts in found.items()}
 
-    def _dependency_reasons(self, c, job_rows) -> dict[int, str | None]:
+    def _dependency_reasons(self, c, job_rows, book: DependencyBook) -> dict[int, str | None]:
         """Each pending job's dependency, evaluated now: None (satisfied), Dependency or
         DependencyNeverSatisfied. Not a held job's: it cannot start whatever the verdict (and
         thousands of held jobs with long lists cost every pass their lookups)."""
-        deps = {j.id: parse_dependency(j.dependency) for j in job_rows
-                if j.dependency and j.state == JobState.PENDING.value and not j.hold}
-        if not deps:
-            return {}
-        targets = self._targets({t for d in deps.values() for t in d.targets}, c)
-        singles = {(j.user, j.name) for j in job_rows if j.id in deps and deps[j.id].singleton}
-        unfinished: dict[tuple[str, str], list[int]] = {}
-        if singles:
+        rows = {j.id: j for j in job_rows if j.dependency and j.state == JobState.PENDING.value and not j.hold}
+
+        def singletons_clear(job_ids) -> dict[int, bool]:
+            names = {(rows[i].user, rows[i].name) for i in job_ids}
+            first: dict[tuple[str, str], int] = {}  # the earliest unfinished of each (user, name)
             for r in c.execute(select(jobs.c.id, jobs.c.user, jobs.c.name).where(
                     jobs.c.state.in_([JobState.PENDING.value] + ACTIVE),  # (name, state) seeks, not a walk
-                    jobs.c.user.in_({u for u, _ in singles}), jobs.c.name.in_({n for _, n in singles}))):
-                unfinished.setdefault((r.user, r.name), []).append(r.id)
-        return {j.id: evaluate(deps[j.id], targets, not any(
-                    other < j.id for other in unfinished.get((j.user, j.name), ())))
-                for j in job_rows if j.id in deps}
+                    jobs.c.user.in_({u for u, _ in names}), jobs.c.name.in_({n for _, n in names}))):
+                key = (r.user, r.name)
+                first[key] = min(r.id, first.get(key, r.id))
+            return {i: first.get((rows[i].user, rows[i].name), i) >= i for i in job_ids}
+
+        return book.verdicts({i: j.dependency for i, j in rows.items()},
+                             lambda keys: self._targets(keys, c), singletons_clear)
 
     def cancel_pending(self, job_id: int, now: float, by_uid: int | None = None, why: str | None = None) -> bool:
         return self.cancel_pendings([job_id], now, by_uid, why) == [job_id]
@@ -290,7 +294,7 @@ class Repository:
                 jobs.c.state.in_([JobState.PENDING.value] + ACTIVE))).all()
             live = live_ranks(c)
             nodes_now = node_views(c, live)
-            waits = self._dependency_reasons(c, job_rows)
+            waits = self._dependency_reasons(c, job_rows, self._dependencies)
         held: dict[int, list] = {}  # job id -> its live ranks, in rank order
         for r in live:
             held.setdefault(r.job_id, []).append(r)
@@ -307,7 +311,7 @@ class Repository:
         with self.engine.connect() as c:
             probe = SimpleNamespace(id=newest, state=JobState.PENDING.value, hold=False, user=user, name=spec.name,
                                     dependency=spec.dependency)
-            verdict = self._dependency_reasons(c, [probe])
+            verdict = self._dependency_reasons(c, [probe], DependencyBook())
         return replace(view, dependency=verdict.get(newest))
 
     def why_waiting(self, job_id: int) -> str | None:

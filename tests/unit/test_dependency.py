@@ -1,7 +1,10 @@
 """--dependency: parsing, and what each kind says for the states of the jobs it names."""
 import pytest
 
-from hai_cluster.core.dependency import NEVER, WAITING, DependencyError, Target, evaluate, parse_dependency
+import random
+
+from hai_cluster.core.dependency import (NEVER, WAITING, DependencyError, Settled, Target, evaluate,
+                                         parse_dependency, settle, summarize)
 from hai_cluster.core.states import JobState as S
 
 
@@ -9,9 +12,15 @@ def t(state, started=None):
     return Target(state, state != S.PENDING if started is None else started)
 
 
+def of(found):
+    """The repository's summary of each id's jobs."""
+    return {key: summarize(ts) for key, ts in found.items()}
+
+
 @pytest.mark.parametrize("text, canonical", [
     ("afterok:12", "afterok:12"),
     ("afterok:12:13_2,afterany:14", "afterok:12,afterok:13_2,afterany:14"),
+    ("afterok:12:12:13,afterok:12", "afterok:12,afterok:13"),  # a term said again adds nothing
     ("afterok:12?afternotok:13", "afterok:12?afternotok:13"),
     ("singleton", "singleton"),
     ("after:5,singleton", "after:5,singleton"),
@@ -52,15 +61,15 @@ def test_bad_dependencies_name_the_problem(text, message):
 ])
 def test_each_kind(kind, states, verdict):
     dep = parse_dependency(f"{kind}:7")
-    assert evaluate(dep, {(7, None): [t(s) for s in states]}) == verdict
+    assert evaluate(dep, of({(7, None): [t(s) for s in states]})) == verdict
 
 
 def test_requeued_job_that_ran_counts_as_started_for_after():
-    assert evaluate(parse_dependency("after:7"), {(7, None): [t(S.PENDING, started=True)]}) is None
+    assert evaluate(parse_dependency("after:7"), of({(7, None): [t(S.PENDING, started=True)]})) is None
 
 
 def test_and_or_and_tasks():
-    targets = {(1, None): [t(S.COMPLETED)], (2, None): [t(S.FAILED)], (3, 1): [t(S.RUNNING)]}
+    targets = of({(1, None): [t(S.COMPLETED)], (2, None): [t(S.FAILED)], (3, 1): [t(S.RUNNING)]})
     assert evaluate(parse_dependency("afterok:1,afterok:2"), targets) == NEVER
     assert evaluate(parse_dependency("afterok:1?afterok:2"), targets) is None
     assert evaluate(parse_dependency("afterok:2?afterok:3_1"), targets) == WAITING
@@ -73,3 +82,40 @@ def test_singleton():
     dep = parse_dependency("singleton")
     assert evaluate(dep, {}, singleton_clear=True) is None
     assert evaluate(dep, {}, singleton_clear=False) == WAITING
+
+
+def test_settle_takes_out_the_terms_decided_for_good():
+    targets = of({(1, None): [t(S.COMPLETED)], (2, None): [t(S.FAILED)], (3, None): [t(S.RUNNING)],
+                  (4, None): [t(S.PENDING)]})
+    rest = settle(parse_dependency("afterok:1,afterok:3,after:3,afterany:4,afterok:99,singleton"), targets)
+    # 1 is done and 3 has started: what stays can still change (99 is not found: yet, or gone)
+    assert rest == Settled(parse_dependency("afterok:3,afterany:4,afterok:99,singleton"))
+    assert settle(parse_dependency("afterok:1,afterok:2,afterok:3"), targets) == Settled(None, NEVER)
+    assert settle(parse_dependency("afterok:1,afterany:2,after:3"), targets) == Settled(None, None)
+    assert settle(parse_dependency("afterok:3?afternotok:2"), targets) == Settled(None, None)
+    assert settle(parse_dependency("afterok:2?afternotok:1"), targets) == Settled(None, NEVER)
+    assert settle(parse_dependency("afterok:2?afterok:3"), targets).rest.terms == parse_dependency("afterok:3").terms
+    waiting = parse_dependency("afterok:3,afterany:4")
+    assert settle(waiting, targets).rest is waiting  # nothing decided: the same terms
+
+
+def test_a_settled_dependency_says_what_the_whole_one_says_as_its_jobs_move_on():
+    """Pass after pass, settling what the last pass left gives the verdict that evaluating the
+    whole dependency gives, for random dependencies over jobs that move through their states."""
+    rng = random.Random(20261202)
+    paths = [[S.PENDING, S.RUNNING, end] for end in (S.COMPLETED, S.FAILED, S.CANCELLED, S.TIMEOUT)]
+    for _ in range(400):
+        jobs = {i: rng.choice(paths) for i in range(1, 6)}
+        kinds = ["after", "afterok", "afternotok", "afterany"]
+        terms = [f"{rng.choice(kinds)}:{rng.randint(1, 6)}" for _ in range(rng.randint(1, 5))]
+        dep = parse_dependency(("?" if rng.random() < 0.4 else ",").join(terms))
+        at = {i: 0 for i in jobs}
+        left = Settled(dep)
+        for _ in range(8):
+            for i in rng.sample(sorted(at), 2):
+                at[i] = min(at[i] + 1, 2)
+            targets = of({(i, None): [t(jobs[i][at[i]])] for i in jobs})  # job 6 is never found
+            if left.rest is not None:
+                left = settle(left.rest, targets)
+            got = left.verdict if left.rest is None else evaluate(left.rest, targets)
+            assert got == evaluate(dep, targets), (dep.text, at)
