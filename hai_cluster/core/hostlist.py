@@ -12,10 +12,12 @@ from itertools import product
 from typing import Iterable
 
 MAX_HOSTS = 65536  # Slurm's MAX_RANGE: a typo like n[1-1000000000] must not eat the memory
+MAX_DIGITS = 18  # a number wider than this is no host index (and int() of 4,300+ digits refuses)
 
 _LITERAL = re.compile(r"[A-Za-z0-9._-]+")
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
-_TRAILING_NUMBER = re.compile(r"(.*?)([0-9]+)")
+# At most MAX_DIGITS trailing digits count as the number; any before them stay in the prefix.
+_TRAILING_NUMBER = re.compile(r"(.*?)([0-9]{1,%d})" % MAX_DIGITS)
 
 
 def expand(text: str) -> list[str]:
@@ -80,6 +82,9 @@ def _expand_ranges(body: str, text: str) -> list[str]:
             raise ValueError(f"hostlist {text!r}: invalid range {part!r} "
                              f"(expected N or N-M with digits only)")
         lo_text, hi_text = m.group(1), m.group(2) or m.group(1)
+        if max(len(lo_text), len(hi_text)) > MAX_DIGITS:
+            raise ValueError(f"hostlist {text!r}: number in range {part[:40]!r} is longer "
+                             f"than {MAX_DIGITS} digits")
         lo, hi = int(lo_text), int(hi_text)
         if hi < lo:
             raise ValueError(f"hostlist {text!r}: range {part!r} goes backwards")

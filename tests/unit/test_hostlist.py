@@ -39,6 +39,8 @@ def test_expand(text, names):
     ("n/1", "invalid character"),
     ("n[1-100000000]", f"more than {MAX_HOSTS} hosts"),
     ("a[1-300]b[1-300]", f"more than {MAX_HOSTS} hosts"),
+    ("n[" + "1" * 5000 + "]", "longer than 18 digits"),  # int() itself refuses 4,300+ digits
+    ("n[1-" + "9" * 19 + "]", "longer than 18 digits"),
 ])
 def test_expand_rejects(text, fragment):
     with pytest.raises(ValueError, match="hostlist") as exc:
@@ -70,6 +72,14 @@ def test_compress(names, text):
 def test_compress_rejects_names_that_would_not_expand_back(name):
     with pytest.raises(ValueError, match="cannot be written in a hostlist"):
         compress(["n1", name])
+
+
+def test_a_name_with_thousands_of_trailing_digits_is_written_back_as_it_came():
+    long = "n" + "7" * 5000
+    assert compress([long]) == long
+    assert ranged([long, long]) == f"{long[:-18]}[{'7' * 18},{'7' * 18}]"
+    assert expand(ranged([long, long])) == [long, long]
+    assert sort_key(long)[1] == int("7" * 18)
 
 
 def test_sort_key_orders_numerically():
