@@ -94,6 +94,10 @@ class Containment:
     def alive(self) -> bool:
         return bool(self.cgroup and self.cgroup.members())
 
+    def members(self) -> list[int]:
+        """The run's processes in its cgroup (a container's too); none without a cgroup."""
+        return self.cgroup.members() if self.cgroup else []
+
     def oom(self) -> bool:
         """True once the kernel killed a process of the run for memory (checked each wakeup)."""
         if not self.oom_seen and self.cgroup is not None and self.cgroup.oom_kills() > 0:

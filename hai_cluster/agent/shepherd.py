@@ -174,7 +174,11 @@ class Shepherd:
                  self.spec.attempt, reason, sig, self.spec.grace)
         now, self.kill_at = time.time(), time.monotonic() + self.spec.grace
         self.leave_notice(reason, sig, now)  # before the signal: whoever handles it finds the notice
-        self.signal_job(signal.SIGCONT)  # a stopped job must run to handle the signal
+        # A stopped job must run to handle the signal. Only then: podman proxies each signal by
+        # starting `runc kill` in the job's process group, where the next signal killed the
+        # SIGCONT's proxy and podman lost the SIGTERM behind it (the job ran out its grace).
+        if spool.any_stopped(spool.group_members(self.pid) + self.box.members()):
+            self.signal_job(signal.SIGCONT)
         self.signal_job(sig)
 
     def leave_notice(self, reason: str, sig: int, now: float) -> None:

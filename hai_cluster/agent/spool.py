@@ -131,6 +131,11 @@ def _stat_fields(pid: int) -> list[str] | None:
     return data.rsplit(")", 1)[1].split()
 
 
+def any_stopped(pids) -> bool:
+    """Whether any of these processes is stopped (SIGSTOP, a job-control stop, or a tracer's)."""
+    return any((f := _stat_fields(pid)) is not None and f[0] in ("T", "t") for pid in pids)
+
+
 def proc_starttime(pid: int) -> int | None:
     """Start time (clock ticks since boot) of a live, non-zombie process; None otherwise."""
     f = _stat_fields(pid)
