@@ -18,6 +18,7 @@ from ..core.hostlist import compress
 from ..core.jobids import ArrayError, job_label, parse_job_refs, refs_to_wire
 from ..core.timefmt import format_duration, parse_datetime
 from .common import call_pages, fail, print_table, split_list
+from .jobfields import cpus
 from .telemetry_fmt import energy, mib
 
 DEFAULT_FIELDS = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
@@ -108,7 +109,7 @@ def rows_for(reply: dict) -> list[dict]:
         state = r["state"] if r["end_time"] else job["state"]  # a live run shows the job's state
         by_job.setdefault(r["job_id"], []).append({
             **r, "state": state, "now": now, "submit_time": job["submit_time"], "user": job["user"],
-            "cpus": job["cpus_per_task"] * job["nodes"]})
+            "cpus": cpus(job)})
     rows = []
     for job in reply["jobs"]:
         runs = by_job.get(job["id"], [])
@@ -119,7 +120,7 @@ def rows_for(reply: dict) -> list[dict]:
                          "state": job["state"], "exit_code": job["exit_code"], "exit_signal": job["exit_signal"],
                          "start_time": None, "end_time": job["end_time"], "submit_time": job["submit_time"],
                          "now": now, "attempt": job["restart_count"], "nodelist": "", "gpus": 0,
-                         "cpus": job["cpus_per_task"] * job["nodes"], "reason": job["reason"]})
+                         "cpus": cpus(job), "reason": job["reason"]})
     return rows
 
 

@@ -16,7 +16,7 @@ from ..core.usertext import printable
 from .common import call, call_pages, fail
 from .hinfo import node_state
 from .hostnames import print_hostlist, print_hostnames
-from .jobfields import elapsed, gres, nodelist
+from .jobfields import cpus, elapsed, gres, nodelist, tasks
 
 
 PROG = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "hcontrol"  # scontrol too
@@ -40,8 +40,9 @@ def job_lines(job: dict, now: float) -> list[str]:
         [("RunTime", format_duration(elapsed(job, now))), ("TimeLimit", format_limit(job["time_limit"]))],
         [("SubmitTime", _time(job["submit_time"])), ("StartTime", _time(job["start_time"])),
          ("EndTime", _time(job["end_time"]))],
-        [("NodeList", nodelist(job) or "(null)"), ("NumNodes", job["nodes"]),
-         ("CPUsPerTask", job["cpus_per_task"]), ("MinMemoryNode", f"{job['mem_mb'] or 0}M")],
+        [("NodeList", nodelist(job) or "(null)"), ("NumNodes", job["nodes"]), ("NumCPUs", cpus(job)),
+         ("NumTasks", tasks(job)), ("CPUsPerTask", job["cpus_per_task"]),
+         ("MinMemoryNode", f"{job['mem_mb'] or 0}M")],
         [("TresPerNode", f"gres/{gres(job)}" if job.get("gpu_fraction") or job.get("gpu_mem_mb")
           else f"gres/gpu:{job['gpus_per_node']}")],
         [("WorkDir", spec["workdir"])],

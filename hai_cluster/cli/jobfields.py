@@ -18,6 +18,16 @@ def elapsed(job: dict, now: float) -> int:
     return max(0, int(end - start))
 
 
+def tasks(job: dict) -> int:
+    """The job's tasks in all: every node holds tasks_per_node of them."""
+    return job.get("tasks_per_node", 1) * job["nodes"]
+
+
+def cpus(job: dict) -> int:
+    """CPUs the job holds (or asks for) over all its nodes."""
+    return job["cpus_per_task"] * tasks(job)
+
+
 def nodelist(job: dict) -> str:
     names = [n for n in (job.get("nodelist") or "").split(",") if n]
     return compress(names) if names else ""
@@ -52,7 +62,7 @@ FIELDS: dict[str, tuple[str, Callable[[dict, float], str]]] = {
     "N": ("NODELIST", lambda j, now: nodelist(j)),
     "r": ("REASON", lambda j, now: j.get("reason") or "None"),
     "b": ("TRES_PER_NODE", lambda j, now: gres(j)),
-    "C": ("CPUS", lambda j, now: str(j["cpus_per_task"] * j["nodes"])),
+    "C": ("CPUS", lambda j, now: str(cpus(j))),
     "Q": ("PRIORITY", lambda j, now: j.get("priority", "normal")),
     "p": ("PRIORITY", lambda j, now: j.get("priority", "normal")),
     "q": ("RESTARTS", lambda j, now: str(j.get("restart_count", 0))),
@@ -69,7 +79,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "a": ("account",), "t": ("code",), "T": ("state",), "M": ("start_time", "end_time"), "l": ("time_limit",),
     "D": ("nodes",), "R": ("state", "nodelist", "reason"), "N": ("nodelist",), "r": ("reason",),
     "b": ("gpus_per_node", "gpu_fraction", "gpu_mem_mb", "gpu_compute", "gpu_qos", "gpu_share_mb"),
-    "C": ("cpus_per_task", "nodes"), "Q": ("priority",), "p": ("priority",), "q": ("restart_count",),
+    "C": ("cpus_per_task", "tasks_per_node", "nodes"), "Q": ("priority",), "p": ("priority",), "q": ("restart_count",),
     "L": ("level",), "g": ("gpu_util",), "G": ("gpu_mem_used_mb", "gpu_share_mb"), "I": ("idle",),
 }
 # What every listed row needs besides its columns: pending array tasks collapse to one row.

@@ -39,7 +39,9 @@ def rank_spec(job: JobRecord, attempt: int, rank: int, nodelist: Sequence[str], 
         cpus_per_task=spec.cpus_per_task, restart_count=job.restart_count, checkpoint_dir=ckpt,
         submit_dir=spec.submit_dir or spec.workdir, master_addr=addresses.get(nodelist[0], nodelist[0]),
         time_limit=spec.time_limit, preempt_signal=spec.signal, **array,
-        array_indices=parse_array(spec.array, None).indices if spec.array else ())
+        array_indices=parse_array(spec.array, None).indices if spec.array else (),
+        tasks_per_node=spec.tasks_per_node, ntasks=spec.ntasks, ntasks_per_node=spec.ntasks_per_node,
+        gpus_per_task=spec.gpus_per_task)
     return RunSpec(
         job_id=job.id, attempt=attempt, rank=rank, user=job.user, uid=job.uid,
         gid=job.gid, script=spec.script, script_args=tuple(spec.script_args),
@@ -49,7 +51,7 @@ def rank_spec(job: JobRecord, attempt: int, rank: int, nodelist: Sequence[str], 
         # isolation: the agent picks the runtime's default when None, limits the rank to these
         # resources and shows a container only its own GPUs' device nodes
         runtime=spec.runtime, container_image=spec.container_image, mem_mb=spec.mem_mb,
-        cpus=spec.cpus_per_task, gpus=tuple(gpus), gpu_share=_share(spec, mig),
+        cpus=spec.cpus_per_node, gpus=tuple(gpus), gpu_share=_share(spec, mig),
         umask=0o022 if spec.umask is None else spec.umask,
     )
 

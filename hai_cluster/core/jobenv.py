@@ -18,6 +18,7 @@ PORT_SPAN = 20000  # ports 10000-29999: below Linux's default ephemeral range (3
 _MANAGED = frozenset({
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HAI_PARTITION", "HAI_TIME_LIMIT",
     "SLURM_JOB_PARTITION", "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS",
+    "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_GPUS_PER_TASK",
     *(f"{prefix}_ARRAY_{what}" for prefix in ("HAI", "SLURM")
       for what in ("JOB_ID", "TASK_ID", "TASK_COUNT", "TASK_MIN", "TASK_MAX", "TASK_STEP")),
 })
@@ -29,13 +30,20 @@ def master_port(job_id: int) -> int:
     return PORT_BASE + job_id % PORT_SPAN
 
 
+def per_node(value: int, nnodes: int) -> str:
+    """Slurm's count for every node of a job alike: "4(x2)" on two nodes, "4" on one."""
+    return f"{value}(x{nnodes})" if nnodes > 1 else str(value)
+
+
 def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, user: str,
                     partition: str | None, nodelist: Sequence[str], rank: int, node: str,
                     gpus: Sequence[int], cpus_per_task: int, restart_count: int,
                     checkpoint_dir: str, submit_dir: str, master_addr: str,
                     time_limit: int | None, preempt_signal: int | None = None,
                     array_job_id: int | None = None, array_task_id: int | None = None,
-                    array_indices: Sequence[int] = ()) -> dict[str, str]:
+                    array_indices: Sequence[int] = (), tasks_per_node: int = 1,
+                    ntasks: int | None = None, ntasks_per_node: int | None = None,
+                    gpus_per_task: int | None = None) -> dict[str, str]:
     """Environment for the script instance of rank `rank`, running on `node` with `gpus`.
 
     WORLD_SIZE is nnodes * max(1, GPUs on the node): the number of processes `torchrun
@@ -49,6 +57,9 @@ def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, 
     A task of a job array also gets HAI_ARRAY_JOB_ID, HAI_ARRAY_TASK_ID and the COUNT, MIN and MAX
     of `array_indices` (and Slurm's SLURM_ARRAY_* names; SLURM_ARRAY_TASK_STEP when the indices
     are evenly spaced).
+    Tasks, as sbatch sets them: SLURM_TASKS_PER_NODE and SLURM_JOB_CPUS_PER_NODE always,
+    SLURM_NTASKS/SLURM_NPROCS when -n or --ntasks-per-node was given (`ntasks`,
+    `ntasks_per_node`: as given), SLURM_NTASKS_PER_NODE and SLURM_GPUS_PER_TASK when given.
     """
     nnodes = len(nodelist)
     if not 0 <= rank < nnodes:
@@ -87,6 +98,9 @@ def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, 
         "SLURM_RESTART_COUNT": str(restart_count),
         "SLURM_SUBMIT_DIR": submit_dir,
         "SLURM_CPUS_PER_TASK": str(cpus_per_task),
+        "SLURM_CPUS_ON_NODE": str(tasks_per_node * cpus_per_task),
+        "SLURM_JOB_CPUS_PER_NODE": per_node(tasks_per_node * cpus_per_task, nnodes),
+        "SLURM_TASKS_PER_NODE": per_node(tasks_per_node, nnodes),
         "SLURM_JOB_USER": user,
         "SLURMD_NODENAME": node,
     })
@@ -98,6 +112,12 @@ def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, 
             values["TASK_STEP"] = steps.pop() if len(steps) == 1 else 1
         for prefix in ("HAI", "SLURM"):
             env.update({f"{prefix}_ARRAY_{k}": str(v) for k, v in values.items()})
+    if ntasks is not None or ntasks_per_node is not None:
+        env["SLURM_NTASKS"] = env["SLURM_NPROCS"] = str(tasks_per_node * nnodes)
+    if ntasks_per_node is not None:
+        env["SLURM_NTASKS_PER_NODE"] = str(ntasks_per_node)
+    if gpus_per_task is not None:
+        env["SLURM_GPUS_PER_TASK"] = str(gpus_per_task)
     if partition is not None:
         env["HAI_PARTITION"] = partition
         env["SLURM_JOB_PARTITION"] = partition

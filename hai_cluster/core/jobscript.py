@@ -63,6 +63,9 @@ _OPTIONS = [
     _Option("gpus-per-node", None, True, "gpus"),
     _Option("gres", None, True, "gpus"),
     _Option("gpus", "G", True, "gpus"),
+    _Option("gpus-per-task", None, True, "gpus_per_task"),
+    _Option("ntasks", "n", True, "ntasks"),
+    _Option("ntasks-per-node", None, True, "ntasks_per_node"),
     _Option("cpus-per-task", "c", True, "cpus"),
     _Option("mem", None, True, "mem"),
     _Option("time", "t", True, "time"),
@@ -288,6 +291,44 @@ def _check_inputs(cwd: str, option_args: Sequence[str], script_args: Sequence[st
         raise JobScriptError(f"the submit directory must be an absolute path, got {cwd!r}")
 
 
+def _tasks(values: Mapping[str, Any], origin: Mapping[str, _Given]) -> tuple[int, int]:
+    """(nodes, tasks on each node) from -N, -n and --ntasks-per-node. Every node of a job holds
+    the same number of tasks, so the three must agree; -n alone puts its tasks on one node."""
+    ntasks, per_node, nodes = values.get("ntasks"), values.get("ntasks_per_node"), values.get("nodes")
+    if ntasks is None:
+        return nodes or 1, per_node or 1
+    g = origin["ntasks"]
+    if per_node is not None:
+        if nodes is None and ntasks % per_node == 0:
+            return ntasks // per_node, per_node
+        if nodes is not None and ntasks == nodes * per_node:
+            return nodes, per_node
+        raise JobScriptError(f"{g.where}{g.spelled}: {ntasks} tasks do not make --ntasks-per-node="
+                             f"{per_node} on {'every node' if nodes is None else f'{nodes} nodes'} "
+                             f"(every node of a job holds the same number of tasks); give "
+                             f"-N and --ntasks-per-node alone")
+    if nodes is None:
+        return 1, ntasks
+    if ntasks < nodes or ntasks % nodes:
+        raise JobScriptError(f"{g.where}{g.spelled}: {ntasks} tasks cannot be spread evenly over "
+                             f"{nodes} nodes (every node of a job holds the same number of tasks); "
+                             f"use --ntasks-per-node")
+    return nodes, ntasks // nodes
+
+
+def _gpus_per_task(values: Mapping[str, Any], origin: Mapping[str, _Given], tasks_per_node: int) -> int | None:
+    """GPUs a node takes for --gpus-per-task (None: not given)."""
+    per_task = values.get("gpus_per_task")
+    if per_task is None:
+        return None
+    other = origin.get("gpus") or origin.get("gpu_mem")
+    if other is not None:
+        g = origin["gpus_per_task"]
+        raise JobScriptError(f"{g.where}{g.spelled}: cannot be combined with {other.spelled} "
+                             f"(give GPUs per task or per node, not both)")
+    return per_task * tasks_per_node
+
+
 def _whole_gpus_and_share(values: Mapping[str, Any], origin: Mapping[str, _Given], nodes: int) -> tuple[int, dict]:
     """Whole GPUs per node (--gpus spread over the nodes) and the card share's fields, if any."""
     kind, gpus = values.get("gpus", ("per_node", 0))
@@ -344,8 +385,9 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
     if wrap is not None and script_args:
         raise JobScriptError("script arguments are not permitted with --wrap")
 
-    nodes = values.get("nodes", 1)
-    gpus, share = _whole_gpus_and_share(values, origin, nodes)
+    nodes, tasks_per_node = _tasks(values, origin)
+    task_gpus = _gpus_per_task(values, origin, tasks_per_node)
+    gpus, share = (task_gpus, {}) if task_gpus is not None else _whole_gpus_and_share(values, origin, nodes)
 
     workdir = posixpath.normpath(posixpath.join(cwd, values.get("chdir", ".")))
     if script is None:
@@ -373,6 +415,9 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         nodes=nodes,
         gpus_per_node=gpus,
         cpus_per_task=values.get("cpus", 1),
+        ntasks=values.get("ntasks"),
+        ntasks_per_node=tasks_per_node if "ntasks_per_node" in values else None,
+        gpus_per_task=values.get("gpus_per_task"),
         mem_mb=values.get("mem"),
         time_limit=values.get("time"),
         partition=values.get("partition"),

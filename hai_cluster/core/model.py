@@ -33,9 +33,13 @@ class JobSpec:
     name: str = "script"
     script_args: tuple[str, ...] = ()
     nodes: int = 1
-    gpus_per_node: int = 0
+    gpus_per_node: int = 0  # with --gpus-per-task: that times the tasks on a node
     cpus_per_task: int = 1
     mem_mb: int | None = None  # per node
+    # Tasks as given (None: not given), for Slurm's variables; tasks_per_node is what they ask.
+    ntasks: int | None = None  # -n/--ntasks: the job's tasks in all
+    ntasks_per_node: int | None = None  # --ntasks-per-node
+    gpus_per_task: int | None = None  # --gpus-per-task
     time_limit: int | None = None  # seconds; None = partition's / unlimited
     partition: str | None = None
     stdout: str | None = None  # pattern; None -> hai-%j.out in workdir
@@ -61,6 +65,15 @@ class JobSpec:
     gpu_mem_mb: int | None = None  # --gpu-mem
     gpu_compute: int | None = None  # --gpu-compute, percent
     gpu_qos: str | None = None  # --gpu-qos: guaranteed | burstable | best-effort
+
+    @property
+    def tasks_per_node(self) -> int:
+        """Tasks on each node: every node of a job holds the same number (core.jobscript)."""
+        return self.ntasks_per_node or (self.ntasks // self.nodes if self.ntasks else 1)
+
+    @property
+    def cpus_per_node(self) -> int:
+        return self.tasks_per_node * self.cpus_per_task
 
     @property
     def reason_at_submission(self) -> str | None:
@@ -155,6 +168,7 @@ class JobView:
     mem_mb: int | None = None
     partition: str | None = None
     priority: str = "normal"
+    tasks_per_node: int = 1
     hold: bool = False
     held_by_admin: bool = False
     restart_count: int = 0
@@ -182,6 +196,11 @@ class JobView:
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def cpus_per_node(self) -> int:
+        """What one rank (one node's share of the job) takes of the node's CPUs."""
+        return self.tasks_per_node * self.cpus_per_task
 
     @property
     def partitions(self) -> tuple[str, ...]:

@@ -16,6 +16,8 @@ from .timefmt import parse_datetime, parse_size_mb, parse_time_limit
 from .usertext import MAX_NAME, has_control
 
 _MAX_INT = 2**31 - 1  # keeps every count well inside what the wire and the database hold
+MAX_TASKS_PER_NODE = 512  # Slurm's default MaxTasksPerNode
+MAX_TASKS = 65536  # a job's tasks (-n): steps will start this many processes
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -66,12 +68,29 @@ def _nodes(text: str) -> int:
     return _int(lo, 1)
 
 
+def _task_count(maximum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        n = _int(text, 1)
+        if n > maximum:
+            raise BadValue(f"at most {maximum} tasks")
+        return n
+    return parse
+
+
 def _typed_count(text: str) -> int:
     """[TYPE:]N, as --gpus and --gpus-per-node take it. TYPE is checked, then ignored."""
     gpu_type, colon, count = text.rpartition(":")
     if colon and not _WORD.fullmatch(gpu_type):
         raise BadValue(f"invalid GPU type {gpu_type!r}")
     return _int(count, 0)
+
+
+def _int_typed(text: str, minimum: int) -> int:
+    """[TYPE:]N with N at least `minimum` (--gpus-per-task)."""
+    n = _typed_count(text)
+    if n < minimum:
+        raise BadValue("expected a positive integer")
+    return n
 
 
 def _gpus_per_node(text: str) -> tuple[str, int | float]:
@@ -261,6 +280,8 @@ def value_parsers(env: Mapping[str, str], now: float | None = None,
         "gpu-mem": _size, "gpu-compute": _percent, "gpu-qos": _gpu_qos,
         "gres": lambda v: ("per_node", _gres(v)),
         "gpus": lambda v: ("total", _typed_count(v)),
+        "gpus-per-task": lambda v: _int_typed(v, 1),
+        "ntasks": _task_count(MAX_TASKS), "ntasks-per-node": _task_count(MAX_TASKS_PER_NODE),
         "cpus-per-task": lambda v: _int(v, 1), "mem": _size, "time": _time,
         "partition": _partition, "account": _account, "output": _nonempty, "error": _nonempty,
         "chdir": _nonempty, "export": _export_parser(env), "signal": _signal_spec,

@@ -27,8 +27,8 @@ def fits(job: JobView, node: NodeView, *, ignore_usage: bool = False) -> Fit:
         return Fit(False, f"{node.name} is not in partition {job.partition}")
     if len(node.gpus) < job.gpus_per_node:
         return Fit(False, f"{node.name} has {len(node.gpus)} GPUs, job needs {job.gpus_per_node}")
-    if node.cpus < job.cpus_per_task:
-        return Fit(False, f"{node.name} has {node.cpus} CPUs, job needs {job.cpus_per_task}")
+    if node.cpus < job.cpus_per_node:
+        return Fit(False, f"{node.name} has {node.cpus} CPUs, job needs {job.cpus_per_node}")
     if job.mem_mb and node.mem_mb < job.mem_mb:
         return Fit(False, f"{node.name} has {node.mem_mb} MiB memory, job needs {job.mem_mb}")
     if job.runtime == "container":
@@ -45,7 +45,7 @@ def fits(job: JobView, node: NodeView, *, ignore_usage: bool = False) -> Fit:
         return Fit(False, f"{node.name} is {why}")
     if len(node.free_gpus) < job.gpus_per_node:
         return Fit(False, f"{node.name} has {len(node.free_gpus)} of {len(node.gpus)} GPUs free")
-    if node.cpus - node.used_cpus < job.cpus_per_task:
+    if node.cpus - node.used_cpus < job.cpus_per_node:
         return Fit(False, f"{node.name} has {node.cpus - node.used_cpus} free CPUs")
     if job.mem_mb and node.mem_mb - node.used_mem_mb < job.mem_mb:
         return Fit(False, f"{node.name} has {node.mem_mb - node.used_mem_mb} MiB free memory")
@@ -65,7 +65,7 @@ def could_ever_fit(job: JobView, nodes: tuple[NodeView, ...]) -> Fit:
     if job.gpu_share is not None:
         return Fit(False, f"{job.nodes} node(s) with a shared GPU that can take {job.gpu_share.label()} are "
                           f"needed; {len(candidates)} node(s) qualify")
-    return Fit(False, f"{job.nodes} node(s) with {job.gpus_per_node} GPUs, {job.cpus_per_task} CPUs"
+    return Fit(False, f"{job.nodes} node(s) with {job.gpus_per_node} GPUs, {job.cpus_per_node} CPUs"
                       f"{f', {job.mem_mb} MiB' if job.mem_mb else ''}"
                       f"{f', the {job.runtime} runtime' if job.runtime else ''} each are needed; "
                       f"{len(candidates)} node(s) qualify (largest node has {best} GPUs)")
@@ -163,7 +163,7 @@ def _share_misfit(job: JobView, node: NodeView, gpu_ids, share: tuple[int, int],
 
 def _with_rank(job: JobView, node: NodeView, gpu_ids, share: tuple[int, int] | None, mig: str) -> NodeView:
     """`node` with one more rank of `job` on it."""
-    node = replace(node, used_cpus=node.used_cpus + job.cpus_per_task, used_mem_mb=node.used_mem_mb + (job.mem_mb or 0))
+    node = replace(node, used_cpus=node.used_cpus + job.cpus_per_node, used_mem_mb=node.used_mem_mb + (job.mem_mb or 0))
     if share is None:
         return replace(node, used_gpus=node.used_gpus | frozenset(gpu_ids))
     node = add_share(node, gpu_ids[0], *share)

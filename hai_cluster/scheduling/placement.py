@@ -72,7 +72,7 @@ def reserve(job: JobView, placement: Placement, nodes: dict[str, NodeView]) -> N
         placement = replace(placement, gpus=tuple(() for _ in placement.gpus))  # cards counted above
     for name, gpus in zip(placement.nodes, placement.gpus):
         n = nodes[name]
-        nodes[name] = with_usage(n, n.used_gpus | frozenset(gpus), n.used_cpus + job.cpus_per_task,
+        nodes[name] = with_usage(n, n.used_gpus | frozenset(gpus), n.used_cpus + job.cpus_per_node,
                                  n.used_mem_mb + (job.mem_mb or 0))
 
 
@@ -82,7 +82,7 @@ def release(job: JobView, node_name: str, gpus: Iterable[int], nodes: dict[str, 
         release_share(job, node_name, gpus, nodes)
         gpus = ()
     n = nodes[node_name]
-    nodes[node_name] = with_usage(n, n.used_gpus - frozenset(gpus), max(0, n.used_cpus - job.cpus_per_task),
+    nodes[node_name] = with_usage(n, n.used_gpus - frozenset(gpus), max(0, n.used_cpus - job.cpus_per_node),
                                   max(0, n.used_mem_mb - (job.mem_mb or 0)))
 
 

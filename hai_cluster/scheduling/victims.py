@@ -329,7 +329,7 @@ class VictimIndex:
     def options(self, d: SearchContext, job: JobView, level: int, rank: int) -> list | None:
         # Everything node_option reads of the job: fits() (partition, sizes, runtime), the level
         # and the class rank (may_preempt, urgency).
-        key = (job.gpus_per_node, job.partition, job.cpus_per_task, job.mem_mb, job.runtime, level, rank)
+        key = (job.gpus_per_node, job.partition, job.cpus_per_node, job.mem_mb, job.runtime, level, rank)
         shape = self.shapes.get(key)
         if shape is None:
             shape = self.shapes[key] = _Shape()

@@ -53,6 +53,7 @@ class JobRecord:
     gpu_mem_mb: int | None
     gpu_compute: int | None
     gpu_qos: str | None
+    tasks_per_node: int
     spec: JobSpec
 
     @classmethod

@@ -64,6 +64,8 @@ jobs = Table(
     # pending jobs hold in the store is bounded by it ([limits] max_pending_bytes); the index
     # answers a user's counts at every submission without reading the rows
     Column("spec_bytes", Integer),
+    # 0016: tasks on each node (-n, --ntasks-per-node): a rank takes tasks x cpus_per_task CPUs
+    Column("tasks_per_node", Integer, nullable=False, default=1, server_default="1"),
     # 0015: with the id, for listings by user (store/listing.py); the counts at submission still
     # read the index alone (0013)
     Index("ix_jobs_user_state", "user", "state", "id", "spec_bytes"),

@@ -29,7 +29,8 @@ def spec_columns(spec: JobSpec) -> dict:
     alone, when a job is submitted and whenever its spec changes (update_pending)."""
     return dict(
         name=spec.name, priority=spec.priority, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
-        cpus_per_task=spec.cpus_per_task, mem_mb=spec.mem_mb, time_limit=spec.time_limit,
+        cpus_per_task=spec.cpus_per_task, tasks_per_node=spec.tasks_per_node, mem_mb=spec.mem_mb,
+        time_limit=spec.time_limit,
         preemptible=spec.requeue, runtime=required_runtime(spec), begin_time=spec.begin_time,
         dependency=spec.dependency, gpu_fraction=spec.gpu_fraction, gpu_mem_mb=spec.gpu_mem_mb,
         gpu_compute=spec.gpu_compute, gpu_qos=spec.gpu_qos)
@@ -117,7 +118,8 @@ def job_view(j, ranks=(), dependency: str | None = None) -> JobView:
     """A job row (the snapshot's columns at least) as the policy sees it, holding `ranks`."""
     return JobView(
         id=j.id, user=j.user, state=JobState(j.state), submit_time=j.submit_time, nodes=j.nodes,
-        gpus_per_node=j.gpus_per_node, cpus_per_task=j.cpus_per_task, mem_mb=j.mem_mb,
+        gpus_per_node=j.gpus_per_node, cpus_per_task=j.cpus_per_task, tasks_per_node=j.tasks_per_node,
+        mem_mb=j.mem_mb,
         partition=j.partition, priority=j.priority, hold=j.hold, held_by_admin=j.hold_admin,
         restart_count=j.restart_count,
         attained_gpu_seconds=j.attained_gpu_seconds, run_start=j.start_time,

@@ -54,6 +54,32 @@ echo "head=$(hcontrol show hostnames | head -n1) all=$(hcontrol show hostnames |
     assert default[0].split() == ["JobID", "JobName", "Partition", "Account", "AllocCPUS", "State", "ExitCode"]
 
 
+def test_a_job_of_tasks_on_two_nodes_holds_their_cpus_and_gpus_and_says_so_as_sbatch_does(cluster, ssh_nodes):
+    script = write_script(cluster, "tasks.sh", """#!/bin/bash
+#SBATCH -N 2
+#SBATCH --ntasks-per-node=2
+#SBATCH --gpus-per-task=1
+#SBATCH -o tasks-%j-%N.txt
+env | grep -E '^SLURM_(NTASKS|NPROCS|TASKS_PER_NODE|NTASKS_PER_NODE|CPUS_ON_NODE|JOB_CPUS_PER_NODE|GPUS_PER_TASK|GPUS_ON_NODE)=' | sort
+echo "cvd=$CUDA_VISIBLE_DEVICES"
+sleep 2
+""")
+    job_id = cluster.submit(str(script))
+    wait_for(lambda: cluster.job(job_id)["state"] == "RUNNING", 60, what="the job to start")
+    show = cluster.cli("hcontrol", "show", "job", str(job_id)).stdout
+    assert "NumNodes=2 NumCPUs=4 NumTasks=4 CPUsPerTask=1" in show
+    assert cluster.cli("hqueue", "-h", "-o", "%C %D", "-j", str(job_id)).stdout.split() == ["4", "2"]
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED")
+    assert job["state"] == "COMPLETED", job
+    for name in sorted(n.name for n in ssh_nodes):
+        lines = (script.parent / f"tasks-{job_id}-{name}.txt").read_text().splitlines()
+        assert lines == ["SLURM_CPUS_ON_NODE=2", "SLURM_GPUS_ON_NODE=2", "SLURM_GPUS_PER_TASK=1",
+                         "SLURM_JOB_CPUS_PER_NODE=2(x2)", "SLURM_NPROCS=4", "SLURM_NTASKS=4",
+                         "SLURM_NTASKS_PER_NODE=2", "SLURM_TASKS_PER_NODE=2(x2)", "cvd=0,1"]
+    acct = cluster.cli("hacct", "-j", str(job_id), "-P", "-n", "-o", "JobID,AllocCPUS,AllocGPUS").stdout
+    assert acct.splitlines() == [f"{job_id}|4|4"]
+
+
 def test_cancel_pending_and_running(cluster, ssh_nodes):
     pidfile = user_dir(cluster.workdir, TEST_USER) / "running.pid"
     script = write_script(cluster, "sleep.sh", f"#!/bin/bash\necho $$ > {pidfile}\nsleep 300 & wait\n")
@@ -133,6 +159,8 @@ def test_controller_restart_keeps_the_job(cluster):
     (["--gpus-per-node=abc", "--wrap", "true"], "gpus-per-node"),
     (["--gpus-per-node=9", "--wrap", "true"], "Requested node configuration is not available"),
     (["-N", "3", "--wrap", "true"], "Requested node configuration is not available"),
+    (["--ntasks-per-node=500", "--wrap", "true"], "Requested node configuration is not available"),
+    (["-N", "2", "-n", "3", "--wrap", "true"], "3 tasks cannot be spread evenly over 2 nodes"),
     (["--frobnicate", "--wrap", "true"], "frobnicate"),
     (["-p", "nosuch", "--wrap", "true"], "invalid partition"),
 ])

@@ -43,7 +43,7 @@ def spec(**kw):
 
 
 def test_migrations_match_the_schema_and_go_down_and_up(engine):
-    assert current_revision(engine) == head_revision() == "0015"
+    assert current_revision(engine) == head_revision() == "0016"
     insp = inspect(engine)
     for table in metadata.sorted_tables:
         assert {c["name"] for c in insp.get_columns(table.name)} == {c.name for c in table.columns}
@@ -97,6 +97,19 @@ def test_start_is_refused_when_cpus_or_memory_were_taken_after_the_snapshot(repo
     assert repo.start_run(wants_cpus, Placement(("b",), ((0,),)), now=5, version=seen[wants_cpus])
     states = {j.id: j.state for j in repo.load_snapshot(now=6).jobs}
     assert states[wants_mem] == JobState.PENDING and states[wants_cpus] == JobState.RUNNING
+
+
+def test_a_job_of_several_tasks_a_node_holds_each_tasks_cpus(repo):
+    """-n/--ntasks-per-node reach the snapshot and the applier: a rank takes tasks x -c CPUs."""
+    four = repo.submit(spec(cpus_per_task=2, ntasks_per_node=4), user="u", uid=1, gid=1, partition="gpu", now=1)
+    two = repo.submit(spec(cpus_per_task=1, ntasks=2), user="u", uid=1, gid=1, partition="gpu", now=1)
+    views = {j.id: j for j in repo.load_snapshot(now=2).jobs}
+    assert (views[four].tasks_per_node, views[four].cpus_per_node) == (4, 8)
+    assert (views[two].tasks_per_node, views[two].cpus_per_node) == (2, 2)
+    assert repo.start_run(four, Placement(("a",), ((),)), now=3)
+    assert refused(repo.start_run(two, Placement(("a",), ((),)), now=3), "a has 0 free CPUs")
+    assert {n.name: n.used_cpus for n in repo.load_snapshot(now=4).nodes} == {"a": 8, "b": 0}
+    assert repo.start_run(two, Placement(("b",), ((),)), now=5)
 
 
 def test_start_is_refused_for_a_job_changed_since_the_snapshot(repo):

@@ -15,7 +15,7 @@ from ..placement import place, reserve
 
 
 def shape(job: JobView) -> tuple:
-    return (job.nodes, job.gpus_per_node, job.cpus_per_task, job.mem_mb, job.partition)
+    return (job.nodes, job.gpus_per_node, job.cpus_per_node, job.mem_mb, job.partition)
 
 
 class Workspace:
@@ -66,5 +66,5 @@ def release(nodes: dict[str, NodeView], job: JobView, on: Iterable[str] | None =
             used = sorted(n.used_gpus)
             gpus = used[max(0, len(used) - job.gpus_per_node):]
         nodes[name] = replace(n, used_gpus=n.used_gpus - frozenset(gpus),
-                              used_cpus=max(0, n.used_cpus - job.cpus_per_task),
+                              used_cpus=max(0, n.used_cpus - job.cpus_per_node),
                               used_mem_mb=max(0, n.used_mem_mb - (job.mem_mb or 0)))
