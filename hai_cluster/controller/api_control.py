@@ -56,11 +56,8 @@ async def cancel(ctx: ApiContext, body, caller: Caller):
     missing_ids = sorted(set(ids or ()) - found)
     missing_tasks = [t for t in sorted(set(tasks or ())) if t not in found_tasks]
     known_ids, known_tasks = set(), set()
-    if missing_ids or missing_tasks:  # ended, or never were: one query for all of them
-        for j in await ctx.ctl.db(ctx.repo.jobs, ids=missing_ids or None, tasks=missing_tasks or None,
-                                  columns=["id", "array_job_id", "array_task_id"]):
-            known_ids.update((j["id"], j["array_job_id"]))
-            known_tasks.add((j["array_job_id"], j["array_task_id"]))
+    if missing_ids or missing_tasks:  # ended, or never were: a seek each, not the arrays' tasks
+        known_ids, known_tasks = await ctx.ctl.db(ctx.repo.known_jobs, missing_ids, missing_tasks)
     for job_id, task in [(i, None) for i in missing_ids] + missing_tasks:
         label = str(JobRef(job_id, (task,) if task is not None else None))
         if (job_id in known_ids) if task is None else ((job_id, task) in known_tasks):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any, Iterable, Mapping, Sequence
 
-from sqlalchemy import Engine, bindparam, delete, func, insert, or_, select, tuple_, update
+from sqlalchemy import Engine, and_, bindparam, delete, func, insert, or_, select, tuple_, update
 
 from ..core.dependency import Target, Targets, summarize
 from ..core.jobids import parse_array
@@ -109,6 +109,27 @@ def _selected(ids: Sequence[int] | None, tasks: Sequence[tuple[int, int]] | None
     if tasks:  # one row-value IN: an OR per task is an expression too deep for SQLite past ~1000
         terms.append(tuple_(jobs.c.array_job_id, jobs.c.array_task_id).in_([tuple(t) for t in tasks]))
     return or_(*terms)
+
+def _task_chunks(tasks: Sequence[tuple[int, int]], arrays: int = 100) -> list[list[tuple[int, list[int]]]]:
+    """(array id, its task ids) groups, a few arrays and CANCEL_CHUNK task ids a query: SQLite
+    seeks `array_job_id = ? AND array_task_id IN (...)` in ix_jobs_array_task, where a row-value
+    IN of the pairs scans the whole index."""
+    by_array: dict[int, list[int]] = {}
+    for a, t in tasks:
+        by_array.setdefault(a, []).append(t)
+    chunks: list[list[tuple[int, list[int]]]] = [[]]
+    size = 0
+    for a, ts in by_array.items():
+        for k in range(0, len(ts), CANCEL_CHUNK):
+            part = ts[k:k + CANCEL_CHUNK]
+            if chunks[-1] and (len(chunks[-1]) == arrays or size + len(part) > CANCEL_CHUNK):
+                chunks.append([])
+                size = 0
+            chunks[-1].append((a, part))
+            size += len(part)
+    return [c for c in chunks if c]
+
+
 def _with_shares(c, rows: list[dict]) -> list[dict]:
     """Add gpu_share_mb, the card memory the current run of a sharing job got (rank 0's), and
     gpu_charge, the GPU-equivalents that run is charged."""
@@ -499,6 +520,21 @@ class Repository:
             return res.rowcount == 1
 
     # ---- queries for the CLI -------------------------------------------------------------
+    def known_jobs(self, ids: Sequence[int], tasks: Sequence[tuple[int, int]]) -> tuple[set[int], set[tuple[int, int]]]:
+        """Which of these job ids and (array id, task id) pairs exist, in any state: one seek
+        each, never the rows of an array's tasks (an array's id is its first task's job id)."""
+        ids, tasks = sorted(set(ids)), sorted(set(tasks))
+        known_ids: set[int] = set()
+        known_tasks: set[tuple[int, int]] = set()
+        with self.engine.connect() as c:
+            for k in range(0, len(ids), CANCEL_CHUNK):
+                known_ids.update(c.execute(select(jobs.c.id).where(jobs.c.id.in_(ids[k:k + CANCEL_CHUNK]))).scalars())
+            for chunk in _task_chunks(tasks):
+                known_tasks.update((a, t) for a, t in c.execute(
+                    select(jobs.c.array_job_id, jobs.c.array_task_id).where(or_(*(
+                        and_(jobs.c.array_job_id == a, jobs.c.array_task_id.in_(ts)) for a, ts in chunk)))))
+        return known_ids, known_tasks
+
     def jobs(self, **filters) -> list[dict]:
         """Job rows as jobs_page finds them, for a caller that asks no limit (every row) or
         takes a short page as it comes."""

@@ -15,11 +15,11 @@ branch_labels = None
 depends_on = None
 
 
+# Plain ALTER TABLE, not a batch: a batch rebuilds jobs on SQLite, and dropping the old table
+# (foreign keys on) deletes through ON DELETE CASCADE every run and array spec that names a job.
 def upgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:
-        batch.add_column(sa.Column("tasks_per_node", sa.Integer, nullable=False, server_default="1"))
+    op.add_column("jobs", sa.Column("tasks_per_node", sa.Integer, nullable=False, server_default="1"))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:
-        batch.drop_column("tasks_per_node")
+    op.drop_column("jobs", "tasks_per_node")  # SQLite 3.35+ (Debian 12 has 3.40)
