@@ -5,6 +5,7 @@ import time
 
 from ..core.states import JobState, parse_state
 from ..store.events import read_events
+from ..store.listing import TooManyValues
 from ..transport.rpc import RequestError
 from .access import Caller, may_act_on
 from .apicontext import (DERIVED_FIELDS, LISTING_FIELDS, MAX_EVENTS, NOT_FINAL, PUBLIC_NEEDS, SHARE_NEEDS,
@@ -13,6 +14,14 @@ from .requests import expect, filter_list, int_list, str_list, task_list
 from .telemetry_view import job_telemetry, nodes_telemetry
 
 MAX_NODE_NAME = 64  # nodes.name
+
+
+async def _listed(ctx: ApiContext, **filters):
+    """A page of the store's listing; a listing naming more arrays than one walks is refused."""
+    try:
+        return await ctx.ctl.db(ctx.repo.jobs_page, **filters)
+    except TooManyValues as exc:
+        raise RequestError(str(exc)) from None
 
 
 async def ping(ctx: ApiContext, body, caller: Caller):
@@ -43,10 +52,10 @@ async def jobs(ctx: ApiContext, body, caller: Caller):
             need.update(SHARE_NEEDS)
         columns = sorted(need)
     after, limit = ctx.page(body)
-    page = await ctx.ctl.db(ctx.repo.jobs_page, ids=int_list(body, "ids"), states=states,
-                            users=filter_list(body, "users"), names=filter_list(body, "names"),
-                            partitions=filter_list(body, "partitions"), columns=columns, tasks=task_list(body),
-                            after_id=after, limit=limit + 1)
+    page = await _listed(ctx, ids=int_list(body, "ids"), states=states,
+                         users=filter_list(body, "users"), names=filter_list(body, "names"),
+                         partitions=filter_list(body, "partitions"), columns=columns, tasks=task_list(body),
+                         after_id=after, limit=limit + 1)
     rows, more = _page_and_next(page, limit)
     listed = map(ctx.public, rows)
     if telemetry:
@@ -114,8 +123,8 @@ async def acct(ctx: ApiContext, body, caller: Caller):
     tasks = task_list(body)
     since = expect(body, "since", (int, float))  # jobs that had not ended before then (hacct -S)
     after, limit = ctx.page(body)
-    page = await ctx.ctl.db(ctx.repo.jobs_page, ids=ids, users=users, tasks=tasks, after_id=after, limit=limit + 1,
-                            ended_since=since)
+    page = await _listed(ctx, ids=ids, users=users, tasks=tasks, after_id=after, limit=limit + 1,
+                         ended_since=since)
     job_rows, more = _page_and_next(page, limit)
     run_rows = await ctx.ctl.db(ctx.repo.runs, of_jobs=[j["id"] for j in job_rows]) if job_rows else []
     return {"now": time.time(), "runs": run_rows, "jobs": [ctx.public(j) for j in job_rows], **more}

@@ -17,6 +17,7 @@ walked in one listing."""
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
@@ -44,6 +45,13 @@ class Page:
     resume_after: int | None = None
 
 
+@dataclass(frozen=True)
+class NamedIds:
+    """A walk over jobs named by id (sorted): read a window of the ids themselves, one seek each,
+    instead of an index."""
+    ids: tuple[int, ...]
+
+
 def leading(users, names, partitions):
     """The filter to walk by, the most selective given (users, then names, then partitions), and
     its values without repeats; (None, None) when there is none. The others stay plain conditions."""
@@ -61,11 +69,11 @@ def walks_of(column, values: Sequence[str], states: Sequence[str] | None) -> lis
     return [(column == v, jobs.c.state == s) for v in values for s in walked_states]
 
 
-def merged_page(c, q: Select, walks: Sequence[tuple[ColumnElement, ...]], after_id: int | None,
+def merged_page(c, q: Select, walks: Sequence[tuple[ColumnElement, ...] | NamedIds], after_id: int | None,
                 limit: int) -> Page:
     """The rows of `q` (its other filters set, no order, no limit) that one of `walks` (each
-    conditions an index answers in id order; () is the primary key) holds, ids above `after_id`,
-    in id order, at most `limit`, examining about EXAMINED_PER_ROW x limit rows at most."""
+    conditions an index answers in id order, () the primary key, or NamedIds) holds, ids above
+    `after_id`, in id order, at most `limit`, examining about EXAMINED_PER_ROW x limit rows at most."""
     budget = EXAMINED_PER_ROW * limit
     start = after_id if after_id is not None else -1
     window = [MIN_WINDOW] * len(walks)
@@ -75,11 +83,17 @@ def merged_page(c, q: Select, walks: Sequence[tuple[ColumnElement, ...]], after_
     def pull(i: int) -> None:
         nonlocal budget
         conds, after, w = walks[i], reached[i], window[i]
-        # The window's last id, read off the index alone; the rows come only for those that match.
-        hi = c.execute(select(jobs.c.id).where(*conds, jobs.c.id > after).order_by(jobs.c.id)
-                       .offset(w - 1).limit(1)).scalar()
-        bound = [] if hi is None else [jobs.c.id <= hi]
-        buffers[i].extend(c.execute(q.where(*conds, jobs.c.id > after, *bound).order_by(jobs.c.id)).all())
+        if isinstance(conds, NamedIds):
+            first = bisect_right(conds.ids, after)
+            chunk = conds.ids[first:first + w]
+            hi = chunk[-1] if first + w < len(conds.ids) else None
+            buffers[i].extend(c.execute(q.where(jobs.c.id.in_(chunk)).order_by(jobs.c.id)).all() if chunk else ())
+        else:
+            # The window's last id, read off the index alone; the rows come only for those that match.
+            hi = c.execute(select(jobs.c.id).where(*conds, jobs.c.id > after).order_by(jobs.c.id)
+                           .offset(w - 1).limit(1)).scalar()
+            bound = [] if hi is None else [jobs.c.id <= hi]
+            buffers[i].extend(c.execute(q.where(*conds, jobs.c.id > after, *bound).order_by(jobs.c.id)).all())
         reached[i], budget = hi, budget - w  # a walk's last window counts whole: it is at most its size
         window[i] = min(2 * w, max(MIN_WINDOW, budget))  # a walk that keeps matching reads further
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any, Iterable, Mapping, Sequence
 
-from sqlalchemy import Engine, and_, bindparam, delete, func, insert, or_, select, tuple_, update
+from sqlalchemy import ColumnElement, Engine, and_, bindparam, delete, func, insert, or_, select, tuple_, update
 
 from ..core.dependency import Target, Targets, summarize
 from ..core.jobids import parse_array
@@ -106,9 +106,36 @@ def _selected(ids: Sequence[int] | None, tasks: Sequence[tuple[int, int]] | None
     terms = []
     if ids:
         terms += [jobs.c.id.in_(list(ids)), jobs.c.array_job_id.in_(list(ids))]
-    if tasks:  # one row-value IN: an OR per task is an expression too deep for SQLite past ~1000
-        terms.append(tuple_(jobs.c.array_job_id, jobs.c.array_task_id).in_([tuple(t) for t in tasks]))
+    if tasks:
+        chunks = _task_chunks(tasks)
+        if len(chunks) == 1:  # a few arrays: seeks in ix_jobs_array_task
+            terms += [and_(jobs.c.array_job_id == a, jobs.c.array_task_id.in_(ts)) for a, ts in chunks[0]]
+        else:  # one row-value IN (it scans that index): an OR per array is too deep for SQLite past ~1000
+            terms.append(tuple_(jobs.c.array_job_id, jobs.c.array_task_id).in_([tuple(t) for t in tasks]))
     return or_(*terms)
+
+def _id_walks(c, ids: Sequence[int], tasks: Sequence[tuple[int, int]]) -> list[tuple[ColumnElement, ...] | listing.NamedIds]:
+    """The walks of a listing by ids (store/listing.py): one down ix_jobs_array_id for each array
+    named by its id (its first task's job id, whose row says array_job_id = id), and one down the
+    primary key for the other jobs named, tasks named by (array, task) among them. A page then
+    examines a budget of rows, not every task of every array named (eleventh audit: 1,000 array
+    ids sorted their 1,000,000 tasks for each page, 0.4-0.6 s)."""
+    named: dict[int, int | None] = {}  # job id -> its array's id
+    ids = sorted(set(ids))
+    for k in range(0, len(ids), CANCEL_CHUNK):
+        named.update(c.execute(select(jobs.c.id, jobs.c.array_job_id).where(jobs.c.id.in_(ids[k:k + CANCEL_CHUNK]))).all())
+    for chunk in _task_chunks(sorted(set(tasks))):
+        named.update(c.execute(select(jobs.c.id, jobs.c.array_job_id).where(or_(*(
+            and_(jobs.c.array_job_id == a, jobs.c.array_task_id.in_(ts)) for a, ts in chunk)))).all())
+    arrays = sorted(i for i in ids if named.get(i, -1) == i)
+    if len(arrays) > listing.MAX_FILTER_VALUES:
+        raise listing.TooManyValues(f"at most {listing.MAX_FILTER_VALUES} arrays in one listing by id, "
+                                    f"got {len(arrays)}")
+    whole = set(arrays)
+    others = sorted(i for i, a in named.items() if a not in whole)
+    walks = [(jobs.c.array_job_id == a,) for a in arrays]
+    return walks + ([listing.NamedIds(tuple(others))] if others else [])
+
 
 def _task_chunks(tasks: Sequence[tuple[int, int]], arrays: int = 100) -> list[list[tuple[int, list[int]]]]:
     """(array id, its task ids) groups, a few arrays and CANCEL_CHUNK task ids a query: SQLite
@@ -553,9 +580,10 @@ class Repository:
         q = select(*cols, *([] if columns is None or "id" in columns else [jobs.c.id]))
         if ended_since is not None:
             q = q.where(or_(jobs.c.end_time.is_(None), jobs.c.end_time >= ended_since))
-        if ids or tasks:
+        by_id = bool(ids or tasks)
+        if by_id and limit is None:  # every row (hcancel): one query; its callers filter by live states
             q = q.where(_selected(ids, tasks))
-        walk, values = (None, None) if ids or tasks else listing.leading(users, names, partitions)
+        walk, values = (None, None) if by_id else listing.leading(users, names, partitions)
         for column, given in ((jobs.c.user, users), (jobs.c.name, names), (jobs.c.partition, partitions)):
             if given and column is not walk:
                 q = q.where(column.in_(list(given)))
@@ -566,7 +594,11 @@ class Repository:
             if states:
                 q = q.where(jobs.c.state.in_(list(states)))
         with self.engine.connect() as c:
-            if ended_since is not None and not (ids or tasks):
+            if by_id and limit is not None:  # a walk per array named and one for the other jobs
+                walks = _id_walks(c, ids or (), tasks or ())
+                if not walks:
+                    return listing.Page([])
+            if ended_since is not None and not by_id:
                 key_walk = walk is None and limit is not None
                 few = listing.not_ended_ids(ended_since, after_id if after_id is not None else -1,
                                             listing.EXAMINED_PER_ROW * limit, c) if key_walk else None

@@ -52,8 +52,10 @@ jobs = Table(
     Column("array_task_id", Integer),
     Column("array_task_limit", Integer),  # --array=...%N, on every task
     Column("dependency", String(1000)),  # canonical text; the snapshot evaluates it
-    # 0017: with the task id, so that a task named by (array, task) is one seek (hcancel 12_4)
+    # 0017: with the task id, so that a task named by (array, task) is one seek (hcancel 12_4), and
+    # with the id, so that a listing walks an array's tasks in id order (store/listing.py)
     Index("ix_jobs_array_task", "array_job_id", "array_task_id"),
+    Index("ix_jobs_array_id", "array_job_id", "id"),
     Column("account", String(64)),  # 0008: -A/--account (None: before accounts existed, "default")
     # 0009: fractional GPUs (core.sharing): a share of one card per rank
     Column("gpu_fraction", Float),

@@ -240,3 +240,32 @@ def test_task_chunks_keep_each_query_small():
     assert sorted((a, t) for chunk in chunks for a, ts in chunk for t in ts) == sorted(tasks)
     for chunk in chunks:
         assert len(chunk) <= 100 and sum(len(ts) for _, ts in chunk) <= repository.CANCEL_CHUNK
+
+
+def test_a_listing_by_ids_walks_each_array_and_follows_to_the_plain_answer(repo):
+    """Eleventh audit (medium): a page of `hqueue -j` / `hacct -j` naming arrays sorted every task
+    of them. Each array named is a walk of its own now, the other ids one more: following the
+    pages gives what the plain filter gives, and a page that matches little ends short."""
+    import random
+    from hai_cluster.store import listing
+    from .test_store import followed
+    arrays = [submit(repo, array="0-39") for _ in range(4)]
+    singles = [submit(repo) for _ in range(10)]
+    for j in [arrays[1], arrays[1] + 7, singles[2]] + [arrays[2] + k for k in range(0, 40, 2)]:
+        repo.cancel_pending(j, now=2.0)
+    every = repo.jobs(limit=None)
+    rng = random.Random(11)
+    for _ in range(30):
+        ids = rng.sample(arrays + singles + [arrays[0] + 5, arrays[3] + 39, 10**9], rng.randint(1, 6))
+        tasks = [(a, t) for a in rng.sample(arrays, 2) for t in rng.sample(range(45), 3)]
+        tasks = tasks if rng.random() < 0.5 else []
+        states = rng.sample(["PENDING", "CANCELLED"], rng.randint(0, 1))
+        named = set(ids) | {r["id"] for r in every if r["array_job_id"] in ids or
+                            (r["array_job_id"], r["array_task_id"]) in set(tasks)}
+        expected = [r["id"] for r in every if r["id"] in named and (not states or r["state"] in states)]
+        assert followed(repo, 7, ids=ids, tasks=tasks, states=states) == expected, (ids, tasks, states)
+    short = repo.jobs_page(ids=arrays, states=["RUNNING"], limit=2)
+    assert short.rows == [] and short.resume_after is not None and short.resume_after < arrays[3] + 39
+    with pytest.raises(listing.TooManyValues, match="at most 64 arrays in one listing by id, got 65"):
+        many = [submit(repo, array="0-1") for _ in range(65)]
+        repo.jobs_page(ids=many, limit=10)
