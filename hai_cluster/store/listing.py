@@ -63,10 +63,22 @@ def leading(users, names, partitions):
     return None, None
 
 
-def walks_of(column, values: Sequence[str], states: Sequence[str] | None) -> list[tuple[ColumnElement, ...]]:
-    """The conditions of each (value, state) walk of a listing led by `column`."""
-    walked_states = list(dict.fromkeys(states)) if states else ALL_STATES
-    return [(column == v, jobs.c.state == s) for v in values for s in walked_states]
+def walks_of(c, column, values: Sequence[str], states: Sequence[str] | None) -> list[tuple[ColumnElement, ...]]:
+    """The conditions of each (value, state) walk of a listing led by `column`: only the pairs
+    some job holds, so that a listing of names nobody uses is no walk at all (eleventh audit:
+    64 names x 12 states were 768 walks, two queries each, 0.33 s for nothing)."""
+    wanted = set(states) if states else set(ALL_STATES)
+    return [(column == v, jobs.c.state == s) for v in values for s in states_held(c, column, v) if s in wanted]
+
+
+def states_held(c, column, value: str) -> list[str]:
+    """The states of jobs with `column` = value, in order: a loose index scan down the index of
+    (column, state, id), one seek per state held (a recursive query, on SQLite and PostgreSQL)."""
+    st = jobs.c.state
+    seed = select(func.min(st).label("s")).where(column == value).cte("held", recursive=True)
+    step = select(select(func.min(st)).where(column == value, st > seed.c.s).scalar_subquery()).where(seed.c.s.is_not(None))
+    held = seed.union_all(step)
+    return [s for s in c.execute(select(held.c.s)).scalars() if s is not None]
 
 
 def merged_page(c, q: Select, walks: Sequence[tuple[ColumnElement, ...] | NamedIds], after_id: int | None,

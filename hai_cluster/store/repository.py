@@ -587,13 +587,17 @@ class Repository:
         for column, given in ((jobs.c.user, users), (jobs.c.name, names), (jobs.c.partition, partitions)):
             if given and column is not walk:
                 q = q.where(column.in_(list(given)))
-        walks = listing.walks_of(walk, values, states) if walk is not None and limit is not None else None
-        if walks is None:  # every row asked for (hcancel -u): the plain filters
+        walks = None
+        if walk is None or limit is None:  # every row asked for (hcancel -u): the plain filters
             if walk is not None:
                 q = q.where(walk.in_(values))
             if states:
                 q = q.where(jobs.c.state.in_(list(states)))
         with self.engine.connect() as c:
+            if walk is not None and limit is not None:
+                walks = listing.walks_of(c, walk, values, states)
+                if not walks:
+                    return listing.Page([])
             if by_id and limit is not None:  # a walk per array named and one for the other jobs
                 walks = _id_walks(c, ids or (), tasks or ())
                 if not walks:
