@@ -9,12 +9,11 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 
 import click
 import psutil
 
-from .. import timeouts
+from .. import logsetup, timeouts
 from ..config import AgentConfig, ConfigError, load_agent_config
 from ..sdnotify import Notifier
 from ..transport.rpc import ConnectionLost, RpcConnection
@@ -222,8 +221,7 @@ def main(config_path: str) -> None:
         cfg = load_agent_config(config_path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    logging.basicConfig(stream=sys.stderr, level=cfg.log_level,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logsetup.configure(cfg.log_level, "%(asctime)s %(name)s %(levelname)s %(message)s")
     if os.geteuid() != 0:
         log.warning("not running as root: jobs can only run as uid %d", os.geteuid())
     notifier = Notifier.from_environment()  # and out of os.environ: shepherds and jobs must not inherit it

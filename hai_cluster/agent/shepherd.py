@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 from . import spool
 from .jobproc import start_job
 from .outputs import output_problem
+from .. import logsetup
 from ..protocol.runspec import TERMINATE_REASONS, RunSpec, RunStatus
 
 if TYPE_CHECKING:
@@ -463,8 +464,7 @@ def main(argv: list[str] | None = None) -> int:
 def configure_logging() -> None:
     """The shepherd's log lines, to its stderr (shepherd.log). A no-op where it was done already:
     the zygote does it once, before it forks (zygote.warm)."""
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s shepherd[%(process)d] %(levelname)s %(message)s")
+    logsetup.configure(logging.INFO, "%(asctime)s shepherd[%(process)d] %(levelname)s %(message)s")
 
 
 def detach_and_run(run_dir: Path, report_fd: int | None, fork_first: bool = True) -> int:

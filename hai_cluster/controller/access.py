@@ -17,6 +17,7 @@ import pwd
 from dataclasses import dataclass
 
 from ..config import AccessConfig
+from ..core.usertext import printable
 from ..transport.rpc import RequestError
 
 log = logging.getLogger("hai.access")
@@ -83,7 +84,8 @@ def caller_from_creds(pid: int, uid: int, gid: int, access: AccessConfig) -> Cal
 
 def deny(caller: Caller, what: str) -> RequestError:
     """The refusal to raise (or whose text to report), logged with the caller's uid."""
-    log.warning("denied uid=%d (%s, %s) pid=%d: %s", caller.uid, caller.user, caller.role, caller.pid, what)
+    log.warning("denied uid=%d (%s, %s) pid=%d: %s", caller.uid, caller.user, caller.role, caller.pid,
+                printable(what))
     return RequestError(f"Access/permission denied: {what}")
 
 

@@ -16,7 +16,7 @@ from ..transport.rpc import RequestError
 from .access import Caller, deny, may_act_on
 from .apicontext import NOT_FINAL, ApiContext
 from .partitions import PartitionRefused, admit, groups_of
-from .requests import expect, filter_list, int_list, str_list, task_list
+from .requests import expect, filter_list, int_list, one_line, str_list, task_list
 
 
 async def cancel(ctx: ApiContext, body, caller: Caller):
@@ -228,6 +228,7 @@ async def update_limits(ctx: ApiContext, body, caller: Caller):
     name = expect(body, "name", str, required=True)
     if kind not in ("account", "user") or not name or len(name) > 64:
         raise RequestError("update_limits needs kind account or user and a name (at most 64 characters)")
+    one_line(f"the {kind} name", name)
     values = {}
     for key in ("shares", "max_gpus", "max_pending", "max_jobs"):
         value = expect(body, key, int)

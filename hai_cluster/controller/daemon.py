@@ -16,6 +16,7 @@ import click
 
 from ..config import ConfigError, ControllerConfig, load_controller_config
 from ..core.states import JobState
+from .. import logsetup
 from ..sdnotify import Notifier
 from ..store.lease import StoreInUse
 from ..protocol.codec import client_limits
@@ -151,8 +152,7 @@ def run_daemon(config_path: str) -> None:
     except ConfigError as exc:
         click.echo(f"hai-controller: {exc}", err=True)
         sys.exit(2)
-    logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logsetup.configure(cfg.log_level.upper(), "%(asctime)s %(levelname)s %(name)s: %(message)s")
     notifier = Notifier.from_environment()  # and out of os.environ: nothing we start inherits it
 
     async def run() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.usertext import MAX_NAME, TextError, checked
 from ..store.listing import MAX_FILTER_VALUES
 from ..transport.rpc import RequestError
 
@@ -68,4 +69,14 @@ def filter_list(body: Any, key: str) -> list[str] | None:
     if values is not None and len(set(values)) > MAX_FILTER_VALUES:
         raise RequestError(f"field {key!r} has too many entries for a filter ({len(set(values))}; "
                            f"at most {MAX_FILTER_VALUES} in one listing)")
+    for v in values or ():  # a user, job or partition name: one short line (it may reach a log)
+        one_line(f"an entry of {key!r}", v)
     return values
+
+
+def one_line(what: str, text: str, max_len: int = MAX_NAME) -> str:
+    """A name from a request: no NUL or control character, at most max_len characters."""
+    try:
+        return checked(what, text, max_len=max_len)
+    except TextError as exc:
+        raise RequestError(str(exc)) from None
