@@ -67,7 +67,8 @@ class ApiContext:
 
     async def take_rate(self, caller: Caller, jobs: int) -> None:
         """Tokens of the caller's submission bucket ([access] submit_rate): a submission's jobs,
-        and a requeue's new run (each a run row and more, as a job is)."""
+        a requeue's new run (each a run row and more, as a job is), a hold, release or update of a
+        job (a write and an event row)."""
         try:
             wait = self.rate.take(caller.uid, jobs)
         except OverRate as exc:
