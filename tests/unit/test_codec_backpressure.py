@@ -215,3 +215,43 @@ def test_access_keys_for_request_limits(tmp_path):
         load("max_request_bytes = 10")
     with pytest.raises(ConfigError, match="max_requests_in_flight_per_uid must be >= 0"):
         load("max_requests_in_flight_per_uid = -1")
+
+
+def test_a_peers_unread_replies_fit_its_share_and_the_rest_wait_to_be_written():
+    """Eleventh audit: replies were written whatever the peer had left unread, so one that read
+    nothing kept 32 x 10,000-row pages (2 GB) in the controller. A reply now waits for room in
+    its share's budget of unread reply bytes, holding only its encoded bytes, and goes out once
+    the peer reads."""
+    import socket
+
+    async def main():
+        t = RpcTable()
+
+        @t.expose("big")
+        async def big(body, ctx):
+            return "x" * 600_000
+
+        ours, theirs = socket.socketpair()
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        share = Share(None, 1_000_000)
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        server = RpcConnection(reader, writer, table=t, name="server", share=share, frame_timeout=30)
+        task = asyncio.ensure_future(server.run())
+        theirs.sendall(encode_frame(request(1, "big", None)) + encode_frame(request(2, "big", None)))
+        await settle(lambda: share.replies.used > 0 and share.replies._waiters, "one reply written, one waiting")
+        assert share.replies.used < 1_000_000 and len(share.replies._waiters) == 1
+        theirs.setblocking(False)
+        got = b""
+        for _ in range(500):  # the peer reads now: both replies come, one after the other
+            try:
+                got += theirs.recv(1 << 20)
+            except BlockingIOError:
+                await asyncio.sleep(0.01)
+            if len(got) > 1_200_000 and not share.replies.used:
+                break
+        assert len(got) > 1_200_000 and share.replies.used == 0 and not share.replies._waiters
+        await server.close()
+        task.cancel()
+        theirs.close()
+
+    asyncio.run(main())
