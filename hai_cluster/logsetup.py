@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 
 from .core.usertext import printable
 
@@ -27,3 +28,26 @@ def configure(level: int | str, fmt: str) -> None:
     handler.setFormatter(OneLineFormatter(fmt))
     root.addHandler(handler)
     root.setLevel(level)
+
+
+class LogBudget:
+    """At most `per_minute` records of one kind a minute, the rest counted and said once: a
+    request that makes a daemon log, sent in a loop, must not fill its disk (fifth and eleventh
+    audits: tracebacks, denials, protocol errors)."""
+
+    def __init__(self, logger: logging.Logger, per_minute: int, what: str) -> None:
+        self.logger, self.per_minute, self.what = logger, per_minute, what
+        self.window, self.logged, self.skipped = float("-inf"), 0, 0
+
+    def allow(self) -> bool:
+        """Whether this record may be logged (call it just before logging)."""
+        now = time.monotonic()
+        if now - self.window >= 60:
+            if self.skipped:
+                self.logger.warning("%d more %s in the last minute, not logged", self.skipped, self.what)
+            self.window, self.logged, self.skipped = now, 0, 0
+        if self.logged < self.per_minute:
+            self.logged += 1
+            return True
+        self.skipped += 1
+        return False

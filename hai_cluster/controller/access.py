@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ..config import AccessConfig
 from ..core.usertext import printable
+from ..logsetup import LogBudget
 from ..transport.rpc import RequestError
 
 log = logging.getLogger("hai.access")
@@ -82,10 +83,17 @@ def caller_from_creds(pid: int, uid: int, gid: int, access: AccessConfig) -> Cal
     return Caller(uid=uid, gid=gid, pid=pid, user=user, role=role_of(uid, user, groups, access))
 
 
+MAX_LOGGED = 300  # characters of a denial's text in the log; the caller gets it whole
+# Denials logged a minute: a refused request sent in a loop must not fill the disk (eleventh
+# audit: 1.5 GB of log in 10 s); the rest are counted.
+_denials = LogBudget(log, 120, "access denial(s)")
+
+
 def deny(caller: Caller, what: str) -> RequestError:
     """The refusal to raise (or whose text to report), logged with the caller's uid."""
-    log.warning("denied uid=%d (%s, %s) pid=%d: %s", caller.uid, caller.user, caller.role, caller.pid,
-                printable(what))
+    if _denials.allow():
+        log.warning("denied uid=%d (%s, %s) pid=%d: %s", caller.uid, caller.user, caller.role, caller.pid,
+                    printable(what)[:MAX_LOGGED])
     return RequestError(f"Access/permission denied: {what}")
 
 

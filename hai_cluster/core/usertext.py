@@ -43,3 +43,10 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def excerpt(value: object, limit: int = 40) -> str:
+    """A peer's value for an error text or a log line: printable, quoted, cut to `limit`
+    characters (a whole 8 MiB string in an error was 8 MiB of log a request: eleventh audit)."""
+    text = printable(value if isinstance(value, str) else repr(value))
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")

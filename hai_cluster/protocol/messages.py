@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+from ..core.usertext import excerpt
 from .framing import ProtocolError
 
 PROTOCOL_VERSION = 1
@@ -98,7 +99,7 @@ def parse_message(msg: dict) -> Message:
     version = msg.get("v")
     if version not in COMPATIBLE_VERSIONS:
         raise ProtocolError(
-            f"protocol version {version!r} is not supported (this side speaks {sorted(COMPATIBLE_VERSIONS)})")
+            f"protocol version {excerpt(version)} is not supported (this side speaks {sorted(COMPATIBLE_VERSIONS)})")
     kind = msg.get("k")
     if kind == "req":
         return Request(_field(msg, "id", int), _field(msg, "m", str), msg.get("b"))
@@ -110,4 +111,4 @@ def parse_message(msg: dict) -> Message:
         return Response(_field(msg, "id", int), ok, msg.get("b"), error)
     if kind == "evt":
         return Event(_field(msg, "m", str), msg.get("b"))
-    raise ProtocolError(f"unknown message kind {kind!r}")
+    raise ProtocolError(f"unknown message kind {excerpt(kind)}")

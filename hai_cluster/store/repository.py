@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any, Iterable, Mapping, Sequence
 
-from sqlalchemy import ColumnElement, Engine, and_, bindparam, delete, func, insert, or_, select, tuple_, update
+from sqlalchemy import ColumnElement, Engine, and_, bindparam, delete, func, insert, or_, select, update
 
 from ..core.dependency import Target, Targets, summarize
 from ..core.jobids import parse_array
@@ -101,18 +101,26 @@ def drop_payloads(c, job_ids: Sequence[int]) -> None:
             c.execute(*st.update_by_id(jobs, array_id, {"spec_bytes": spec_size(base)}))
 
 
-def _selected(ids: Sequence[int] | None, tasks: Sequence[tuple[int, int]] | None):
-    """Jobs named by id (an array's id names all its tasks) or by (array id, task id)."""
+def _selected(c, ids: Sequence[int] | None, tasks: Sequence[tuple[int, int]] | None):
+    """Jobs named by id (an array's id names all its tasks) or by (array id, task id). Tasks are
+    first turned into job ids, a few arrays a query (seeks in ix_jobs_array_task): SQLite plans a
+    row-value IN of two pairs or more as a scan of the whole table (eleventh audit: 0.38 s)."""
     terms = []
     if ids:
         terms += [jobs.c.id.in_(list(ids)), jobs.c.array_job_id.in_(list(ids))]
     if tasks:
-        chunks = _task_chunks(tasks)
-        if len(chunks) == 1:  # a few arrays: seeks in ix_jobs_array_task
-            terms += [and_(jobs.c.array_job_id == a, jobs.c.array_task_id.in_(ts)) for a, ts in chunks[0]]
-        else:  # one row-value IN (it scans that index): an OR per array is too deep for SQLite past ~1000
-            terms.append(tuple_(jobs.c.array_job_id, jobs.c.array_task_id).in_([tuple(t) for t in tasks]))
+        terms.append(jobs.c.id.in_(_task_ids(c, tasks)))
     return or_(*terms)
+
+
+def _task_ids(c, tasks: Sequence[tuple[int, int]]) -> list[int]:
+    return [r.id for r in _task_rows(c, tasks, jobs.c.id)]
+
+
+def _task_rows(c, tasks: Sequence[tuple[int, int]], *columns) -> list:
+    """`columns` of the jobs that are these (array id, task id) pairs: seeks, a few arrays a query."""
+    return [r for chunk in _task_chunks(sorted(set(tasks))) for r in c.execute(select(*columns).where(or_(*(
+        and_(jobs.c.array_job_id == a, jobs.c.array_task_id.in_(ts)) for a, ts in chunk))))]
 
 def _id_walks(c, ids: Sequence[int], tasks: Sequence[tuple[int, int]]) -> list[tuple[ColumnElement, ...] | listing.NamedIds]:
     """The walks of a listing by ids (store/listing.py): one down ix_jobs_array_id for each array
@@ -124,9 +132,7 @@ def _id_walks(c, ids: Sequence[int], tasks: Sequence[tuple[int, int]]) -> list[t
     ids = sorted(set(ids))
     for k in range(0, len(ids), CANCEL_CHUNK):
         named.update(c.execute(select(jobs.c.id, jobs.c.array_job_id).where(jobs.c.id.in_(ids[k:k + CANCEL_CHUNK]))).all())
-    for chunk in _task_chunks(sorted(set(tasks))):
-        named.update(c.execute(select(jobs.c.id, jobs.c.array_job_id).where(or_(*(
-            and_(jobs.c.array_job_id == a, jobs.c.array_task_id.in_(ts)) for a, ts in chunk)))).all())
+    named.update((r.id, r.array_job_id) for r in _task_rows(c, tasks, jobs.c.id, jobs.c.array_job_id))
     arrays = sorted(i for i in ids if named.get(i, -1) == i)
     if len(arrays) > listing.MAX_FILTER_VALUES:
         raise listing.TooManyValues(f"at most {listing.MAX_FILTER_VALUES} arrays in one listing by id, "
@@ -556,10 +562,7 @@ class Repository:
         with self.engine.connect() as c:
             for k in range(0, len(ids), CANCEL_CHUNK):
                 known_ids.update(c.execute(select(jobs.c.id).where(jobs.c.id.in_(ids[k:k + CANCEL_CHUNK]))).scalars())
-            for chunk in _task_chunks(tasks):
-                known_tasks.update((a, t) for a, t in c.execute(
-                    select(jobs.c.array_job_id, jobs.c.array_task_id).where(or_(*(
-                        and_(jobs.c.array_job_id == a, jobs.c.array_task_id.in_(ts)) for a, ts in chunk)))))
+            known_tasks.update((a, t) for a, t in _task_rows(c, tasks, jobs.c.array_job_id, jobs.c.array_task_id))
         return known_ids, known_tasks
 
     def jobs(self, **filters) -> list[dict]:
@@ -581,8 +584,6 @@ class Repository:
         if ended_since is not None:
             q = q.where(or_(jobs.c.end_time.is_(None), jobs.c.end_time >= ended_since))
         by_id = bool(ids or tasks)
-        if by_id and limit is None:  # every row (hcancel): one query; its callers filter by live states
-            q = q.where(_selected(ids, tasks))
         walk, values = (None, None) if by_id else listing.leading(users, names, partitions)
         for column, given in ((jobs.c.user, users), (jobs.c.name, names), (jobs.c.partition, partitions)):
             if given and column is not walk:
@@ -594,6 +595,8 @@ class Repository:
             if states:
                 q = q.where(jobs.c.state.in_(list(states)))
         with self.engine.connect() as c:
+            if by_id and limit is None:  # every row (hcancel): one query; its callers filter by live states
+                q = q.where(_selected(c, ids, tasks))
             if walk is not None and limit is not None:
                 walks = listing.walks_of(c, walk, values, states)
                 if not walks:
@@ -649,11 +652,11 @@ class Repository:
              .order_by(runs.c.job_id, runs.c.attempt))
         if of_jobs is not None:
             q = q.where(runs.c.job_id.in_(list(of_jobs)))
-        if job_ids or tasks:
-            q = q.where(_selected(job_ids, tasks))
         if users:
             q = q.where(jobs.c.user.in_(list(users)))
         with self.engine.connect() as c:
+            if job_ids or tasks:
+                q = q.where(_selected(c, job_ids, tasks))
             return [_row(r) for r in c.execute(q)]
 
     def nodes(self) -> list[dict]:

@@ -26,6 +26,7 @@ import time
 from typing import Any, Awaitable, Callable
 
 from .. import timeouts
+from ..logsetup import LogBudget
 from ..protocol import messages
 from ..protocol.codec import LINK_LIMITS, FrameDecoder, Limits, ProtocolError, encode_frame
 
@@ -34,27 +35,11 @@ log = logging.getLogger(__name__)
 TRACEBACKS_PER_MINUTE = 20  # a handler's unexpected failures logged whole; the rest are counted
 
 
-class _FailureLog:
-    """Tracebacks of failed handlers, at most TRACEBACKS_PER_MINUTE: a request that makes a
-    handler fail, sent in a loop, must not become 80 GB of log a day (fifth audit)."""
-
-    def __init__(self) -> None:
-        self.window, self.logged, self.skipped = 0.0, 0, 0
-
-    def failed(self, method: str, peer: str) -> None:
-        now = time.monotonic()
-        if now - self.window >= 60:
-            if self.skipped:
-                log.error("%d more handler failure(s) in the last minute, not logged whole", self.skipped)
-            self.window, self.logged, self.skipped = now, 0, 0
-        if self.logged < TRACEBACKS_PER_MINUTE:
-            self.logged += 1
-            log.exception("handler %s failed for %s", method, peer)
-        else:
-            self.skipped += 1
-
-
-_failures = _FailureLog()
+CLOSINGS_PER_MINUTE = 60  # connections closed for garbage or stalls, logged; the rest counted
+# Tracebacks of failed handlers: a request that makes a handler fail, sent in a loop, must not
+# become 80 GB of log a day (fifth audit); nor may garbage that gets its connection closed.
+_failures = LogBudget(log, TRACEBACKS_PER_MINUTE, "handler failure(s)")
+_closings = LogBudget(log, CLOSINGS_PER_MINUTE, "connection(s) closed for garbage or stalls")
 
 READ_CHUNK = 64 * 1024
 
@@ -221,7 +206,8 @@ class RpcConnection:
                 await timeouts.wait_for(self._writer.drain(), self._frame_timeout)
             except asyncio.TimeoutError:
                 reason = f"peer read nothing for {self._frame_timeout:g} s"
-                log.warning("closing connection to %s: %s", self.name, reason)
+                if _closings.allow():
+                    log.warning("closing connection to %s: %s", self.name, reason)
                 self._shutdown(reason, abort=True)
                 raise ConnectionLost(f"connection to {self.name} lost: {reason}") from None
             except (ConnectionError, OSError, RuntimeError) as exc:
@@ -258,7 +244,8 @@ class RpcConnection:
                     if stalled is None:
                         continue  # busy answering, or a deadline moved: look again
                     reason, abort = stalled, True
-                    log.warning("closing connection to %s: %s", self.name, reason)
+                    if _closings.allow():
+                        log.warning("closing connection to %s: %s", self.name, reason)
                     break
                 if not data or self.closed:
                     if not data and decoder.pending_bytes:
@@ -286,7 +273,8 @@ class RpcConnection:
                     frame_started = now  # a new frame began in this chunk, or we kept the peer waiting
         except ProtocolError as exc:
             reason, abort = f"protocol error: {exc}", True
-            log.warning("closing connection to %s: %s", self.name, reason)
+            if _closings.allow():
+                log.warning("closing connection to %s: %s", self.name, reason)
         except (ConnectionError, OSError) as exc:
             reason = f"connection error: {exc}"
         except asyncio.CancelledError:
@@ -396,7 +384,8 @@ class RpcConnection:
             except RequestError as exc:
                 reply = messages.error_response(req.id, str(exc))
             except Exception as exc:
-                _failures.failed(req.method, self.name)
+                if _failures.allow():
+                    log.exception("handler %s failed for %s", req.method, self.name)
                 reply = messages.error_response(req.id, f"internal error in {req.method}: {exc}")
         try:
             frame = encode_frame(reply)

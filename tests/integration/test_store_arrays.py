@@ -269,3 +269,25 @@ def test_a_listing_by_ids_walks_each_array_and_follows_to_the_plain_answer(repo)
     with pytest.raises(listing.TooManyValues, match="at most 64 arrays in one listing by id, got 65"):
         many = [submit(repo, array="0-1") for _ in range(65)]
         repo.jobs_page(ids=many, limit=10)
+
+
+def test_jobs_and_runs_named_by_several_tasks_are_seeks(repo, engine):
+    """Eleventh audit: a row-value IN of two (array, task) pairs or more (`hqueue -j 12_5,1012_5`,
+    hcancel of tasks) was a scan of the whole job table on SQLite. Tasks become ids by seeks."""
+    a, b = submit(repo, array="0-9"), submit(repo, array="0-9")
+    statements = []
+
+    def note(conn, cursor, statement, params, context, executemany):
+        statements.append((statement, params))
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        listed = repo.jobs(tasks=[(a, 5), (b, 5), (b, 9)])
+        runs = repo.runs(tasks=[(a, 5), (b, 5)])
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+    assert [(r["array_job_id"], r["array_task_id"]) for r in listed] == [(a, 5), (b, 5), (b, 9)] and runs == []
+    if engine.dialect.name == "sqlite":
+        with engine.connect() as c:
+            for statement, params in statements:
+                plan = " ".join(r[-1] for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, params))
+                assert "SCAN jobs" not in plan, (statement[:120], plan)

@@ -41,3 +41,36 @@ def test_a_log_record_is_one_line_whatever_its_arguments_hold():
     assert lines[0] == r"WARNING test.onelined: denied: x\n2026-12-02 WARNING hai.access: denied uid=0\x1b[31m"
     assert lines[1] == r"ERROR test.onelined: failed a\nb"
     assert lines[2] == "Traceback (most recent call last):" and lines[-1] == "ValueError: boom"
+
+
+def test_a_peers_value_in_a_protocol_error_is_cut_and_printable():
+    from hai_cluster.protocol.framing import ProtocolError
+    from hai_cluster.protocol.messages import parse_message
+    for msg in ({"v": 1, "k": "A" * 7_900_000}, {"v": "B\n" * 1_000_000, "k": "req"}):
+        with pytest.raises(ProtocolError) as exc:
+            parse_message(msg)
+        assert len(str(exc.value)) < 120 and "\n" not in str(exc.value)
+
+
+def test_a_log_budget_logs_so_many_a_minute_and_counts_the_rest(caplog, monkeypatch):
+    from hai_cluster import logsetup
+    now = [1000.0]
+    monkeypatch.setattr(logsetup.time, "monotonic", lambda: now[0])
+    log = logging.getLogger("test.budget")
+    budget = logsetup.LogBudget(log, 3, "denial(s)")
+    assert [budget.allow() for _ in range(5)] == [True, True, True, False, False]
+    now[0] += 61
+    with caplog.at_level("WARNING", logger="test.budget"):
+        assert budget.allow()
+    assert [r.getMessage() for r in caplog.records] == ["2 more denial(s) in the last minute, not logged"]
+
+
+def test_a_denial_logs_a_cut_of_what_was_asked(caplog, monkeypatch):
+    from hai_cluster.controller import access
+    caller = access.Caller(uid=1006, gid=1006, pid=1, user="a", role=access.USER)
+    monkeypatch.setattr(access, "_denials", access.LogBudget(access.log, 2, "access denial(s)"))
+    with caplog.at_level("WARNING", logger=access.log.name):
+        for _ in range(5):
+            err = access.deny(caller, "cancel of the jobs of " + "A" * 2_700_000)
+    assert len(str(err)) > 2_700_000  # the caller is told all of it
+    assert [len(r.getMessage()) < 400 for r in caplog.records] == [True, True]

@@ -148,5 +148,5 @@ def test_a_handler_failing_in_a_loop_logs_a_bounded_number_of_tracebacks(caplog)
             t.cancel()
         return [r for r in caplog.records if r.exc_info]
 
-    rpc._failures = rpc._FailureLog()  # a fresh minute
+    rpc._failures = rpc.LogBudget(rpc.log, rpc.TRACEBACKS_PER_MINUTE, "handler failure(s)")  # a fresh minute
     assert len(asyncio.run(main())) == rpc.TRACEBACKS_PER_MINUTE
