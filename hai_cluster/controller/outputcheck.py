@@ -5,7 +5,12 @@ Unix socket), so the mode bits it reads there are the ones the job's user will m
 Only a definite "no" refuses: a directory this host does not have (it may exist on the nodes), a
 part of the path made by a pattern (%N, %j ...), a path that cannot be read as root (root-squashed
 NFS): all are left to the run, which reports "opening stdout PATH failed: ..." if it must.
-A file or directory with a POSIX ACL is left to the run too: its mode bits do not tell."""
+A file or directory with a POSIX ACL is left to the run too: its mode bits do not tell.
+
+The controller runs as root, so it looks only where the user could: down the path one directory
+at a time, each searchable by the user before the next is looked at, and never through a
+symbolic link (left to the run, which opens the file as the user). Otherwise the answer told
+whether a path exists inside a directory the user may not search (eleventh audit)."""
 from __future__ import annotations
 
 import os
@@ -51,24 +56,28 @@ def output_problem(option: str, pattern: str | None, workdir: str, uid: int, gid
             break
         chain.append(posixpath.join(chain[-1], part))
     shown = f"{option} {given}" if given is not None else f"the default output {DEFAULT_OUTPUT}"
-    target = None
-    if complete and (literal or "%" not in name):
+    for d in chain:  # each one is looked at only once the user may search the one above it
         try:
-            target = os.stat(path)  # an existing file needs no write access to its directory
+            st = os.lstat(d)
+        except OSError:
+            return None
+        if not stat.S_ISDIR(st.st_mode):  # a symbolic link (or not a directory): the run will tell
+            return None
+        if not _may(st, uid, gids, _X) and not _has_acl(d):
+            return f"{shown}: cannot write in {directory}: Permission denied"
+    if not complete:
+        return None
+    target = None
+    if literal or "%" not in name:
+        try:
+            target = os.lstat(path)  # an existing file needs no write access to its directory
         except OSError:
             pass
-    for i, d in enumerate(chain):
-        try:
-            st = os.stat(d)
-        except OSError:
-            return None
-        if not stat.S_ISDIR(st.st_mode):
-            return None
-        need = _W | _X if complete and target is None and i == len(chain) - 1 else _X
-        if not _may(st, uid, gids, need) and not _has_acl(d):
+    if target is None:
+        if not _may(st, uid, gids, _W) and not _has_acl(chain[-1]):
             return f"{shown}: cannot write in {directory}: Permission denied"
-    if target is not None and not stat.S_ISDIR(target.st_mode) and not _may(target, uid, gids, _W) \
-            and not _has_acl(path):
+        return None
+    if stat.S_ISREG(target.st_mode) and not _may(target, uid, gids, _W) and not _has_acl(path):
         return f"{shown}: cannot write {path}: Permission denied"
     return None
 

@@ -65,6 +65,32 @@ def test_what_cannot_be_known_here_is_left_to_the_run(tmp_path):
     assert output_problem("-o", "/root/x", "/", 0, {0}) is None  # root writes anywhere
 
 
+def test_what_lies_behind_a_directory_the_user_cannot_search_or_a_link_stays_unknown(tmp_path):
+    """Eleventh audit: the check ran as root through the user's symbolic links and inside
+    directories the user may not search, so refused-or-accepted told whether a path existed
+    there (a root-only file, another user's private project). Both answers are the same now."""
+    os.chmod(tmp_path, 0o755)
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "secretproj").mkdir()
+    (private / "secret.txt").write_text("")
+    home = tmp_path / "home"
+    home.mkdir(mode=0o777)
+    answers = set()
+    for name in ("secretproj", "nothere"):
+        link = home / f"l-{name}"
+        link.symlink_to(private / name)
+        answers.add(output_problem("-o", f"{link}/out", "/", UID, {GID}))
+    for name in ("secret.txt", "nothere.txt"):
+        link = home / f"f-{name}"
+        link.symlink_to(private / name)
+        answers.add(output_problem("-o", str(link), "/", UID, {GID}))
+    assert answers == {None}  # left to the run, which opens the file as the user
+    inside = {output_problem("-o", str(private / n / "out"), "/", UID, {GID}) for n in ("secretproj", "nothere")}
+    assert inside == {f"-o {private}/{n}/out: cannot write in {private}/{n}: Permission denied"
+                      for n in ("secretproj", "nothere")}  # refused alike: the user may not search private
+
+
 def _grant_by_acl(path: Path, uid: int) -> None:
     """A POSIX access ACL giving `uid` rwx (user::rwx user:uid:rwx group::--- mask::rwx other::---)."""
     entries = [(0x01, 7, 0xFFFFFFFF), (0x02, 7, uid), (0x04, 0, 0xFFFFFFFF), (0x10, 7, 0xFFFFFFFF),
