@@ -78,7 +78,10 @@ class ApiContext:
 
     @property
     def repo(self):
-        return self.ctl.repo  # the store opens after the table is built
+        repo = self.ctl.repo  # the store opens after the table is built, and after the lease
+        if repo is None:  # a request in between got "'NoneType' object has no attribute" (CI)
+            raise RequestError("the controller is starting (its store is not open yet); try again")
+        return repo
 
     def public(self, job: dict) -> dict:
         return _public(job, self.ctl.cfg.scheduler.mlfq, time.time())

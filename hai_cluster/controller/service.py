@@ -212,13 +212,13 @@ class Controller:
         if self.cfg.kill_invalid_depend:
             await self._cancel_unsatisfiable(snapshot)
         plan = await self.decide(self.telemetry.mark_idle(snapshot))
-        changed = await self.db(self.repo.set_reasons, {w.job_id: w.reason for w in plan.waits})
+        seen = {j.id: j.version for j in snapshot.jobs}  # reasons and starts only for the jobs as the policy saw them
+        changed = await self.db(self.repo.set_reasons, {w.job_id: w.reason for w in plan.waits}, seen)
         for job_id, reason in changed.items():
             self.events.record("waiting", job_id, reason=reason)
         for p in plan.preempts:
             await self.preempt(p.job_id, "preempt", p.reason, for_job=p.for_job, by="scheduler")
         # All of the pass's starts recorded in one transaction, before any agent is told of them.
-        seen = {j.id: j.version for j in snapshot.jobs}  # the applier starts only the jobs the policy saw
         recorded = await self.db(self.repo.start_runs, [StartRequest(s.job_id, s.placement, seen.get(s.job_id))
                                                         for s in plan.starts], time.time())
         for start, run in zip(plan.starts, recorded):

@@ -383,16 +383,22 @@ class Repository:
         with self.engine.connect() as c:
             return node_views(c, live_ranks(c))
 
-    def set_reasons(self, reasons: Mapping[int, str]) -> dict[int, str]:
-        """Store the pending reasons that changed (most do not, tick after tick); returns those."""
+    def set_reasons(self, reasons: Mapping[int, str], versions: Mapping[int, int] | None = None) -> dict[int, str]:
+        """Store the pending reasons that changed (most do not, tick after tick); returns those.
+        `versions`: the row versions the reasons were decided on; a job changed since (released
+        while the pass ran) keeps its reason until the next pass, which sees it as it is (else its
+        history said "released", then "waiting reason=JobHeldUser")."""
         if not reasons:
             return {}
         with self.engine.begin() as c:
-            current = dict(c.execute(select(jobs.c.id, jobs.c.reason).where(jobs.c.state == JobState.PENDING.value)).all())
-            changed = [{"jid": job_id, "new": reason} for job_id, reason in reasons.items()
-                       if job_id in current and current[job_id] != reason]
+            current = {r.id: (r.reason, r.version) for r in c.execute(
+                select(jobs.c.id, jobs.c.reason, jobs.c.version).where(jobs.c.state == JobState.PENDING.value))}
+            changed = [{"jid": job_id, "new": reason, "ver": current[job_id][1]} for job_id, reason in reasons.items()
+                       if job_id in current and current[job_id][0] != reason
+                       and (versions is None or versions.get(job_id) == current[job_id][1])]
             if changed:
-                c.execute(update(jobs).where(jobs.c.id == bindparam("jid"), jobs.c.state == JobState.PENDING.value)
+                c.execute(update(jobs).where(jobs.c.id == bindparam("jid"), jobs.c.state == JobState.PENDING.value,
+                                             jobs.c.version == bindparam("ver"))
                           .values(reason=bindparam("new")), changed)
             return {r["jid"]: r["new"] for r in changed}
 

@@ -225,6 +225,17 @@ def test_set_reasons_writes_only_what_changed(repo):
     assert "spec" not in repo.jobs()[0] and "spec" in repo.job(a)
 
 
+def test_a_reason_decided_on_a_job_that_changed_since_is_not_written(repo):
+    """CI: a pass that read a held job, then wrote JobHeldUser after its release, told the job's
+    history "released", then "waiting reason=JobHeldUser". Reasons go only to jobs as seen."""
+    a = repo.submit(spec(hold=True), user="u", uid=1, gid=1, partition="gpu", now=1)
+    b = repo.submit(spec(), user="u", uid=1, gid=1, partition="gpu", now=2)
+    seen = {j.id: j.version for j in repo.load_snapshot(now=3).jobs}
+    assert repo.set_hold(a, False, admin=False) is None  # released while the pass ran
+    assert repo.set_reasons({a: "JobHeldUser", b: "Priority"}, seen) == {b: "Priority"}
+    assert repo.job(a)["reason"] != "JobHeldUser" and repo.job(b)["reason"] == "Priority"
+
+
 def test_live_ranks_are_read_from_their_own_index_not_the_whole_history(tmp_path):
     """Seventh audit: with 2,000,000 ended ranks every pass and every cancelled job's lookup took
     0.17 s, a scan of all ranks. The partial index holds the live ones; the queries say its

@@ -74,3 +74,20 @@ def test_a_denial_logs_a_cut_of_what_was_asked(caplog, monkeypatch):
             err = access.deny(caller, "cancel of the jobs of " + "A" * 2_700_000)
     assert len(str(err)) > 2_700_000  # the caller is told all of it
     assert [len(r.getMessage()) < 400 for r in caplog.records] == [True, True]
+
+
+def test_a_request_before_the_store_opens_is_told_to_try_again():
+    """CI: a `nodes` request between taking the lease and opening the store failed with
+    "'NoneType' object has no attribute 'nodes'" and a traceback in the controller's log."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from hai_cluster.config.controller import AccessConfig
+    from hai_cluster.controller import api_jobs
+    from hai_cluster.controller.access import USER, Caller
+    from hai_cluster.controller.apicontext import ApiContext
+
+    ctl = SimpleNamespace(repo=None, cfg=SimpleNamespace(access=AccessConfig()), db=None)
+    ctx = ApiContext(ctl)
+    with pytest.raises(RequestError, match="the controller is starting"):
+        asyncio.run(api_jobs.nodes(ctx, {}, Caller(uid=1, gid=1, pid=1, user="a", role=USER)))
