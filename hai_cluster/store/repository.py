@@ -122,18 +122,23 @@ def _task_rows(c, tasks: Sequence[tuple[int, int]], *columns) -> list:
     return [r for chunk in _task_chunks(sorted(set(tasks))) for r in c.execute(select(*columns).where(or_(*(
         and_(jobs.c.array_job_id == a, jobs.c.array_task_id.in_(ts)) for a, ts in chunk))))]
 
+
+def _id_rows(c, ids: Sequence[int], *columns) -> list:
+    """`columns` of the jobs with these ids: primary-key seeks, CANCEL_CHUNK ids a query."""
+    ids = sorted(set(ids))
+    return [r for k in range(0, len(ids), CANCEL_CHUNK)
+            for r in c.execute(select(*columns).where(jobs.c.id.in_(ids[k:k + CANCEL_CHUNK])))]
+
+
 def _id_walks(c, ids: Sequence[int], tasks: Sequence[tuple[int, int]]) -> list[tuple[ColumnElement, ...] | listing.NamedIds]:
     """The walks of a listing by ids (store/listing.py): one down ix_jobs_array_id for each array
     named by its id (its first task's job id, whose row says array_job_id = id), and one down the
     primary key for the other jobs named, tasks named by (array, task) among them. A page then
     examines a budget of rows, not every task of every array named (eleventh audit: 1,000 array
     ids sorted their 1,000,000 tasks for each page, 0.4-0.6 s)."""
-    named: dict[int, int | None] = {}  # job id -> its array's id
-    ids = sorted(set(ids))
-    for k in range(0, len(ids), CANCEL_CHUNK):
-        named.update(c.execute(select(jobs.c.id, jobs.c.array_job_id).where(jobs.c.id.in_(ids[k:k + CANCEL_CHUNK]))).all())
+    named = {r.id: r.array_job_id for r in _id_rows(c, ids, jobs.c.id, jobs.c.array_job_id)}  # id -> its array
     named.update((r.id, r.array_job_id) for r in _task_rows(c, tasks, jobs.c.id, jobs.c.array_job_id))
-    arrays = sorted(i for i in ids if named.get(i, -1) == i)
+    arrays = sorted({i for i in ids if named.get(i, -1) == i})
     if len(arrays) > listing.MAX_FILTER_VALUES:
         raise listing.TooManyValues(f"at most {listing.MAX_FILTER_VALUES} arrays in one listing by id, "
                                     f"got {len(arrays)}")
@@ -562,14 +567,9 @@ class Repository:
     def known_jobs(self, ids: Sequence[int], tasks: Sequence[tuple[int, int]]) -> tuple[set[int], set[tuple[int, int]]]:
         """Which of these job ids and (array id, task id) pairs exist, in any state: one seek
         each, never the rows of an array's tasks (an array's id is its first task's job id)."""
-        ids, tasks = sorted(set(ids)), sorted(set(tasks))
-        known_ids: set[int] = set()
-        known_tasks: set[tuple[int, int]] = set()
         with self.engine.connect() as c:
-            for k in range(0, len(ids), CANCEL_CHUNK):
-                known_ids.update(c.execute(select(jobs.c.id).where(jobs.c.id.in_(ids[k:k + CANCEL_CHUNK]))).scalars())
-            known_tasks.update((a, t) for a, t in _task_rows(c, tasks, jobs.c.array_job_id, jobs.c.array_task_id))
-        return known_ids, known_tasks
+            pairs = _task_rows(c, tasks, jobs.c.array_job_id, jobs.c.array_task_id)
+            return {r.id for r in _id_rows(c, ids, jobs.c.id)}, {(r.array_job_id, r.array_task_id) for r in pairs}
 
     def jobs(self, **filters) -> list[dict]:
         """Job rows as jobs_page finds them, for a caller that asks no limit (every row) or
@@ -601,14 +601,12 @@ class Repository:
             if states:
                 q = q.where(jobs.c.state.in_(list(states)))
         with self.engine.connect() as c:
-            if by_id and limit is None:  # every row (hcancel): one query; its callers filter by live states
-                q = q.where(_selected(c, ids, tasks))
-            if walk is not None and limit is not None:
-                walks = listing.walks_of(c, walk, values, states)
-                if not walks:
-                    return listing.Page([])
-            if by_id and limit is not None:  # a walk per array named and one for the other jobs
-                walks = _id_walks(c, ids or (), tasks or ())
+            if limit is None:
+                if by_id:  # every row (hcancel): one query; its callers filter by live states
+                    q = q.where(_selected(c, ids, tasks))
+            elif walk is not None or by_id:  # (value, state) walks, or one per array named and the other ids
+                walks = (listing.walks_of(c, walk, values, states) if walk is not None
+                         else _id_walks(c, ids or (), tasks or ()))
                 if not walks:
                     return listing.Page([])
             if ended_since is not None and not by_id:
