@@ -25,6 +25,7 @@ from .gpushare import Shares
 from .runs import RunTable
 from .service import build_table
 from .spool import runs_dir
+from .steps import StepRelay
 from .starter import ShepherdStarter, room_for
 from .telemetry import RunRef, Sampler
 
@@ -48,6 +49,8 @@ class Agent:
         self.health = HealthChecker(cfg, len(self.gpus))
         self.table = build_table(self)
         self.connections: set[RpcConnection] = set()
+        self.controller: RpcConnection | None = None  # the connection that said hello last
+        self.steps = StepRelay(self)
         self._occupancy: dict[int, list[int]] = {}
         t = cfg.telemetry
         self.sampler = Sampler(self._telemetry_nvml(), cfg.name, t.interval, t.history,
@@ -82,6 +85,13 @@ class Agent:
         the NVML thread: a dict swapped whole on the loop, never the run table itself."""
         return self._occupancy
 
+    def hello_from(self, name: str) -> None:
+        """The controller said hello on the connection named `name`: the agent's requests (job
+        steps) go there."""
+        for conn in self.connections:
+            if conn.name == name:
+                self.controller = conn
+
     async def send_telemetry(self, batch: dict) -> bool:
         """A batch to every controller connected; a link gap is not worth a warning."""
         delivered = False
@@ -108,6 +118,8 @@ class Agent:
             await conn.run()
         finally:
             self.connections.discard(conn)
+            if self.controller is conn:
+                self.controller = None
             await conn.close()
             log.info("connection from %s closed: %s", name, conn.close_reason)
 
@@ -183,6 +195,7 @@ async def serve(cfg: AgentConfig, notifier: Notifier | None = None) -> None:
     agent.starter.open()  # the zygote imports while the spool is read
     agent.runs.rebuild()
     server = await asyncio.start_unix_server(agent.on_client, sock=sock)
+    agent.steps.open()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -207,6 +220,7 @@ async def serve(cfg: AgentConfig, notifier: Notifier | None = None) -> None:
             sampling.cancel()
             await asyncio.gather(sampling, return_exceptions=True)
         checker.cancel()
+        agent.steps.close()
         agent.isolation.release()
         agent.starter.close()  # the zygote exits; the shepherds it forked are not its children
         await close_server(server, agent.connections, cfg.socket)

@@ -8,7 +8,9 @@ import asyncio
 import json
 import logging
 import os
+import shlex
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +23,9 @@ from .starter import ShepherdStarter
 log = logging.getLogger(__name__)
 
 _EXEC = ShepherdStarter("exec")
+# What a step server's run executes instead of the job's script (on the nodes after the first):
+# this node's interpreter, isolated from the user's PYTHON* variables and user site.
+STEP_SERVER = f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -m hai_cluster.job.stepd\n"
 
 
 def prepare(run_dir: Path, spec: RunSpec, node: NodeIsolation | None = None) -> None:
@@ -33,7 +38,7 @@ def prepare(run_dir: Path, spec: RunSpec, node: NodeIsolation | None = None) -> 
         spool.write_bytes_atomic(run_dir / contain.NODE, node.wire_json, durable=False)
     fd = os.open(run_dir / spool.SCRIPT, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o500)
     try:
-        os.write(fd, spec.script.encode())
+        os.write(fd, (STEP_SERVER if spec.step_server else spec.script).encode())
         os.fchown(fd, spec.uid, spec.gid)
         os.fchmod(fd, 0o500)  # readable and executable by the job's user only
     finally:

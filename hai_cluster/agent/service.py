@@ -65,6 +65,7 @@ def build_table(agent: "Agent") -> RpcTable:
         if not isinstance(body["controller"], str):
             raise SpecError("hello.controller must be a string")
         log.info("hello from controller %r (%s)", body["controller"], ctx)
+        agent.hello_from(ctx)
         return {"node": agent.cfg.name, "hostname": socket.gethostname(), "protocol": PROTOCOL,
                 "cpus": agent.cpus, "mem_mb": agent.mem_mb, "gpu_backend": agent.gpu_backend,
                 "gpus": [asdict(g) for g in agent.gpus], "runs": runs.statuses(),
@@ -119,7 +120,20 @@ def build_table(agent: "Agent") -> RpcTable:
         _empty("ping", body)
         return {"time": time.time()}
 
+    async def step_start(body: Any, ctx: Any) -> dict:
+        return await agent.steps.start(body)
+
+    async def step_signal(body: Any, ctx: Any) -> dict:
+        return await agent.steps.signal(body)
+
+    async def step_output(body: Any, ctx: Any) -> dict:
+        return await agent.steps.deliver("output", body)
+
+    async def step_exit(body: Any, ctx: Any) -> dict:
+        return await agent.steps.deliver("exit", body)
+
     epochs = EpochGate(agent.cfg.spool)  # commands of a superseded controller are refused
-    for fn in (hello, start_run, terminate_run, signal_run, list_runs, forget_run, ping):
+    for fn in (hello, start_run, terminate_run, signal_run, list_runs, forget_run, ping,
+               step_start, step_signal, step_output, step_exit):
         table.add(fn.__name__, _checked(epochs.wrap(fn.__name__, fn)))
     return table

@@ -402,10 +402,11 @@ class Shepherd:
             self.launch_error = f"creating the control dir failed: {exc}"
             self.finish(self.status())
             return 0
-        # HAI_CONTROL_DIR is the one variable the agent adds: the controller builds the rest of the
-        # environment (core/jobenv.py) but cannot know where this agent's spool is. (Container
+        # HAI_CONTROL_DIR and HAI_STEP_SOCKET (for srun) are what the agent adds: the controller
+        # builds the rest of the environment (core/jobenv.py) but cannot know this spool. (Container
         # runtimes add NVIDIA_VISIBLE_DEVICES: runtimes/common.py.)
-        env = {**spec.environment, "HAI_CONTROL_DIR": str(self.control)}
+        env = {**spec.environment, "HAI_CONTROL_DIR": str(self.control),
+               "HAI_STEP_SOCKET": str(spool.step_socket(self.dir.parent.parent))}
         script = str(self.dir / spool.SCRIPT)
         try:
             launch = self.box.setup(groups, env, script, str(self.control))

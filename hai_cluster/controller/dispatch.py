@@ -4,6 +4,7 @@ The environment is complete here except HAI_CONTROL_DIR, which the agent adds: o
 where its spool (and so the run's control directory for preemption notices) lives."""
 from __future__ import annotations
 
+import os
 import posixpath
 from typing import Mapping, Sequence
 
@@ -32,6 +33,8 @@ def rank_spec(job: JobRecord, attempt: int, rank: int, nodelist: Sequence[str], 
                  restart_count=job.restart_count, **array)
     stdout = resolve_output_path(spec.stdout, spec.workdir, **names)
     stderr = resolve_output_path(spec.stderr, spec.workdir, **names) if spec.stderr else None
+    if serves_steps(spec, rank):  # the output file is the batch script's alone (its tasks' come through srun)
+        stdout, stderr = os.devnull, None
     ckpt = checkpoint_dir(spec, job.id)
     env = job_environment(
         spec.environment, job_id=job.id, job_name=job.name, user=job.user,
@@ -52,10 +55,13 @@ def rank_spec(job: JobRecord, attempt: int, rank: int, nodelist: Sequence[str], 
         # resources and shows a container only its own GPUs' device nodes
         runtime=spec.runtime, container_image=spec.container_image, mem_mb=spec.mem_mb,
         cpus=spec.cpus_per_node, gpus=tuple(gpus), gpu_share=_share(spec, mig),
-        umask=0o022 if spec.umask is None else spec.umask,
+        umask=0o022 if spec.umask is None else spec.umask, step_server=serves_steps(spec, rank),
     )
 
 
+def serves_steps(spec: JobSpec, rank: int) -> bool:
+    """Whether this rank's run is a step server rather than the job's script (JobSpec.script_once)."""
+    return rank > 0 and spec.script_once
 def _share(spec: JobSpec, mig: str | None) -> dict | None:
     """A sharing rank's share of its card (the agent turns it into MPS limits), and the MIG
     instance it holds on a MIG card."""

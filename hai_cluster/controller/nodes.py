@@ -11,7 +11,7 @@ import random
 from typing import Any, Awaitable, Callable
 
 from ..config import NodeConfig, SshConfig
-from ..transport.rpc import ConnectionLost, RpcConnection
+from ..transport.rpc import ConnectionLost, RpcConnection, RpcTable
 from ..transport.connect import open_stream
 from ..transport.streams import TransportError
 
@@ -33,8 +33,9 @@ class NodeLink:
     def __init__(self, node: NodeConfig, ssh: SshConfig, ping_interval: float, *,
                  on_hello: Callable[[str, dict], Awaitable[None]],
                  on_event: Callable[[str, str, Any], Awaitable[None]],
-                 on_lost: Callable[[str, str], Awaitable[None]]) -> None:
+                 on_lost: Callable[[str, str], Awaitable[None]], table: RpcTable | None = None) -> None:
         self.node = node
+        self.table = table  # what the agent may ask on this link (job steps), context: the node's name
         self.ssh = ssh
         self.ping_interval = ping_interval
         self._on_hello = on_hello
@@ -95,7 +96,8 @@ class NodeLink:
         async def on_event(name: str, body: Any) -> None:
             await self._on_event(self.name, name, body)
 
-        conn = RpcConnection(stream.reader, stream.writer, on_event=on_event, name=f"agent {self.name}")
+        conn = RpcConnection(stream.reader, stream.writer, on_event=on_event, name=f"agent {self.name}",
+                             table=self.table, context=self.name)
         reader = asyncio.create_task(conn.run())
         try:
             hello = await conn.call("hello", self._with_epoch("hello", {"controller": "hai-controller"}),

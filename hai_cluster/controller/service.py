@@ -36,6 +36,7 @@ from .errors import StoreUnavailable
 from .events import EventLog
 from .health import on_health
 from .nodes import AGENT_ERRORS, NodeLink
+from .steps import StepHub
 from .telemetry import TelemetryHub
 from .tenancy import Tenancy
 
@@ -64,6 +65,7 @@ class Controller:
         self._link_tasks: dict[str, asyncio.Task] = {}
         self._wake = asyncio.Event()
         self.dispatch = Dispatcher(self)  # starts, ends and signals sent to agents
+        self.steps = StepHub(self)  # srun's job steps: what the agents ask on their links
         self._tasks: list[asyncio.Task] = []
         self.store_down = False
         self._store_logged = -math.inf  # when an outage was last logged (monotonic)
@@ -129,7 +131,8 @@ class Controller:
 
     def open_link(self, node: NodeConfig, ssh: SshConfig) -> None:
         self.links[node.name] = link = NodeLink(node, ssh, self.cfg.ping_interval, on_hello=self._on_hello,
-                                                on_event=self._on_event, on_lost=self._on_lost)
+                                                on_event=self._on_event, on_lost=self._on_lost,
+                                                table=self.steps.table())
         link.epoch = self._agent_epoch  # the lease epoch every command carries (two controllers)
         self.addresses[node.name] = node.address
         self._link_tasks[node.name] = task = asyncio.create_task(link.run(), name=f"link-{node.name}")

@@ -51,6 +51,9 @@ class JobSpec:
     priority: str = "normal"
     requeue: bool = True
     hold: bool = False
+    # --every-node: the script runs on every node of the job (one task per node, the launch of
+    # releases before job steps) instead of once, on the first node, with srun launching the rest.
+    every_node: bool = False
     checkpoint_dir: str | None = None
     submit_dir: str | None = None  # where hsubmit ran (SLURM_SUBMIT_DIR); workdir when unknown
     container_image: str | None = None  # rootfs dir or tarball (absolute), or a reference for podman
@@ -70,6 +73,13 @@ class JobSpec:
     def tasks_per_node(self) -> int:
         """Tasks on each node: every node of a job holds the same number (core.jobscript)."""
         return self.ntasks_per_node or (self.ntasks // self.nodes if self.ntasks else 1)
+
+    @property
+    def script_once(self) -> bool:
+        """Slurm's model: the script runs once, on the first node, and the other nodes run the
+        step server for srun (agent: job/stepd.py). --every-node keeps the script on every node;
+        so does a job in a container image, whose image need not hold the step server's Python."""
+        return not self.every_node and self.container_image is None
 
     @property
     def cpus_per_node(self) -> int:
@@ -196,6 +206,13 @@ class JobView:
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def script_once(self) -> bool:
+        """Slurm's model: the script runs once, on the first node, and the other nodes run the
+        step server for srun (agent: job/stepd.py). --every-node keeps the script on every node;
+        so does a job in a container image, whose image need not hold the step server's Python."""
+        return not self.every_node and self.container_image is None
 
     @property
     def cpus_per_node(self) -> int:

@@ -103,6 +103,9 @@ class RunSpec:
     umask: int = 0o022  # the submitter's umask, for the output files and all the job creates
     # A share of gpus[0] (core.sharing.GpuShare's fields); None: the GPUs are the rank's whole.
     gpu_share: Mapping[str, Any] | None = None
+    # The run holds the job's place on a node other than the batch script's: its process is the
+    # step server (hai_cluster.job.stepd) that starts the tasks of `srun` steps there.
+    step_server: bool = False
 
     @property
     def key(self) -> tuple[int, int]:
@@ -142,6 +145,9 @@ class RunSpec:
         if d["signal"] is not None:
             valid_signal("spec.signal", d["signal"])
         iso = _isolation(d)
+        step_server = d.get("step_server", False)
+        if not isinstance(step_server, bool):
+            raise SpecError(f"spec.step_server must be a boolean, got {step_server!r}")
         umask = d.get("umask", 0o022)
         if not _is_int(umask) or not 0 <= umask <= 0o777:
             raise SpecError(f"spec.umask must be an integer between 0 and 0777, got {umask!r}")
@@ -155,7 +161,7 @@ class RunSpec:
             grace=d["grace"],
             checkpoint_dir=None if d["checkpoint_dir"] is None
             else _abs_path("spec.checkpoint_dir", d["checkpoint_dir"]),
-            umask=umask, **iso,
+            umask=umask, step_server=step_server, **iso,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -169,10 +175,12 @@ class RunSpec:
             d["gpu_share"] = dict(self.gpu_share)
         else:  # absent, as a controller that predates sharing sends it (and such an agent reads it)
             del d["gpu_share"]
+        if not self.step_server:  # absent, as an older controller sends it
+            del d["step_server"]
         return d
 
 
-OPTIONAL = ("runtime", "container_image", "mem_mb", "cpus", "gpus", "umask", "gpu_share")
+OPTIONAL = ("runtime", "container_image", "mem_mb", "cpus", "gpus", "umask", "gpu_share", "step_server")
 
 
 def _positive_or_none(where: str, v: Any) -> int | None:

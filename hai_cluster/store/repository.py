@@ -66,6 +66,10 @@ def _row(r) -> dict:
     return dict(r._mapping)
 
 
+def _ended_rank(ranks: Sequence[Mapping[str, Any]], node: str) -> int | None:
+    return next((r["rank"] for r in ranks if r["node"] == node), None)
+
+
 def spec_size(wire: Mapping[str, Any]) -> int:
     """The bytes a spec takes in the store (its JSON), as [limits] max_pending_bytes counts them."""
     return len(json.dumps(wire, separators=(",", ":")).encode())
@@ -416,12 +420,14 @@ class Repository:
         return self.start_runs([StartRequest(job_id, placement, version)], now)[0]
 
     # ---- what agents report --------------------------------------------------------------
-    def live_ranks(self, node: str | None = None) -> list[RankRef]:
+    def live_ranks(self, node: str | None = None, job_id: int | None = None) -> list[RankRef]:
         q = (select(runs.c.job_id, runs.c.attempt, run_ranks.c.rank, run_ranks.c.node, run_ranks.c.gpus,
                     run_ranks.c.state, run_ranks.c.mig_uuid)
              .join(runs, runs.c.id == run_ranks.c.run_id).where(st.LIVE))
         if node is not None:
             q = q.where(run_ranks.c.node == node)
+        if job_id is not None:
+            q = q.where(runs.c.job_id == job_id)
         with self.engine.connect() as c:
             return [RankRef(r.job_id, r.attempt, r.rank, r.node, tuple(r.gpus), r.state, r.mig_uuid)
                     for r in c.execute(q)]
@@ -466,6 +472,8 @@ class Repository:
         alive = [r for r in ranks if r["state"] != "ended"]
         if alive:
             failed = status.exit_code != 0 or status.signal or status.reason
+            # the batch script's end is the job's: the step servers of the other nodes go too
+            failed = failed or (_ended_rank(ranks, node) == 0 and JobSpec.from_wire(full_spec(c, job)).script_once)
             stop = tuple(RankRef(job_id, attempt, r["rank"], r["node"], tuple(r["gpus"]), r["state"])
                          for r in alive) if failed else ()
             return RankEnd(True, stop_ranks=stop)

@@ -17,7 +17,11 @@ def test_quickstart_runs_the_example_job():
         out = proc.stdout
         assert "Submitted batch job 1" in out
         assert "COMPLETED" in out.split("== hacct -l -j 1")[1]
-        assert "rank 0 of 2" in out and "rank 1 of 2" in out and "CUDA_VISIBLE_DEVICES=0,1" in out
+        hello = out.split("== output")[1].split("== hcontrol")[0]
+        assert hello.count("batch script on ") == 1  # once, on the first node; srun starts the tasks
+        tasks = sorted(line for line in hello.splitlines() if ": task " in line)
+        assert [t.split(" of ")[0] for t in tasks] == [f"{i}: task {i}" for i in range(4)], hello
+        assert [t.split("CUDA_VISIBLE_DEVICES=")[1] for t in tasks] == ["0", "1", "0", "1"], hello
         # The time-slicing demo: the long job was preempted once, resumed, and lost no step.
         assert "short job: COMPLETED; long job: COMPLETED" in out
         acct = out.split("== hacct -l -j 2")[1].split("==")[0]

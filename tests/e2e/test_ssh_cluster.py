@@ -27,10 +27,11 @@ def write_script(cluster: Cluster, name: str, body: str, user: str = TEST_USER) 
     return path
 
 
-def test_two_node_job_gets_ranks_gpus_and_master(cluster, ssh_nodes):
+def test_a_job_on_every_node_gets_its_ranks_gpus_and_master(cluster, ssh_nodes):
     script = write_script(cluster, "env.sh", """#!/bin/bash
 #SBATCH -N 2
 #HAI --gpus-per-node=2
+#HAI --every-node
 #SBATCH -o out-%j-%N.txt
 echo "rank=$HAI_NODE_RANK host=$(hostname) master=$MASTER_ADDR:$MASTER_PORT"
 echo "cvd=$CUDA_VISIBLE_DEVICES nodes=$HAI_NODELIST nn=$HAI_NNODES slurm=$SLURM_JOB_ID/$SLURM_PROCID"
@@ -71,7 +72,9 @@ sleep 2
     assert cluster.cli("hqueue", "-h", "-o", "%C %D", "-j", str(job_id)).stdout.split() == ["4", "2"]
     job = cluster.wait_state(job_id, "COMPLETED", "FAILED")
     assert job["state"] == "COMPLETED", job
-    for name in sorted(n.name for n in ssh_nodes):
+    first, second = sorted(n.name for n in ssh_nodes)
+    assert not (script.parent / f"tasks-{job_id}-{second}.txt").exists()  # the script ran once, as sbatch's
+    for name in (first,):
         lines = (script.parent / f"tasks-{job_id}-{name}.txt").read_text().splitlines()
         assert lines == ["SLURM_CPUS_ON_NODE=2", "SLURM_GPUS_ON_NODE=2", "SLURM_GPUS_PER_TASK=1",
                          "SLURM_JOB_CPUS_PER_NODE=2(x2)", "SLURM_NPROCS=4", "SLURM_NTASKS=4",

@@ -56,10 +56,10 @@ def test_output_environment_and_exit_code(agent):
     assert f"uid={box.user.pw_uid} cwd={box.work} args=a b c\n" in text
     assert "to-stderr\n" in text  # stderr None: same file as stdout
     env = text.split("ENV-BEGIN\n")[1].split("ENV-END\n")[0].splitlines()
-    # Exactly the spec's environment, plus the one variable the agent adds: the run's control dir.
+    # Exactly the spec's environment, plus what the agent adds: the run's control dir, srun's socket.
     control = spool.runs_dir(box.spool) / f"{spec['job_id']}.0" / "control"
     assert sorted(env) == sorted([*(f"{k}={v}" for k, v in spec["environment"].items()),
-                                  f"HAI_CONTROL_DIR={control}"])
+                                  f"HAI_CONTROL_DIR={control}", f"HAI_STEP_SOCKET={spool.step_socket(box.spool)}"])
     st = os.stat(out)
     assert (st.st_uid, st.st_gid) == (box.user.pw_uid, box.user.pw_gid)
 

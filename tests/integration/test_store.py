@@ -134,7 +134,7 @@ def test_start_is_refused_off_partition_or_with_a_missing_runtime(repo):
 
 
 def test_gang_run_ends_when_every_rank_has_ended(repo):
-    j = repo.submit(spec(nodes=2, gpus_per_node=1), user="u", uid=1, gid=1, partition="gpu", now=1)
+    j = repo.submit(spec(nodes=2, gpus_per_node=1, every_node=True), user="u", uid=1, gid=1, partition="gpu", now=1)
     repo.start_run(j, Placement(("a", "b"), ((0,), (0,))), now=2)
     repo.mark_rank_running(j, 0, "a")
     first = repo.rank_ended(j, 0, "a", ended(exit_code=0, signal=None, reason=None, end_time=5), now=5)
@@ -145,6 +145,18 @@ def test_gang_run_ends_when_every_rank_has_ended(repo):
     job = repo.job(j)
     assert job["state"] == "COMPLETED" and job["attained_gpu_seconds"] == pytest.approx(10.0)
     assert repo.live_ranks() == []
+
+
+def test_the_batch_scripts_end_stops_the_step_servers_and_is_the_jobs(repo):
+    j = repo.submit(spec(nodes=2, gpus_per_node=1), user="u", uid=1, gid=1, partition="gpu", now=1)
+    repo.start_run(j, Placement(("a", "b"), ((0,), (0,))), now=2)
+    assert repo.rank_ended(j, 0, "b", ended(exit_code=0, signal=None, reason=None), now=3).stop_ranks == ()
+    k = repo.submit(spec(nodes=2, gpus_per_node=1), user="u", uid=1, gid=1, partition="gpu", now=4)
+    repo.start_run(k, Placement(("a", "b"), ((1,), (1,))), now=5)
+    first = repo.rank_ended(k, 0, "a", ended(exit_code=0, signal=None, reason=None, end_time=6), now=6)
+    assert [r.node for r in first.stop_ranks] == ["b"]  # rank 0 ran the script: the job is over
+    last = repo.rank_ended(k, 0, "b", ended(exit_code=None, signal=15, reason="cancel", end_time=7), now=7)
+    assert last.run_state == JobState.COMPLETED and repo.job(k)["exit_code"] == 0
 
 
 def test_failed_rank_asks_to_stop_peers_and_node_fail_requeues(repo):

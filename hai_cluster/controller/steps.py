@@ -1,0 +1,175 @@
+"""Job steps in the controller: lay out an srun's tasks on the job's allocation (core/steps.py),
+have every other node's agent start its share, and route the tasks' output and ends to the agent
+of the node where srun waits. agent/steps.py has the whole path.
+
+These are requests the agents make on their link (the controller serves them there, context:
+the node's name). The controller trusts the agent's word on who asked (it checked the kernel's),
+and checks the rest against the store: the job runs, this attempt, on that node, for that uid.
+Steps live in memory: a controller restart forgets their routing (their tasks run on, and what
+they print from then on is dropped; the job's own run is not touched).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..core.states import JobState
+from ..core.steps import Allocation, StepError, plan_step
+from ..protocol import steps as wire
+from ..protocol.runspec import SpecError, check_keys, nonneg_int, valid_signal
+from ..transport.rpc import RequestError, RpcError, RpcTable
+from .nodes import AGENT_ERRORS
+
+if TYPE_CHECKING:
+    from .service import Controller
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT = 90.0  # a node's agent may wait up to a minute for its step server to connect
+FORWARD_TIMEOUT = 120.0  # srun's agent forwards only as fast as srun reads
+
+
+@dataclass
+class LiveStep:
+    origin: str  # the node where srun runs
+    attempt: int
+    nodes: tuple[str, ...]
+    remote: dict[int, str] = field(default_factory=dict)  # tasks on other nodes not yet ended: their node
+    start: dict | None = None  # what the other nodes are sent, until step_launch sends it
+
+
+class StepHub:
+    def __init__(self, ctl: "Controller") -> None:
+        self.ctl = ctl
+        self.next_id: dict[tuple[int, int], int] = {}  # (job, attempt) -> its next step id
+        self.live: dict[tuple[int, int], LiveStep] = {}  # (job, step)
+
+    def table(self) -> RpcTable:
+        table = RpcTable()
+        for name, fn in (("step_create", self.create), ("step_launch", self.launch), ("step_output", self.output),
+                         ("step_exit", self.task_ended), ("step_signal", self.signal)):
+            table.add(name, _checked(fn))
+        return table
+
+    async def create(self, body: Any, node: str) -> dict:
+        check_keys("step_create body", body, ("job_id", "attempt", "uid", "request", "argv", "cwd", "env"))
+        job_id, attempt, uid = (nonneg_int(k, body[k]) for k in ("job_id", "attempt", "uid"))
+        request = wire.step_request(body["request"])
+        argv, cwd, env = wire.command(body)
+        job = await self.ctl.db(self.ctl.repo.job_record, job_id)
+        if job is None or job.uid != uid:
+            raise RequestError(f"Unable to create step for job {job_id}: Invalid job id specified")
+        if job.state != JobState.RUNNING.value or job.end_request is not None:
+            raise RequestError(f"Unable to create step for job {job_id}: Job/step already completing or completed")
+        ranks = {r.node: r for r in await self.ctl.db(self.ctl.repo.live_ranks, job_id=job_id)
+                 if r.attempt == attempt}
+        nodes = tuple(job.nodelist_names)
+        if node not in ranks or any(n not in ranks for n in nodes):
+            raise RequestError(f"Unable to create step for job {job_id}: Job/step already completing or completed")
+        alloc = Allocation(job_id, nodes, job.spec.tasks_per_node, job.spec.cpus_per_task,
+                           tuple(tuple(ranks[n].gpus) for n in nodes))
+        key = (job_id, attempt)
+        step_id = self.next_id.get(key, 0)
+        try:
+            layout, warnings = plan_step(alloc, request, step_id)
+        except StepError as exc:
+            raise RequestError(str(exc)) from None
+        remote = [n for n in layout.nodes if n != node]
+        if nodes[0] in remote:  # only the first node has no step server: its tasks are srun's own
+            raise RequestError(f"Unable to create step for job {job_id}: a step on {nodes[0]} (the batch "
+                               f"script's node) can only be started from there")
+        self.next_id[key] = step_id + 1
+        master = self.ctl.addresses.get(layout.nodes[0], layout.nodes[0])
+        live = LiveStep(node, attempt, layout.nodes,
+                        {t.procid: layout.nodes[t.node] for t in layout.tasks if layout.nodes[t.node] != node})
+        self.live[(job_id, step_id)] = live
+        live.start = {"job_id": job_id, "attempt": attempt, "layout": layout.to_wire(), "argv": argv,
+                      "cwd": cwd, "env": env, "master_addr": master}
+        log.info("job %d: step %d.%d of %d task(s) on %s (srun on %s)", job_id, job_id, step_id,
+                 layout.ntasks, ",".join(layout.nodes), node)
+        return {"layout": layout.to_wire(), "warnings": warnings, "master_addr": master}
+
+    async def launch(self, body: Any, node: str) -> dict:
+        """The second half of a step's creation: srun's agent is ready for the tasks' output, so
+        now the other nodes start theirs."""
+        check_keys("step_launch body", body, ("job_id", "step_id"))
+        key = (nonneg_int("job_id", body["job_id"]), nonneg_int("step_id", body["step_id"]))
+        live = self.live.get(key)
+        if live is None or live.origin != node or live.start is None:
+            raise RequestError(f"step {key[0]}.{key[1]} is not waiting for its launch")
+        start, live.start = live.start, None
+        remote = [n for n in live.nodes if n != node]
+        results = await asyncio.gather(*(self._call(n, "step_start", start, START_TIMEOUT) for n in remote),
+                                       return_exceptions=True)
+        failed = [(n, r) for n, r in zip(remote, results) if isinstance(r, BaseException)]
+        if failed:
+            self.live.pop(key, None)
+            await self._signal_nodes(key[0], live.attempt, key[1], remote, 9)
+            n, exc = failed[0]
+            raise RequestError(f"Unable to create step for job {key[0]}: node {n}: {exc}")
+        if not live.remote:
+            self.live.pop(key, None)
+        return {"launched": len(remote)}
+
+    async def _call(self, node: str, method: str, body: dict, timeout: float) -> Any:
+        link = self.ctl.links.get(node)
+        if link is None:
+            raise RequestError(f"node {node} is unknown")
+        return await link.call(method, body, timeout=timeout)
+
+    def _route(self, body: Any, node: str, procid: int) -> LiveStep:
+        key = (body["job_id"], body["step_id"])
+        live = self.live.get(key)
+        if live is None or live.attempt != body.get("attempt") or node not in live.nodes or node == live.origin:
+            raise RequestError(f"step {key[0]}.{key[1]} is not running on node {node}")
+        if live.remote.get(procid) != node:
+            raise RequestError(f"task {procid} of step {key[0]}.{key[1]} is not a running task of node {node}")
+        return live
+
+    async def output(self, body: Any, node: str) -> dict:
+        procid = wire.output(body, "attempt")[2]
+        live = self._route(body, node, procid)
+        return await self._forward(live, "step_output", body)
+
+    async def task_ended(self, body: Any, node: str) -> dict:
+        procid = wire.task_exit(body, "attempt")[2]
+        live = self._route(body, node, procid)
+        reply = await self._forward(live, "step_exit", body)
+        live.remote.pop(procid, None)
+        if not live.remote:
+            self.live.pop((body["job_id"], body["step_id"]), None)
+        return reply
+
+    async def _forward(self, live: LiveStep, method: str, body: dict) -> dict:
+        try:
+            return await self._call(live.origin, method, body, FORWARD_TIMEOUT)
+        except (RpcError, *AGENT_ERRORS) as exc:  # srun's node is gone: nobody to read it
+            log.debug("step output to %s dropped: %s", live.origin, exc)
+            return {"delivered": False}
+
+    async def signal(self, body: Any, node: str) -> dict:
+        check_keys("step_signal body", body, ("job_id", "step_id", "signal"))
+        job_id, step_id = nonneg_int("job_id", body["job_id"]), nonneg_int("step_id", body["step_id"])
+        sig = valid_signal("signal", body["signal"])
+        live = self.live.get((job_id, step_id))
+        if live is None or live.origin != node:
+            return {"signalled": 0}
+        return {"signalled": await self._signal_nodes(job_id, live.attempt, step_id,
+                                                      [n for n in live.nodes if n != node], sig)}
+
+    async def _signal_nodes(self, job_id: int, attempt: int, step_id: int, nodes, sig: int) -> int:
+        body = {"job_id": job_id, "attempt": attempt, "step_id": step_id, "signal": sig}
+        results = await asyncio.gather(*(self._call(n, "step_signal", body, 10.0) for n in nodes),
+                                       return_exceptions=True)
+        return sum(r.get("signalled", 0) for r in results if isinstance(r, dict))
+
+
+def _checked(fn):
+    async def wrapper(body: Any, node: str) -> Any:
+        try:
+            return await fn(body, node)
+        except (SpecError, ValueError) as exc:
+            raise RequestError(str(exc)) from None
+    return wrapper

@@ -1,0 +1,88 @@
+"""The messages of job steps, checked field by field wherever they arrive (protocol/runspec.py's
+helpers). Their path (agent/steps.py has the picture):
+
+    srun --step_create--> agent --step_create--> controller --step_start--> agent --start--> step server
+    tasks' output and ends: step server --step_output/step_exit--> agent --> controller --> srun's agent --> srun
+
+Every body names its job, and a task's output names its step and task, so that each hop only
+forwards what it was sent to the one it belongs to.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.steps import StepRequest
+from .runspec import SpecError, check_keys, nonneg_int, valid_signal
+
+MAX_ARGV = 4096  # arguments of a step's command
+MAX_ENV = 4096  # variables of srun's environment
+MAX_OUTPUT_CHUNK = 256 * 1024  # bytes of one task's output in one message
+STREAMS = ("out", "err")
+REQUEST_FIELDS = ("nodes", "ntasks", "ntasks_per_node", "cpus_per_task", "gpus_per_task", "nodelist", "exclude")
+
+
+def _pos_or_none(where: str, v: Any) -> int | None:
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 1_000_000:
+        raise SpecError(f"{where} must be a positive count or null, got {v!r}")
+    return v
+
+
+def _names(where: str, v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or len(v) > 10_000 or not all(isinstance(n, str) and 0 < len(n) <= 255 for n in v):
+        raise SpecError(f"{where} must be a list of node names")
+    return tuple(v)
+
+
+def step_request(d: Any) -> StepRequest:
+    check_keys("step request", d, REQUEST_FIELDS)
+    return StepRequest(nodes=_pos_or_none("nodes", d["nodes"]), ntasks=_pos_or_none("ntasks", d["ntasks"]),
+                       ntasks_per_node=_pos_or_none("ntasks_per_node", d["ntasks_per_node"]),
+                       cpus_per_task=_pos_or_none("cpus_per_task", d["cpus_per_task"]),
+                       gpus_per_task=_pos_or_none("gpus_per_task", d["gpus_per_task"]),
+                       nodelist=_names("nodelist", d["nodelist"]), exclude=_names("exclude", d["exclude"]))
+
+
+def request_to_wire(r: StepRequest) -> dict:
+    return {"nodes": r.nodes, "ntasks": r.ntasks, "ntasks_per_node": r.ntasks_per_node,
+            "cpus_per_task": r.cpus_per_task, "gpus_per_task": r.gpus_per_task,
+            "nodelist": list(r.nodelist), "exclude": list(r.exclude)}
+
+
+def command(d: dict) -> tuple[list[str], str, dict[str, str]]:
+    """A step's argv, working directory and environment (srun's)."""
+    argv, cwd, env = d["argv"], d["cwd"], d["env"]
+    if not isinstance(argv, list) or not argv or len(argv) > MAX_ARGV or not all(
+            isinstance(a, str) and "\0" not in a for a in argv) or not argv[0]:
+        raise SpecError("argv must be a non-empty list of strings without NUL characters")
+    if not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd:
+        raise SpecError("cwd must be an absolute path")
+    if not isinstance(env, dict) or len(env) > MAX_ENV:
+        raise SpecError(f"env must be a map of at most {MAX_ENV} variables")
+    for k, v in env.items():
+        if not isinstance(k, str) or not isinstance(v, str) or not k or "=" in k or "\0" in k + v:
+            raise SpecError("env must map variable names to strings without NUL characters")
+    return argv, cwd, env
+
+
+def output(d: Any, *extra: str) -> tuple[int, int, int, str, bytes]:
+    """(job, step, task, stream, data) of a task's output."""
+    check_keys("step output", d, ("job_id", "step_id", "task", "stream", "data", *extra))
+    if d["stream"] not in STREAMS:
+        raise SpecError(f"stream must be one of {', '.join(STREAMS)}")
+    if not isinstance(d["data"], bytes) or len(d["data"]) > MAX_OUTPUT_CHUNK:
+        raise SpecError(f"data must be at most {MAX_OUTPUT_CHUNK} bytes")
+    return (nonneg_int("job_id", d["job_id"]), nonneg_int("step_id", d["step_id"]), nonneg_int("task", d["task"]),
+            d["stream"], d["data"])
+
+
+def task_exit(d: Any, *extra: str) -> tuple[int, int, int, int | None, int | None]:
+    """(job, step, task, exit code, signal) of a task's end."""
+    check_keys("step exit", d, ("job_id", "step_id", "task", "exit_code", "signal", *extra))
+    code, sig = d["exit_code"], d["signal"]
+    if code is not None and (not isinstance(code, int) or isinstance(code, bool) or not 0 <= code <= 255):
+        raise SpecError("exit_code must be 0-255 or null")
+    if sig is not None:
+        valid_signal("signal", sig)
+    return nonneg_int("job_id", d["job_id"]), nonneg_int("step_id", d["step_id"]), nonneg_int("task", d["task"]), code, sig

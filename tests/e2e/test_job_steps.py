@@ -1,0 +1,181 @@
+"""Slurm's job model end to end: the batch script runs once, on the job's first node, and `srun`
+starts job steps of tasks across the allocation. The nodes are behind sshd in network namespaces
+and their agents' spools are apart: the tasks' output reaches srun over the cluster's own links.
+Expected values are Slurm 22.05's, from the same scripts run on the Slurm peer."""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from .harness import OTHER_USER, TEST_USER, start_ssh_cluster, user_dir, wait_for
+
+GPUS_PER_NODE = 4
+
+
+@pytest.fixture(scope="module")
+def cluster(ssh_nodes):
+    c = start_ssh_cluster(ssh_nodes, gpus_per_node=GPUS_PER_NODE)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def names(ssh_nodes):
+    return sorted(n.name for n in ssh_nodes)
+
+
+def run_script(cluster, name: str, body: str, *argv: str, state: str = "COMPLETED", timeout: float = 90) -> str:
+    d = user_dir(cluster.workdir, TEST_USER)
+    (d / name).write_text(body)
+    out = d / f"{name}.out"
+    job_id = cluster.submit("-o", str(out), *argv, str(d / name))
+    try:
+        job = cluster.wait_state(job_id, "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", timeout=timeout)
+        assert out.exists(), job
+    except AssertionError:
+        import subprocess
+        print(subprocess.run(f"cd {cluster.workdir}; tail -n 30 controller.log */agent.log; cat {out}; tail -n 20 */spool/runs/*/shepherd.log", shell=True, capture_output=True, text=True).stdout)
+        raise
+    text = out.read_text()
+    assert job["state"] == state, (job, text)
+    return text
+
+
+def test_the_script_runs_once_and_srun_starts_every_task_with_slurms_variables(cluster, names):
+    text = run_script(cluster, "env.sh", """#!/bin/bash
+#SBATCH -N 2 --ntasks-per-node=2 --gpus-per-task=1
+echo "batch on $SLURMD_NODENAME procid=$SLURM_PROCID"
+srun bash -c 'echo "t=$SLURM_PROCID l=$SLURM_LOCALID n=$SLURM_NODEID sid=$SLURM_STEP_ID/$SLURM_STEPID \
+nt=$SLURM_STEP_NUM_TASKS nn=$SLURM_STEP_NUM_NODES nl=$SLURM_STEP_NODELIST tpn=$SLURM_STEP_TASKS_PER_NODE \
+node=$SLURMD_NODENAME host=$(hostname) rank=$RANK/$LOCAL_RANK/$WORLD_SIZE cvd=$CUDA_VISIBLE_DEVICES \
+pid=$([ "$SLURM_TASK_PID" = $$ ] && echo ok)"' | sort
+echo "rc=$?"
+srun -n 3 bash -c 'echo "n3 t=$SLURM_PROCID n=$SLURM_NODEID tpn=$SLURM_STEP_TASKS_PER_NODE sid=$SLURM_STEP_ID"' | sort
+""")
+    a, b = names
+    lines = text.splitlines()
+    assert lines[0] == f"batch on {a} procid=0"
+    assert lines.count(lines[0]) == 1 and not any(line.startswith("batch on") for line in lines[1:])
+    tasks = [line for line in lines if line.startswith("t=")]
+    nl = cluster.cli("hcontrol", "show", "hostlist", f"{a},{b}").stdout.strip()
+    assert tasks == [
+        f"t={t} l={t % 2} n={t // 2} sid=0/0 nt=4 nn=2 nl={nl} tpn=2(x2) node={node} host={node} "
+        f"rank={t}/{t % 2}/4 cvd={t % 2} pid=ok"
+        for t, node in enumerate([a, a, b, b])], text
+    assert "rc=0" in lines
+    assert [line for line in lines if line.startswith("n3 ")] == [
+        "n3 t=0 n=0 tpn=2,1 sid=1", "n3 t=1 n=0 tpn=2,1 sid=1", "n3 t=2 n=1 tpn=2,1 sid=1"]
+    # srun warns as Slurm's does when its -n does not match the job's --ntasks-per-node
+    assert ("srun: Warning: can't honor --ntasks-per-node set to 2 which doesn't match the requested tasks 3 "
+            "with the number of requested nodes 2. Ignoring --ntasks-per-node.") in lines
+
+
+def test_exit_codes_labels_errors_and_the_tasks_of_one_node(cluster, names):
+    a, b = names
+    text = run_script(cluster, "codes.sh", f"""#!/bin/bash
+#SBATCH -N 2 --ntasks-per-node=2
+srun -l -n 2 -w {b} bash -c 'echo hi; echo err >&2'
+srun -n 2 bash -c 'exit $SLURM_PROCID'; echo "rcexit=$?"
+srun -n 4 bash -c '[ $SLURM_PROCID = 3 ] && kill -9 $$; true'; echo "rcsig=$?"
+srun -n 99 true; echo "rc99=$?"
+srun -N 3 true; echo "rcN3=$?"
+srun nosuchcommand-xyz; echo "rcmissing=$?"
+srun -x {a} -n 1 bash -c 'echo x=$SLURMD_NODENAME'
+""")
+    lines = text.splitlines()
+    assert sorted(line for line in lines if line.endswith(("hi", "err"))) == ["0: err", "0: hi", "1: err", "1: hi"]
+    assert f"srun: error: {b}: task 1: Exited with exit code 1" in lines and "rcexit=1" in lines
+    assert f"srun: error: {b}: task 3: Killed" in lines and "rcsig=137" in lines
+    assert "srun: error: Unable to create step for job" in text and "More processors requested than permitted" in text
+    assert "rc99=1" in lines
+    assert "srun: error: Only allocated 2 nodes asked for 3" in lines and "rcN3=1" in lines
+    assert "slurmstepd: error: execve(): nosuchcommand-xyz: No such file or directory" in lines
+    assert "rcmissing=2" in lines
+    assert f"x={b}" in lines and "srun: Warning: can't run 1 processes on 2 nodes, setting nnodes to 1" in lines
+
+
+def test_steps_side_by_side_and_much_output_from_another_node(cluster, names):
+    a, b = names
+    text = run_script(cluster, "par.sh", f"""#!/bin/bash
+#SBATCH -N 2
+srun -w {b} -N 1 bash -c 'sleep 1; echo second-{b}' &
+srun -w {a} -N 1 bash -c 'echo first-{a}' &
+wait
+srun -w {b} -N 1 python3 -c '
+import sys
+for i in range(200000):
+    sys.stdout.write("line %06d %s\\n" % (i, "x" * 40))
+'
+echo "done rc=$?"
+""")
+    lines = text.splitlines()
+    assert lines.index(f"first-{a}") < lines.index(f"second-{b}")
+    big = [line for line in lines if line.startswith("line ")]
+    assert big == ["line %06d %s" % (i, "x" * 40) for i in range(200000)]
+    assert lines[-1] == "done rc=0"
+
+
+def test_cancel_during_a_step_leaves_no_task_on_any_node(cluster, names):
+    d = user_dir(cluster.workdir, TEST_USER)
+    for f in d.glob("steptask-*.pid"):
+        f.unlink()
+    (d / "long.sh").write_text(f"""#!/bin/bash
+#SBATCH -N 2 --ntasks-per-node=2
+srun bash -c 'echo $$ > {d}/steptask-$SLURM_PROCID.pid; exec sleep 300'
+""")
+    job_id = cluster.submit("-o", str(d / "long.out"), str(d / "long.sh"))
+    cluster.wait_state(job_id, "RUNNING")
+    pids = wait_for(lambda: (len(list(d.glob("steptask-*.pid"))) == 4 and
+                             [int(p.read_text()) for p in d.glob("steptask-*.pid") if p.read_text().strip()]),
+                    60, what="the step's four tasks")
+    assert len(pids) == 4 and all(os.path.exists(f"/proc/{p}") for p in pids)
+    cluster.cli("hcancel", str(job_id))
+    assert cluster.wait_state(job_id, "CANCELLED", "FAILED", "COMPLETED")["state"] == "CANCELLED"
+    wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), 30, what="the tasks to end")
+
+
+def test_a_job_run_on_every_node_as_before_steps(cluster, names):
+    text_dir = user_dir(cluster.workdir, TEST_USER)
+    (text_dir / "each.sh").write_text("#!/bin/bash\n#HAI --every-node\necho \"on $SLURMD_NODENAME rank=$SLURM_PROCID\"\n")
+    job_id = cluster.submit("-N", "2", "-o", str(text_dir / "each-%N.out"), str(text_dir / "each.sh"))
+    assert cluster.wait_state(job_id, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    for rank, name in enumerate(names):
+        assert (text_dir / f"each-{name}.out").read_text() == f"on {name} rank={rank}\n"
+
+
+def test_srun_outside_a_job_says_so(cluster):
+    proc = cluster.cli("srun", "hostname", check=False)
+    assert proc.returncode == 1
+    assert re.match(r"srun: error: srun runs inside a job allocation here", proc.stderr)
+
+
+def test_no_user_reaches_another_users_job_through_the_step_socket(cluster, names):
+    """haiother, with a job of its own on the same node, names haitest's job: refused, and nothing
+    of haitest's job is started; without any job there, its connection is closed at once."""
+    victim = user_dir(cluster.workdir, TEST_USER)
+    (victim / "hold.sh").write_text("#!/bin/bash\n#SBATCH -N 2\nsleep 120\n")
+    held = cluster.submit("-o", str(victim / "hold.out"), str(victim / "hold.sh"))
+    cluster.wait_state(held, "RUNNING")
+    other = user_dir(cluster.workdir, OTHER_USER)
+    marker = victim / "reached"
+    (other / "probe.sh").write_text(f"""#!/bin/bash
+srun --jobid={held} -n 1 touch {marker}; echo "rc=$?"
+python3 - <<'PY'
+import os, socket
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ["HAI_STEP_SOCKET"])
+s.sendall(b"garbage that is no frame at all" * 100)
+print("garbage sent")
+PY
+srun -n 1 echo "own job still fine"
+""")
+    probe = cluster.submit("-o", str(other / "probe.out"), str(other / "probe.sh"), user=OTHER_USER)
+    assert cluster.wait_state(probe, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    text = (other / "probe.out").read_text()
+    assert re.search(rf"srun: error: job {held} has no running part owned by you on node hai-n[12]\n", text), text
+    assert "rc=1" in text and "own job still fine" in text and not marker.exists()
+    assert cluster.job(held)["state"] == "RUNNING"
+    cluster.cli("hcancel", str(held))
+    cluster.wait_state(held, "CANCELLED")

@@ -1,0 +1,75 @@
+"""One node's tasks of a step (job/tasks.py) with real processes: whole lines, ends, signals."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+from hai_cluster.job.tasks import MAX_LINE, NodeTasks, describe_end
+
+
+def run_tasks(argv, count=2, cwd="/tmp", signal_after=None):
+    out: list[tuple[int, str, bytes]] = []
+    ends: dict[int, tuple] = {}
+
+    async def on_output(procid, stream, data):
+        out.append((procid, stream, data))
+        await asyncio.sleep(0.001)  # a slow reader: the task waits, nothing is lost
+
+    async def on_exit(procid, code, sig):
+        ends[procid] = (code, sig)
+
+    async def go():
+        tasks = NodeTasks(on_output, on_exit)
+        envs = [(i, {**os.environ, "SLURM_PROCID": str(i)}) for i in range(count)]
+        await tasks.start(argv, cwd, envs)
+        if signal_after is not None:
+            await asyncio.sleep(signal_after)
+            assert tasks.signal(signal.SIGTERM) == count
+        await tasks.wait()
+    asyncio.run(go())
+    return out, ends
+
+
+def test_output_comes_in_whole_lines_and_every_byte_arrives():
+    script = ("import sys\nfor i in range(3000):\n    sys.stdout.write('%d-' % i); sys.stdout.write('x' * 50 + '\\n')\n"
+              "sys.stdout.write('no newline at the end')\n")
+    out, ends = run_tasks(["python3", "-u", "-c", script])
+    assert ends == {0: (0, None), 1: (0, None)}
+    for procid in (0, 1):
+        chunks = [d for p, s, d in out if p == procid and s == "out"]
+        assert all(c.endswith(b"\n") for c in chunks[:-1])  # each piece ends at a line's end
+        text = b"".join(chunks).decode()
+        assert text == "".join(f"{i}-{'x' * 50}\n" for i in range(3000)) + "no newline at the end"
+
+
+def test_a_line_longer_than_the_limit_comes_in_pieces():
+    out, _ = run_tasks(["python3", "-c", f"print('y' * {3 * MAX_LINE})"], count=1)
+    pieces = [d for _, s, d in out if s == "out"]
+    assert max(len(p) for p in pieces) <= MAX_LINE + 64 * 1024 and b"".join(pieces) == b"y" * (3 * MAX_LINE) + b"\n"
+
+
+def test_ends_exit_codes_signals_and_stderr():
+    out, ends = run_tasks(["bash", "-c", 'echo oops >&2; [ "$SLURM_PROCID" = 1 ] && kill -9 $$; exit 3'])
+    assert ends == {0: (3, None), 1: (None, 9)}
+    assert sorted((p, d) for p, s, d in out if s == "err") == [(0, b"oops\n"), (1, b"oops\n")]
+    assert describe_end("n1", 0, 3, None) == "n1: task 0: Exited with exit code 3"
+    assert describe_end("n2", 1, None, 9) == "n2: task 1: Killed"
+    assert describe_end("n2", 1, 0, None) is None
+
+
+def test_a_missing_command_and_a_missing_directory_say_what_slurmstepd_says(tmp_path):
+    out, ends = run_tasks(["no-such-command-here"], count=1)
+    assert ends == {0: (2, None)}
+    assert out == [(0, "err", b"slurmstepd: error: execve(): no-such-command-here: No such file or directory\n")]
+    out, ends = run_tasks(["pwd"], count=1, cwd=str(tmp_path / "gone"))
+    assert ends == {0: (0, None)}
+    assert (0, "out", b"/tmp\n") in out and out[0][2].startswith(b"slurmstepd: error: couldn't chdir to")
+
+
+def test_a_signal_reaches_every_task_and_task_pid_is_its_own():
+    out, ends = run_tasks(["bash", "-c", 'echo "$SLURM_TASK_PID $$"; exec sleep 30'], signal_after=0.5)
+    assert ends == {0: (None, 15), 1: (None, 15)}
+    for _, _, data in out:
+        a, b = data.split()
+        assert a == b
