@@ -50,6 +50,7 @@ class Agent:
         self.table = build_table(self)
         self.connections: set[RpcConnection] = set()
         self.controller: RpcConnection | None = None  # the connection that said hello last
+        self.controller_up = asyncio.Event()  # set while there is one
         self.steps = StepRelay(self)
         self._occupancy: dict[int, list[int]] = {}
         t = cfg.telemetry
@@ -91,6 +92,7 @@ class Agent:
         for conn in self.connections:
             if conn.name == name:
                 self.controller = conn
+                self.controller_up.set()
 
     async def send_telemetry(self, batch: dict) -> bool:
         """A batch to every controller connected; a link gap is not worth a warning."""
@@ -120,6 +122,7 @@ class Agent:
             self.connections.discard(conn)
             if self.controller is conn:
                 self.controller = None
+                self.controller_up.clear()
             await conn.close()
             log.info("connection from %s closed: %s", name, conn.close_reason)
 

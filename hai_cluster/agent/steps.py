@@ -135,9 +135,13 @@ class StepRelay:
         raise RequestError(f"job {job_id} has no running part owned by you on node {self.agent.cfg.name}")
 
     async def _to_controller(self, method: str, body: dict) -> Any:
+        """The controller's answer; while its link is down (a restart of either daemon), wait for it."""
+        try:
+            await timeouts.wait_for(self.agent.controller_up.wait(), CONTROLLER_TIMEOUT)
+        except asyncio.TimeoutError:
+            raise RequestError(f"node {self.agent.cfg.name} has had no link to the controller for "
+                               f"{CONTROLLER_TIMEOUT:g} s") from None
         conn = self.agent.controller
-        if conn is None or conn.closed:
-            raise RequestError(f"node {self.agent.cfg.name} has no link to the controller right now; try again")
         try:
             return await conn.call(method, body, timeout=CONTROLLER_TIMEOUT)
         except RpcError as exc:
@@ -264,7 +268,7 @@ class StepRelay:
         """A remote task's output or end, to the srun that waits for it here."""
         if kind == "output":
             job, step, task, stream, data = wire.output(body, "attempt")
-            message = {"step_id": step, "task": task, "stream": stream, "data": data}
+            message = {"step_id": step, "task": task, "seq": body["seq"], "stream": stream, "data": data}
         else:
             job, step, task, code, sig = wire.task_exit(body, "attempt")
             message = {"step_id": step, "task": task, "exit_code": code, "signal": sig}

@@ -112,6 +112,7 @@ class Step:
         self.conn: RpcConnection | None = None
         self.killed = False
         self.early: list[tuple[str, Any]] = []
+        self.next_seq: dict[int, int] = {}  # per remote task: the next output message expected
 
     def write(self, procid: int, stream: str, data: bytes) -> None:
         f = self.out if stream == "out" else self.err
@@ -160,6 +161,10 @@ class Step:
         if not isinstance(task, int) or not 0 <= task < self.layout.ntasks:
             return
         if name == "output" and isinstance(body.get("data"), bytes) and body.get("stream") in ("out", "err"):
+            seq = body.get("seq")
+            if not isinstance(seq, int) or seq < self.next_seq.get(task, 0):
+                return  # sent again after an agent restarted: we have it
+            self.next_seq[task] = seq + 1
             self.write(task, body["stream"], body["data"])
         elif name == "exit":
             code, sig = body.get("exit_code"), body.get("signal")

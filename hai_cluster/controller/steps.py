@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT = 90.0  # a node's agent may wait up to a minute for its step server to connect
 FORWARD_TIMEOUT = 120.0  # srun's agent forwards only as fast as srun reads
+RETRY = 0.5  # seconds between tries while srun's agent is unreachable
 
 
 @dataclass
@@ -143,11 +145,19 @@ class StepHub:
         return reply
 
     async def _forward(self, live: LiveStep, method: str, body: dict) -> dict:
-        try:
-            return await self._call(live.origin, method, body, FORWARD_TIMEOUT)
-        except (RpcError, *AGENT_ERRORS) as exc:  # srun's node is gone: nobody to read it
-            log.debug("step output to %s dropped: %s", live.origin, exc)
-            return {"delivered": False}
+        """To srun's agent; across a short break of its link (an agent restart), tried again."""
+        deadline = time.monotonic() + FORWARD_TIMEOUT
+        while True:
+            try:
+                return await self._call(live.origin, method, body, FORWARD_TIMEOUT)
+            except RpcError as exc:
+                log.debug("step output to %s refused: %s", live.origin, exc)
+                return {"delivered": False}
+            except AGENT_ERRORS as exc:
+                if time.monotonic() >= deadline:  # srun's node is gone: nobody to read it
+                    log.info("job %s: step output to %s dropped: %s", body.get("job_id"), live.origin, exc)
+                    return {"delivered": False}
+            await asyncio.sleep(RETRY)
 
     async def signal(self, body: Any, node: str) -> dict:
         check_keys("step_signal body", body, ("job_id", "step_id", "signal"))

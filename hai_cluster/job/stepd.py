@@ -78,9 +78,13 @@ class StepServer:
         self.steps.pop(step, None)
 
     def _sender(self, step: int):
+        seqs: dict[int, int] = {}  # per task: its stdout and stderr share one count
+
         async def send(procid: int, stream: str, data: bytes) -> None:
             for i in range(0, len(data), wire.MAX_OUTPUT_CHUNK):
-                await self.call("step_output", {"job_id": self.job_id, "step_id": step, "task": procid,
+                seq = seqs.get(procid, 0)
+                seqs[procid] = seq + 1
+                await self.call("step_output", {"job_id": self.job_id, "step_id": step, "task": procid, "seq": seq,
                                                 "stream": stream, "data": data[i:i + wire.MAX_OUTPUT_CHUNK]})
         return send
 

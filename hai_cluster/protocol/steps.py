@@ -67,8 +67,10 @@ def command(d: dict) -> tuple[list[str], str, dict[str, str]]:
 
 
 def output(d: Any, *extra: str) -> tuple[int, int, int, str, bytes]:
-    """(job, step, task, stream, data) of a task's output."""
-    check_keys("step output", d, ("job_id", "step_id", "task", "stream", "data", *extra))
+    """(job, step, task, stream, data) of a task's output. `seq` numbers a task's messages from 0:
+    one sent again after an agent's restart is told apart (srun drops what it had)."""
+    check_keys("step output", d, ("job_id", "step_id", "task", "seq", "stream", "data", *extra))
+    nonneg_int("seq", d["seq"])
     if d["stream"] not in STREAMS:
         raise SpecError(f"stream must be one of {', '.join(STREAMS)}")
     if not isinstance(d["data"], bytes) or len(d["data"]) > MAX_OUTPUT_CHUNK:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 import pytest
 
@@ -179,3 +180,89 @@ srun -n 1 echo "own job still fine"
     assert cluster.job(held)["state"] == "RUNNING"
     cluster.cli("hcancel", str(held))
     cluster.wait_state(held, "CANCELLED")
+
+
+TRAIN = """import os, signal, sys, time
+rank, node = os.environ["SLURM_PROCID"], os.environ["SLURMD_NODENAME"]
+ck = os.path.join(os.environ["HAI_CHECKPOINT_DIR"], "rank" + rank)
+os.makedirs(os.path.dirname(ck), exist_ok=True)
+step = int(open(ck).read()) if os.path.exists(ck) else 0
+print(f"rank {rank} on {node} run {os.environ['SLURM_RESTART_COUNT']} resumes at {step}", flush=True)
+def save(*_):
+    with open(ck, "w") as f:
+        f.write(str(step))
+    time.sleep(0.5)  # a checkpoint takes a while; srun is still there to pass this on
+    print(f"rank {rank} on {node} saved at {step}", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, save)
+while step < 60:
+    step += 1
+    time.sleep(0.1)
+print(f"rank {rank} finished", flush=True)
+"""
+
+
+def test_a_step_is_preempted_whole_and_resumes_from_its_checkpoint(cluster, names):
+    a, b = names
+    d = user_dir(cluster.workdir, TEST_USER)
+    (d / "train.py").write_text(TRAIN)
+    (d / "steptrain.sh").write_text(f"#!/bin/bash\n#SBATCH -N 2 --ntasks-per-node=1\n#HAI --grace=20\n"
+                                    f"srun python3 {d}/train.py\n")
+    out = d / "steptrain.out"
+    job_id = cluster.submit("-o", str(out), str(d / "steptrain.sh"))
+    wait_for(lambda: out.exists() and out.read_text().count("resumes at") == 2, 60, what="both ranks to start")
+    time.sleep(1.5)
+    cluster.cli("hcontrol", "requeue", str(job_id))
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED", timeout=120)
+    text = out.read_text()
+    assert job["state"] == "COMPLETED", text
+    assert [r["state"] for r in job["runs"]] == ["REQUEUED", "COMPLETED"], job["runs"]
+    saved = {m[0]: int(m[1]) for m in re.findall(r"rank (\d) on \S+ saved at (\d+)", text)}
+    resumed = {m[0]: int(m[1]) for m in re.findall(r"rank (\d) on \S+ run 1 resumes at (\d+)", text)}
+    assert set(saved) == {"0", "1"} and resumed == saved and all(v > 0 for v in saved.values()), text
+    assert f"rank 1 on {b} saved at" in text  # said by the other node's task during its grace period
+    assert "rank 0 finished" in text and "rank 1 finished" in text
+
+
+def test_a_step_goes_on_through_an_agent_restart_and_loses_no_line(cluster, names):
+    a, b = names
+    d = user_dir(cluster.workdir, TEST_USER)
+    (d / "restart.sh").write_text(f"""#!/bin/bash
+#SBATCH -N 2
+srun -w {b} -N 1 python3 -c '
+import time
+for i in range(80):
+    print("tick", i, flush=True)
+    time.sleep(0.05)
+'
+echo "srun rc=$?"
+""")
+    out = d / "restart.out"
+    job_id = cluster.submit("-o", str(out), str(d / "restart.sh"))
+    wait_for(lambda: out.exists() and "tick 5\n" in out.read_text(), 60, what="the step's first lines")
+    agent = cluster.agents[b]
+    agent.kill()
+    time.sleep(0.5)
+    agent.start()
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED", timeout=90)
+    text = out.read_text()
+    assert job["state"] == "COMPLETED", text
+    assert [line for line in text.splitlines() if line.startswith("tick")] == [f"tick {i}" for i in range(80)]
+    assert text.endswith("srun rc=0\n")
+
+
+def test_signals_to_srun_and_kill_on_bad_exit_reach_every_task(cluster, names):
+    a, b = names
+    text = run_script(cluster, "sig.sh", """#!/bin/bash
+#SBATCH -N 2
+srun bash -c 'trap "echo got-TERM-on-$SLURMD_NODENAME; exit 7" TERM; sleep 30 & wait' &
+sleep 2
+kill -TERM $!
+wait $!; echo "rc=$?"
+srun -K -n 2 bash -c '[ $SLURM_PROCID = 0 ] && exit 3; sleep 30'; echo "krc=$?"
+""")
+    lines = text.splitlines()
+    assert sorted(line for line in lines if line.startswith("got-TERM")) == [f"got-TERM-on-{a}", f"got-TERM-on-{b}"]
+    assert "rc=7" in lines
+    assert f"srun: error: {a}: task 0: Exited with exit code 3" in lines and f"srun: error: {b}: task 1: Killed" in lines
+    assert "krc=137" in lines

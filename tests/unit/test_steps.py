@@ -116,9 +116,9 @@ def test_step_messages_are_checked_field_by_field():
     for bad in ({**ok, "argv": []}, {**ok, "argv": ["a\0b"]}, {**ok, "cwd": "rel"}, {**ok, "env": {"A=B": "1"}}):
         with pytest.raises(SpecError):
             wire.command(bad)
-    out = {"job_id": 1, "step_id": 0, "task": 2, "stream": "out", "data": b"x\n"}
+    out = {"job_id": 1, "step_id": 0, "task": 2, "seq": 0, "stream": "out", "data": b"x\n"}
     assert wire.output(out) == (1, 0, 2, "out", b"x\n")
-    for bad in ({**out, "stream": "tty"}, {**out, "data": "text"}, {**out, "data": b"x" * (wire.MAX_OUTPUT_CHUNK + 1)}):
+    for bad in ({**out, "stream": "tty"}, {**out, "data": "text"}, {**out, "seq": -1}, {**out, "data": b"x" * (wire.MAX_OUTPUT_CHUNK + 1)}):
         with pytest.raises(SpecError):
             wire.output(bad)
     end = {"job_id": 1, "step_id": 0, "task": 2, "exit_code": None, "signal": 9}
