@@ -24,12 +24,22 @@ def job_row(**spec_fields) -> JobRecord:
 
 
 def test_dispatch_builds_the_run_spec_the_agent_accepts():
-    spec = rank_spec(job_row(gpus_per_node=2, cpus_per_task=4, mem_mb=2048), attempt=3, rank=1,
+    spec = rank_spec(job_row(gpus_per_node=2, cpus_per_task=4, mem_mb=2048, every_node=True), attempt=3, rank=1,
                      nodelist=["n1", "n2"], gpus=[2, 3], addresses={"n1": "10.0.0.1"})
     assert isinstance(spec, RunSpec)
     assert RunSpec.from_wire(spec.to_wire()) == spec
     assert (spec.key, spec.rank, spec.gpus, spec.cpus, spec.mem_mb) == ((42, 3), 1, (2, 3), 4, 2048)
     assert spec.stdout == "/home/u/run/hai-42.out" and spec.environment["MASTER_ADDR"] == "10.0.0.1"
+    assert not spec.step_server and "step_server" not in spec.to_wire()
+
+
+def test_the_nodes_after_the_first_run_the_step_server_and_leave_the_output_file_alone():
+    job = job_row(gpus_per_node=2)
+    first, second = (rank_spec(job, attempt=0, rank=r, nodelist=["n1", "n2"], gpus=[0, 1], addresses={})
+                     for r in (0, 1))
+    assert not first.step_server and first.stdout == "/home/u/run/hai-42.out"
+    assert second.step_server and (second.stdout, second.stderr) == ("/dev/null", None)
+    assert RunSpec.from_wire(second.to_wire()) == second
 
 
 def test_a_plain_run_goes_on_the_wire_as_the_previous_release_sent_it():
