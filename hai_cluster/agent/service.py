@@ -8,9 +8,9 @@ import pwd
 import socket
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
-from ..transport.rpc import RequestError, RpcTable
+from ..transport.rpc import RequestError, RpcTable, refusing
 from .gpushare import ShareError
 from .fencing import EpochGate
 from .runs import RunError
@@ -32,15 +32,6 @@ def _empty(method: str, body: Any) -> None:
 def _run_key(method: str, body: Any, *more: str) -> tuple[tuple[int, int], dict]:
     check_keys(f"{method} body", body, ("job_id", "attempt", *more))
     return (nonneg_int("job_id", body["job_id"]), nonneg_int("attempt", body["attempt"])), body
-
-
-def _checked(fn: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
-    async def wrapper(body: Any, ctx: Any) -> Any:
-        try:
-            return await fn(body, ctx)
-        except (SpecError, RunError) as exc:
-            raise RequestError(str(exc)) from None
-    return wrapper
 
 
 def check_user(agent: "Agent", spec: RunSpec) -> None:
@@ -135,5 +126,5 @@ def build_table(agent: "Agent") -> RpcTable:
     epochs = EpochGate(agent.cfg.spool)  # commands of a superseded controller are refused
     for fn in (hello, start_run, terminate_run, signal_run, list_runs, forget_run, ping,
                step_start, step_signal, step_output, step_exit):
-        table.add(fn.__name__, _checked(epochs.wrap(fn.__name__, fn)))
+        table.add(fn.__name__, refusing(epochs.wrap(fn.__name__, fn), SpecError, RunError))
     return table

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from .. import timeouts
 from ..protocol import steps as wire
 from ..protocol.codec import client_limits
-from ..protocol.runspec import SpecError, check_keys, nonneg_int, valid_signal
-from ..transport.rpc import ConnectionLost, RequestError, RpcConnection, RpcError, RpcTable
+from ..protocol.runspec import check_keys, nonneg_int, valid_signal
+from ..transport.rpc import ConnectionLost, RequestError, RpcConnection, RpcError, RpcTable, refusing
 from ..transport.unix import GatedServer, bind_socket, peer_credentials
 from . import launcher, spool
 
@@ -54,15 +54,6 @@ class Caller:
 
     def __str__(self) -> str:
         return f"pid {self.pid} uid {self.uid}"
-
-
-def _refuse(fn):
-    async def wrapper(body: Any, ctx: Any) -> Any:
-        try:
-            return await fn(body, ctx)
-        except (SpecError, ValueError) as exc:
-            raise RequestError(str(exc)) from None
-    return wrapper
 
 
 class StepRelay:
@@ -214,7 +205,7 @@ class StepRelay:
             return await self._to_controller("step_signal", body)
 
         for fn in (step_create, step_done, step_serve, step_output, step_exit, step_signal):
-            table.add(fn.__name__, _refuse(fn))
+            table.add(fn.__name__, refusing(fn, ValueError))  # SpecError and the like
         return table
 
     def _done(self, caller: Caller, key: tuple[int, int]) -> None:

@@ -33,7 +33,8 @@ def rank_spec(job: JobRecord, attempt: int, rank: int, nodelist: Sequence[str], 
                  restart_count=job.restart_count, **array)
     stdout = resolve_output_path(spec.stdout, spec.workdir, **names)
     stderr = resolve_output_path(spec.stderr, spec.workdir, **names) if spec.stderr else None
-    if serves_steps(spec, rank):  # the output file is the batch script's alone (its tasks' come through srun)
+    step_server = rank > 0 and spec.script_once  # not the script: the step server (JobSpec.script_once)
+    if step_server:  # the output file is the batch script's alone (its tasks' come through srun)
         stdout, stderr = os.devnull, None
     ckpt = checkpoint_dir(spec, job.id)
     env = job_environment(
@@ -55,13 +56,10 @@ def rank_spec(job: JobRecord, attempt: int, rank: int, nodelist: Sequence[str], 
         # resources and shows a container only its own GPUs' device nodes
         runtime=spec.runtime, container_image=spec.container_image, mem_mb=spec.mem_mb,
         cpus=spec.cpus_per_node, gpus=tuple(gpus), gpu_share=_share(spec, mig),
-        umask=0o022 if spec.umask is None else spec.umask, step_server=serves_steps(spec, rank),
+        umask=0o022 if spec.umask is None else spec.umask, step_server=step_server,
     )
 
 
-def serves_steps(spec: JobSpec, rank: int) -> bool:
-    """Whether this rank's run is a step server rather than the job's script (JobSpec.script_once)."""
-    return rank > 0 and spec.script_once
 def _share(spec: JobSpec, mig: str | None) -> dict | None:
     """A sharing rank's share of its card (the agent turns it into MPS limits), and the MIG
     instance it holds on a MIG card."""

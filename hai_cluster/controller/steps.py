@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from ..core.states import JobState
 from ..core.steps import Allocation, StepError, plan_step
 from ..protocol import steps as wire
-from ..protocol.runspec import SpecError, check_keys, nonneg_int, valid_signal
-from ..transport.rpc import RequestError, RpcError, RpcTable
+from ..protocol.runspec import check_keys, nonneg_int, valid_signal
+from ..transport.rpc import RequestError, RpcError, RpcTable, refusing
 from .nodes import AGENT_ERRORS
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class StepHub:
         table = RpcTable()
         for name, fn in (("step_create", self.create), ("step_launch", self.launch), ("step_output", self.output),
                          ("step_exit", self.task_ended), ("step_signal", self.signal)):
-            table.add(name, _checked(fn))
+            table.add(name, refusing(fn, ValueError))  # SpecError and the like
         return table
 
     async def create(self, body: Any, node: str) -> dict:
@@ -174,12 +174,3 @@ class StepHub:
         results = await asyncio.gather(*(self._call(n, "step_signal", body, 10.0) for n in nodes),
                                        return_exceptions=True)
         return sum(r.get("signalled", 0) for r in results if isinstance(r, dict))
-
-
-def _checked(fn):
-    async def wrapper(body: Any, node: str) -> Any:
-        try:
-            return await fn(body, node)
-        except (SpecError, ValueError) as exc:
-            raise RequestError(str(exc)) from None
-    return wrapper

@@ -59,6 +59,17 @@ class RequestError(Exception):
 Handler = Callable[[Any, Any], Awaitable[Any]]
 
 
+def refusing(fn: Handler, *errors: type[Exception]) -> Handler:
+    """The handler, with `errors` (a body that fails its checks) answered as a RequestError: the
+    peer is told what was wrong, and no traceback is logged for its input."""
+    async def wrapper(body: Any, ctx: Any) -> Any:
+        try:
+            return await fn(body, ctx)
+        except errors as exc:
+            raise RequestError(str(exc)) from None
+    return wrapper
+
+
 class RpcTable:
     """The methods a connection may call. Handlers take (body, context) and return the reply body."""
 
