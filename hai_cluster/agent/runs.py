@@ -48,7 +48,7 @@ def _read_spec(run_dir: Path) -> RunSpec | None:
         return None
 
 
-def _retrieved(task: asyncio.Task) -> None:
+def retrieved(task: asyncio.Task) -> None:
     """Mark a start's error as seen: its caller may have hung up and left it unawaited."""
     if not task.cancelled():
         task.exception()
@@ -126,7 +126,7 @@ class RunTable:
         self.runs[spec.key] = run  # before any await: a concurrent duplicate finds it
         # a task of its own: a controller that hangs up mid-call must not abort the bookkeeping
         run.launching = asyncio.ensure_future(self._start(run, prepare))
-        run.launching.add_done_callback(_retrieved)
+        run.launching.add_done_callback(retrieved)
         await asyncio.shield(run.launching)
         return True, run.status
 

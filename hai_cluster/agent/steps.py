@@ -29,6 +29,7 @@ from ..protocol.runspec import check_keys, nonneg_int, valid_signal
 from ..transport.rpc import ConnectionLost, RequestError, RpcConnection, RpcError, RpcTable, refusing
 from ..transport.unix import GatedServer, bind_socket, peer_credentials
 from . import launcher, spool
+from .runs import retrieved
 
 if TYPE_CHECKING:
     from .daemon import Agent
@@ -51,6 +52,7 @@ class Caller:
         self.conn: RpcConnection | None = None
         self.serves: Key | None = None  # a step server: its run
         self.steps: set[tuple[int, int]] = set()  # srun: (job, step) it created and still waits for
+        self.attempts: dict[tuple[int, int], int] = {}  # srun: each of its steps' run (attempt)
 
     def __str__(self) -> str:
         return f"pid {self.pid} uid {self.uid}"
@@ -112,8 +114,13 @@ class StepRelay:
             if self.sruns.get(key) is caller:
                 del self.sruns[key]
                 # srun went away before its tasks ended: as in Slurm, the step goes with it
-                asyncio.ensure_future(self._to_controller("step_signal", {"job_id": key[0], "step_id": key[1],
-                                                                          "signal": 9}))
+                asyncio.ensure_future(self._srun_gone(key, caller.attempts.get(key))).add_done_callback(retrieved)
+
+    async def _srun_gone(self, key: tuple[int, int], attempt: int | None) -> None:
+        await self._to_controller("step_signal", {"job_id": key[0], "step_id": key[1], "signal": 9})
+        if attempt is not None:
+            await self._to_controller("step_end", {"job_id": key[0], "attempt": attempt, "step_id": key[1],
+                                                   "exit_code": None, "signal": 9, "cancelled": True})
 
     # -- what srun and the step servers may ask --
 
@@ -152,9 +159,12 @@ class StepRelay:
             reply = await self._to_controller("step_create", {
                 "job_id": job_id, "attempt": run.spec.attempt, "uid": caller.uid,
                 "request": wire.request_to_wire(request), "argv": argv, "cwd": cwd, "env": env})
+            if "refused" in reply:
+                return reply
             step = reply["layout"]["step_id"]
             self.sruns[(job_id, step)] = caller  # before any task can start: their output comes here
             caller.steps.add((job_id, step))
+            caller.attempts[(job_id, step)] = run.spec.attempt
             try:
                 await self._to_controller("step_launch", {"job_id": job_id, "step_id": step})
             except RequestError:
@@ -163,10 +173,17 @@ class StepRelay:
             return {**reply, "node": self.agent.cfg.name}
 
         async def step_done(body: Any, caller: Caller) -> dict:
-            """srun has every task's end: the step's routing here can go."""
-            check_keys("step_done body", body, ("job_id", "step_id"))
-            self._done(caller, (nonneg_int("job_id", body["job_id"]), nonneg_int("step_id", body["step_id"])))
-            return {}
+            """srun has every task's end: the step's routing here can go, and its end is recorded."""
+            check_keys("step_done body", body, ("job_id", "step_id"), ("exit_code", "signal", "cancelled"))
+            key = (nonneg_int("job_id", body["job_id"]), nonneg_int("step_id", body["step_id"]))
+            if self.sruns.get(key) is not caller:
+                raise RequestError(f"step {key[0]}.{key[1]} was not created by this srun")
+            attempt = caller.attempts.get(key)
+            self._done(caller, key)
+            end = {"exit_code": body.get("exit_code"), "signal": body.get("signal"),
+                   "cancelled": body.get("cancelled", False)}
+            return await self._to_controller("step_end", {"job_id": key[0], "attempt": attempt, "step_id": key[1],
+                                                          **end}) if attempt is not None else {}
 
         async def step_serve(body: Any, caller: Caller) -> dict:
             check_keys("step_serve body", body, ("job_id",))
@@ -210,6 +227,7 @@ class StepRelay:
 
     def _done(self, caller: Caller, key: tuple[int, int]) -> None:
         caller.steps.discard(key)
+        caller.attempts.pop(key, None)
         if self.sruns.get(key) is caller:
             del self.sruns[key]
 

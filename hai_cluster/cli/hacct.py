@@ -1,4 +1,6 @@
-"""hacct: accounting, one row per run of each job (like sacct, which shows requeued runs too).
+"""hacct: accounting, one row per run of each job (like sacct, which shows requeued runs too),
+each followed by its steps as sacct shows them: `12.batch` (the batch script) and `12.0`, `12.1`...
+(its sruns); -X shows the runs alone.
 
 A job that never started has one row with its own state. Fields are sacct's names; the extra ones
 are AllocGPUS, GPUHours, Restarts and Reason, and the GPU telemetry rollups GPUUtil, MaxGPUUtil,
@@ -52,7 +54,8 @@ def _charged(row: dict) -> float:
 
 
 FIELDS: dict[str, Callable[[dict], object]] = {
-    "jobid": lambda r: job_label({**r, "id": r["job_id"]}),  # 12_4 for a task of array 12
+    # 12_4 for a task of array 12; 12.batch and 12.0 for its steps
+    "jobid": lambda r: job_label({**r, "id": r["job_id"]}) + ("" if r.get("step") is None else f".{r['step']}"),
     "jobname": lambda r: r["name"],
     "partition": lambda r: r["partition"],
     "account": lambda r: r.get("account") or "default",
@@ -97,10 +100,36 @@ def _fit(text: str, width: int, right: bool) -> str:
     return text[:width].rjust(width) if right else text[:width].ljust(width)
 
 
-def rows_for(reply: dict) -> list[dict]:
-    """Flat rows: one per run, plus one for each job waiting for its (next) run or ended unrun."""
+# A batch script ended by the time limit or preemption was signalled: sacct shows its step CANCELLED.
+BATCH_STATE = {"TIMEOUT": "CANCELLED", "PREEMPTED": "CANCELLED", "DEADLINE": "CANCELLED"}
+
+
+def step_rows(run: dict, steps: list[dict], job: dict) -> list[dict]:
+    """A started run's steps as rows: its batch step, on the first node, then each srun's."""
+    first = (run.get("nodelist") or "").split(",")[0]
+    common = {"job_id": run["job_id"], "array_job_id": run.get("array_job_id"),
+              "array_task_id": run.get("array_task_id"), "partition": "", "account": run.get("account"),
+              "user": run["user"], "submit_time": run["submit_time"], "now": run["now"], "attempt": run["attempt"],
+              "gpus": 0, "reason": ""}
+    state = run["state"] if run["end_time"] else "RUNNING"
+    rows = [{**common, "step": "batch", "name": "batch", "state": BATCH_STATE.get(state, state),
+             "exit_code": run["exit_code"], "exit_signal": run["exit_signal"], "start_time": run["start_time"],
+             "end_time": run["end_time"], "nodelist": first, "cpus": cpus(job) // max(1, job["nodes"])}]
+    for s in steps:
+        rows.append({**common, "step": s["step_id"], "name": s["name"], "state": s["state"],
+                     "exit_code": s["exit_code"], "exit_signal": s["exit_signal"], "start_time": s["start_time"],
+                     "end_time": s["end_time"], "nodelist": s["nodelist"], "cpus": s["cpus"]})
+    return rows
+
+
+def rows_for(reply: dict, with_steps: bool = True) -> list[dict]:
+    """Flat rows: one per run (and its steps), plus one for each job waiting for its (next) run or
+    ended unrun."""
     now = reply["now"]
     jobs = {j["id"]: j for j in reply["jobs"]}
+    steps_of: dict[int, list] = {}
+    for s in reply.get("steps", ()):
+        steps_of.setdefault(s["run_id"], []).append(s)
     by_job: dict[int, list] = {}
     for r in reply["runs"]:
         job = jobs.get(r["job_id"])
@@ -113,7 +142,10 @@ def rows_for(reply: dict) -> list[dict]:
     rows = []
     for job in reply["jobs"]:
         runs = by_job.get(job["id"], [])
-        rows.extend(runs)
+        for run in runs:
+            rows.append(run)
+            if with_steps:
+                rows.extend(step_rows(run, steps_of.get(run["id"], []), job))
         if job["state"] == "PENDING" or (not runs and job["state"] not in ("RUNNING", "COMPLETING", "PREEMPTING")):
             rows.append({"job_id": job["id"], "array_job_id": job.get("array_job_id"),
                          "array_task_id": job.get("array_task_id"), "name": job["name"], "partition": job["partition"], "user": job["user"],
@@ -139,10 +171,11 @@ def in_window(row: dict, start: float | None, end: float | None) -> bool:
 @click.option("-E", "--endtime", help="until this time (default: now)")
 @click.option("-o", "--format", "fmt", help=f"fields, e.g. JobID,State%20 (default {DEFAULT_FIELDS})")
 @click.option("-l", "--long", "long_", is_flag=True, help=f"fields {LONG_FIELDS}")
+@click.option("-X", "--allocations", is_flag=True, help="runs only, not their steps")
 @click.option("-n", "--noheader", is_flag=True, help="no header line")
 @click.option("-P", "--parsable2", "parsable", is_flag=True, help="'|'-separated output")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def main(job_ids, users, me, starttime, endtime, fmt, long_, noheader, parsable, as_json):
+def main(job_ids, users, me, starttime, endtime, fmt, long_, allocations, noheader, parsable, as_json):
     """Show accounting data: every run of every job."""
     body: dict = {}
     if job_ids:
@@ -164,12 +197,12 @@ def main(job_ids, users, me, starttime, endtime, fmt, long_, noheader, parsable,
         fail("hacct", getattr(exc, "message", None) or str(exc))
     if start is not None:
         body["since"] = start  # only jobs that had not ended by then: the rest is filtered out below anyway
-    reply = call_pages("hacct", "acct", body, keys=("jobs", "runs"))
+    reply = call_pages("hacct", "acct", body, keys=("jobs", "runs", "steps"))
     if as_json:
         json.dump(reply, sys.stdout, indent=2, default=str)
         print()
         return
-    rows = [r for r in rows_for(reply) if in_window(r, start, end)]
+    rows = [r for r in rows_for(reply, not allocations) if in_window(r, start, end)]
     cells = [[FIELDS[key](r) for key, _h, _w in fields] for r in rows]
     if parsable:
         if not noheader:

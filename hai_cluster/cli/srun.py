@@ -111,6 +111,7 @@ class Step:
         self.local: NodeTasks | None = None
         self.conn: RpcConnection | None = None
         self.killed = False
+        self.interrupted = False  # by SIGINT/SIGTERM: the step ends CANCELLED
         self.early: list[tuple[str, Any]] = []
         self.next_seq: dict[int, int] = {}  # per remote task: the next output message expected
 
@@ -170,6 +171,11 @@ class Step:
             code, sig = body.get("exit_code"), body.get("signal")
             self.ended(task, code if isinstance(code, int) else None, sig if isinstance(sig, int) else None)
 
+    def interrupt(self, sig: int) -> None:
+        """srun was sent SIGINT or SIGTERM (scancel, Ctrl-C): passed on to every task."""
+        self.interrupted = True
+        asyncio.ensure_future(self.signal(sig))
+
     async def signal(self, sig: int) -> None:
         if self.local is not None:
             self.local.signal(sig)
@@ -196,6 +202,11 @@ async def run(args: argparse.Namespace, job_id: int, socket_path: str) -> int:
     try:
         reply = await conn.call("step_create", {"job_id": job_id, "request": request_to_wire(request_of(args)),
                                                 "argv": list(args.command), "cwd": cwd, "env": env}, timeout=180)
+        warn(args, reply.get("warnings") or ())
+        if "refused" in reply:
+            error(str(reply["refused"]))
+            runner.cancel()
+            return 1
         layout = layout_from_wire(reply["layout"])
         step.node = str(reply["node"])
         master = str(reply["master_addr"])
@@ -207,13 +218,10 @@ async def run(args: argparse.Namespace, job_id: int, socket_path: str) -> int:
         error(f"the step could not be created: {exc or 'no answer from the agent'}")
         runner.cancel()
         return 1
-    for w in reply.get("warnings") or ():
-        if not args.quiet:
-            print(f"{PROG}: Warning: {printable(str(w))}", file=sys.stderr)
     step.started(layout)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda s=sig: asyncio.ensure_future(step.signal(s)))
+        loop.add_signal_handler(sig, lambda s=sig: step.interrupt(s))
     mine = layout.on(step.node)
     step.local = NodeTasks(step.on_local_output, step.on_local_exit)
     await step.local.start(args.command, cwd, [(t.procid, task_environment(env, os.environ, layout, t, master))
@@ -228,12 +236,28 @@ async def run(args: argparse.Namespace, job_id: int, socket_path: str) -> int:
             step.ends.setdefault(t.procid, (None, signal.SIGKILL))
     else:
         try:
-            await conn.call("step_done", {"job_id": job_id, "step_id": layout.step_id}, timeout=10)
+            code, sig = step_outcome(step.ends.values())
+            await conn.call("step_done", {"job_id": job_id, "step_id": layout.step_id, "exit_code": code,
+                                          "signal": sig, "cancelled": step.interrupted}, timeout=10)
         except (RpcError, ConnectionLost, asyncio.TimeoutError):
             pass
     await conn.close()
     runner.cancel()
     return report(step)
+
+
+def warn(args: argparse.Namespace, warnings) -> None:
+    if not args.quiet:
+        for w in warnings:
+            print(f"{PROG}: Warning: {printable(str(w))}", file=sys.stderr)
+
+
+def step_outcome(ends) -> tuple[int, int | None]:
+    """The step's exit code for accounting, as Slurm's: the highest code of its tasks, and a fatal
+    signal of one of them."""
+    ends = list(ends)
+    return (max((code or 0 for code, _sig in ends), default=0),
+            max((sig for _code, sig in ends if sig), default=None))
 
 
 def report(step: Step) -> int:

@@ -127,7 +127,26 @@ async def acct(ctx: ApiContext, body, caller: Caller):
                          ended_since=since)
     job_rows, more = _page_and_next(page, limit)
     run_rows = await ctx.ctl.db(ctx.repo.runs, of_jobs=[j["id"] for j in job_rows]) if job_rows else []
-    return {"now": time.time(), "runs": run_rows, "jobs": [ctx.public(j) for j in job_rows], **more}
+    step_rows = await ctx.ctl.db(ctx.repo.steps.of_runs, [r["id"] for r in run_rows]) if run_rows else []
+    return {"now": time.time(), "runs": run_rows, "steps": step_rows, "jobs": [ctx.public(j) for j in job_rows],
+            **more}
+
+
+STEP_JOB_KEYS = ("id", "array_job_id", "array_task_id", "name", "user", "partition", "start_time", "nodelist")
+LIVE = [s.value for s in JobState if s.holds_resources]
+
+
+async def steps(ctx: ApiContext, body, caller: Caller):
+    """hqueue -s: a page of the jobs holding nodes, each with its open steps (its batch step is
+    the job's run itself: its start and first node)."""
+    after, limit = ctx.page(body)
+    page = await _listed(ctx, ids=int_list(body, "ids"), states=LIVE, users=filter_list(body, "users"),
+                         partitions=filter_list(body, "partitions"), tasks=task_list(body),
+                         after_id=after, limit=limit + 1)
+    job_rows, more = _page_and_next(page, limit)
+    step_rows = await ctx.ctl.db(ctx.repo.steps.open_of, [j["id"] for j in job_rows]) if job_rows else []
+    return {"now": time.time(), "jobs": [{k: j.get(k) for k in STEP_JOB_KEYS} for j in job_rows],
+            "steps": step_rows, **more}
 
 
 async def events(ctx: ApiContext, body, caller: Caller):

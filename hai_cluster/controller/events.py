@@ -24,6 +24,8 @@ KINDS = {
     "checkpoint_notice": "the agent was told to write the notice and signal the run",
     "cancel_requested": "someone cancelled the job",
     "ended": "a run ended",
+    "step_start": "srun started a job step of these tasks on these nodes",
+    "step_end": "a job step ended (srun's report: its state and worst exit code)",
     "requeued": "the job is pending again after its run ended",
     "held": "the job was held",
     "released": "the job was released",

@@ -5,19 +5,21 @@ of the node where srun waits. agent/steps.py has the whole path.
 These are requests the agents make on their link (the controller serves them there, context:
 the node's name). The controller trusts the agent's word on who asked (it checked the kernel's),
 and checks the rest against the store: the job runs, this attempt, on that node, for that uid.
-Steps live in memory: a controller restart forgets their routing (their tasks run on, and what
-they print from then on is dropped; the job's own run is not touched).
+A step's routing lives in memory, and its record in the store (store/steps.py: its id, command,
+nodes, task counts, times and end, for hacct and hqueue -s): a restarted controller rebuilds an
+open step's routing from its row when the step's next message comes.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..core.states import JobState
-from ..core.steps import Allocation, StepError, plan_step
+from ..core.hostlist import compress
+from ..core.steps import Allocation, StepError, plan_step, step_end_state, step_name
 from ..protocol import steps as wire
 from ..protocol.runspec import check_keys, nonneg_int, valid_signal
 from ..transport.rpc import RequestError, RpcError, RpcTable, refusing
@@ -45,13 +47,12 @@ class LiveStep:
 class StepHub:
     def __init__(self, ctl: "Controller") -> None:
         self.ctl = ctl
-        self.next_id: dict[tuple[int, int], int] = {}  # (job, attempt) -> its next step id
         self.live: dict[tuple[int, int], LiveStep] = {}  # (job, step)
 
     def table(self) -> RpcTable:
         table = RpcTable()
         for name, fn in (("step_create", self.create), ("step_launch", self.launch), ("step_output", self.output),
-                         ("step_exit", self.task_ended), ("step_signal", self.signal)):
+                         ("step_exit", self.task_ended), ("step_signal", self.signal), ("step_end", self.end)):
             table.add(name, refusing(fn, ValueError))  # SpecError and the like
         return table
 
@@ -72,25 +73,29 @@ class StepHub:
             raise RequestError(f"Unable to create step for job {job_id}: Job/step already completing or completed")
         alloc = Allocation(job_id, nodes, job.spec.tasks_per_node, job.spec.cpus_per_task,
                            tuple(tuple(ranks[n].gpus) for n in nodes))
-        key = (job_id, attempt)
-        step_id = self.next_id.get(key, 0)
         try:
-            layout, warnings = plan_step(alloc, request, step_id)
-        except StepError as exc:
-            raise RequestError(str(exc)) from None
+            layout, warnings = plan_step(alloc, request, 0)  # its id once it is known to fit
+        except StepError as exc:  # an answer, not an error: srun prints its warnings first
+            return {"refused": str(exc), "warnings": list(exc.warnings)}
         remote = [n for n in layout.nodes if n != node]
         if nodes[0] in remote:  # only the first node has no step server: its tasks are srun's own
             raise RequestError(f"Unable to create step for job {job_id}: a step on {nodes[0]} (the batch "
                                f"script's node) can only be started from there")
-        self.next_id[key] = step_id + 1
+        step_id = await self.ctl.db(self.ctl.repo.steps.begin, job_id, attempt, name=step_name(argv),
+                                    nodes=layout.nodes, counts=layout.counts,
+                                    cpus=layout.ntasks * layout.cpus_per_task, origin=node,
+                                    now=time.time())
+        if step_id is None:
+            raise RequestError(f"Unable to create step for job {job_id}: Job/step already completing or completed")
+        layout = replace(layout, step_id=step_id)
         master = self.ctl.addresses.get(layout.nodes[0], layout.nodes[0])
         live = LiveStep(node, attempt, layout.nodes,
                         {t.procid: layout.nodes[t.node] for t in layout.tasks if layout.nodes[t.node] != node})
         self.live[(job_id, step_id)] = live
         live.start = {"job_id": job_id, "attempt": attempt, "layout": layout.to_wire(), "argv": argv,
                       "cwd": cwd, "env": env, "master_addr": master}
-        log.info("job %d: step %d.%d of %d task(s) on %s (srun on %s)", job_id, job_id, step_id,
-                 layout.ntasks, ",".join(layout.nodes), node)
+        self.ctl.events.record("step_start", job_id, node, step=f"{job_id}.{step_id}", name=step_name(argv),
+                               tasks=layout.ntasks, nodes=compress(list(layout.nodes)))
         return {"layout": layout.to_wire(), "warnings": warnings, "master_addr": master}
 
     async def launch(self, body: Any, node: str) -> dict:
@@ -121,9 +126,28 @@ class StepHub:
             raise RequestError(f"node {node} is unknown")
         return await link.call(method, body, timeout=timeout)
 
-    def _route(self, body: Any, node: str, procid: int) -> LiveStep:
-        key = (body["job_id"], body["step_id"])
+    async def _live(self, key: tuple[int, int]) -> LiveStep | None:
+        """The step's routing; after a controller restart, rebuilt from the store (its tasks on
+        other nodes are taken as running: those that had ended send nothing more)."""
         live = self.live.get(key)
+        if live is not None:
+            return live
+        row = await self.ctl.db(self.ctl.repo.steps.open_step, *key)
+        if row is None:
+            return None
+        nodes = tuple(row["nodelist"].split(","))
+        remote, procid = {}, 0
+        for name, count in zip(nodes, map(int, row["counts"].split(","))):
+            for _ in range(count):
+                if name != row["origin"]:
+                    remote[procid] = name
+                procid += 1
+        live = self.live[key] = LiveStep(row["origin"], row["attempt"], nodes, remote)
+        return live
+
+    async def _route(self, body: Any, node: str, procid: int) -> LiveStep:
+        key = (body["job_id"], body["step_id"])
+        live = await self._live(key)
         if live is None or live.attempt != body.get("attempt") or node not in live.nodes or node == live.origin:
             raise RequestError(f"step {key[0]}.{key[1]} is not running on node {node}")
         if live.remote.get(procid) != node:
@@ -132,12 +156,12 @@ class StepHub:
 
     async def output(self, body: Any, node: str) -> dict:
         procid = wire.output(body, "attempt")[2]
-        live = self._route(body, node, procid)
+        live = await self._route(body, node, procid)
         return await self._forward(live, "step_output", body)
 
     async def task_ended(self, body: Any, node: str) -> dict:
         procid = wire.task_exit(body, "attempt")[2]
-        live = self._route(body, node, procid)
+        live = await self._route(body, node, procid)
         reply = await self._forward(live, "step_exit", body)
         live.remote.pop(procid, None)
         if not live.remote:
@@ -159,11 +183,28 @@ class StepHub:
                     return {"delivered": False}
             await asyncio.sleep(RETRY)
 
+    async def end(self, body: Any, node: str) -> dict:
+        """srun's agent reports the step's end: its worst exit code, or that srun went first."""
+        check_keys("step_end body", body, ("job_id", "attempt", "step_id", "exit_code", "signal", "cancelled"))
+        job_id, attempt, step_id = (nonneg_int(k, body[k]) for k in ("job_id", "attempt", "step_id"))
+        code = None if body["exit_code"] is None else nonneg_int("exit_code", body["exit_code"])
+        sig = None if body["signal"] in (None, 0) else valid_signal("signal", body["signal"])
+        if not isinstance(body["cancelled"], bool):
+            raise RequestError("cancelled must be true or false")
+        state = step_end_state(code, sig, body["cancelled"])
+        ended = await self.ctl.db(self.ctl.repo.steps.end, job_id, attempt, step_id, origin=node, state=state,
+                                  exit_code=code, exit_signal=sig, now=time.time())
+        if ended:
+            self.live.pop((job_id, step_id), None)  # a task that ended unreported keeps none behind
+            self.ctl.events.record("step_end", job_id, node, step=f"{job_id}.{step_id}", state=state,
+                                   exit_code=f"{code or 0}:{sig or 0}")
+        return {"recorded": ended}
+
     async def signal(self, body: Any, node: str) -> dict:
         check_keys("step_signal body", body, ("job_id", "step_id", "signal"))
         job_id, step_id = nonneg_int("job_id", body["job_id"]), nonneg_int("step_id", body["step_id"])
         sig = valid_signal("signal", body["signal"])
-        live = self.live.get((job_id, step_id))
+        live = await self._live((job_id, step_id))
         if live is None or live.origin != node:
             return {"signalled": 0}
         return {"signalled": await self._signal_nodes(job_id, live.attempt, step_id,

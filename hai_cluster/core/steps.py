@@ -19,7 +19,12 @@ from .hostlist import compress
 
 
 class StepError(ValueError):
-    """A step the allocation cannot hold; the text is srun's error (after `srun: error: `)."""
+    """A step the allocation cannot hold; the text is srun's error (after `srun: error: `), and
+    `warnings` what srun warned of before it (as Slurm's srun prints them first)."""
+
+    def __init__(self, message: str, warnings: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.warnings = tuple(warnings)
 
 
 @dataclass(frozen=True)
@@ -94,8 +99,15 @@ def tasks_per_node_text(counts: Sequence[int]) -> str:
 
 
 def plan_step(alloc: Allocation, req: StepRequest, step_id: int) -> tuple[StepLayout, list[str]]:
-    """The step's layout and srun's warnings, or StepError."""
+    """The step's layout and srun's warnings, or StepError (with the warnings before it)."""
     warnings: list[str] = []
+    try:
+        return _layout(alloc, req, step_id, warnings), warnings
+    except StepError as exc:
+        raise StepError(str(exc), warnings) from None
+
+
+def _layout(alloc: Allocation, req: StepRequest, step_id: int, warnings: list[str]) -> StepLayout:
     job = alloc.job_id
     unknown = [n for n in (*req.nodelist, *req.exclude) if n not in alloc.nodes]
     if unknown:
@@ -149,7 +161,7 @@ def plan_step(alloc: Allocation, req: StepRequest, step_id: int) -> tuple[StepLa
             gpus = held if g is None else held[local * g:(local + 1) * g]
             tasks.append(Task(procid, i, local, tuple(gpus)))
             procid += 1
-    return StepLayout(job, step_id, tuple(chosen), tuple(counts), tuple(tasks), cpt), warnings
+    return StepLayout(job, step_id, tuple(chosen), tuple(counts), tuple(tasks), cpt)
 
 
 def layout_from_wire(d: object) -> StepLayout:
@@ -216,3 +228,16 @@ def task_environment(base: Mapping[str, str], node_env: Mapping[str, str], layou
     else:
         env.pop("CUDA_VISIBLE_DEVICES", None)
     return env
+
+
+def step_name(argv: Sequence[str]) -> str:
+    """A step's name, as Slurm gives it: its command's file name (`12.0 python`)."""
+    return argv[0].rstrip("/").rsplit("/", 1)[-1] or argv[0]
+
+
+def step_end_state(exit_code: int | None, signal: int | None, cancelled: bool) -> str:
+    """A step's state once it ended, as sacct shows it: srun interrupted (scancel, Ctrl-C) is
+    CANCELLED; otherwise a task's non-zero code or fatal signal makes it FAILED."""
+    if cancelled:
+        return "CANCELLED"
+    return "FAILED" if exit_code or signal else "COMPLETED"

@@ -24,6 +24,7 @@ from .applier import Refused, StartRequest
 from .dependencies import DependencyBook
 from .records import JobRecord, StartedRun
 from .schema import array_specs, gpus, jobs, nodes, run_ranks, runs
+from .steps import StepBook, close_open
 from .views import full_spec, job_columns, job_view, live_ranks, node_views, probe_view, spec_columns
 
 ACTIVE = [s.value for s in ACTIVE_STATES]
@@ -207,6 +208,7 @@ class Repository:
         # What of each pending job's dependency is still open, from pass to pass (one store
         # thread calls load_snapshot, so no lock).
         self._dependencies = DependencyBook()
+        self.steps = StepBook(engine)
 
     # ---- submission and user actions -------------------------------------------------------
     def submit(self, spec: JobSpec, *, user: str, uid: int, gid: int, partition: str, now: float,
@@ -493,6 +495,7 @@ class Repository:
         c.execute(*st.update_by_id(runs, run.id, dict(
             state=outcome.state.value, end_time=end, exit_code=outcome.exit_code,
             exit_signal=outcome.signal, reason=why)))
+        close_open(c, run.id, end)
         spec = JobSpec.from_wire(full_spec(c, job))
         new_state = job_state_after(outcome.state, spec.requeue)
         gpu_seconds = max(0.0, end - run.start_time) * (run.gpu_charge or run.gpus)

@@ -136,6 +136,27 @@ run_ranks = Table(
           postgresql_where=text("state != 'ended'")),
 )
 
+# 0018: one row per job step (an srun inside the job), of one run; the batch step is the run itself.
+run_steps = Table(
+    "run_steps", metadata,
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    Column("step_id", Integer, primary_key=True),
+    Column("name", String(200), nullable=False),  # the command srun ran, as Slurm names a step
+    Column("nodelist", String(1000), nullable=False),  # comma list, as runs.nodelist
+    Column("counts", String(1000), nullable=False),  # tasks on each of them ("2,2"): its routing, rebuilt
+    Column("ntasks", Integer, nullable=False),
+    Column("cpus", Integer, nullable=False),  # its tasks' CPUs together (sacct's AllocCPUS)
+    Column("origin", String(64), nullable=False),  # the node where srun runs: only its agent ends the step
+    Column("start_time", Float, nullable=False),
+    Column("end_time", Float),
+    Column("state", String(16), nullable=False),  # RUNNING | COMPLETED | FAILED | CANCELLED
+    Column("exit_code", Integer),
+    Column("exit_signal", Integer),
+    # the open steps only, which a run's end closes
+    Index("ix_run_steps_open", "run_id", sqlite_where=text("end_time IS NULL"),
+          postgresql_where=text("end_time IS NULL")),
+)
+
 nodes = Table(
     "nodes", metadata,
     Column("name", String(64), primary_key=True),

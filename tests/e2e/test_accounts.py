@@ -81,7 +81,7 @@ def test_accounts_quota_and_live_limits(cluster):
     cluster.wait_nodes(1)
     shown = cluster.cli("hcontrol", "show", "accounts").stdout
     assert "Account=vision Shares=5 MaxGPUs=4" in shown
-    acct = cluster.cli("hacct", "-j", str(first), "-P", "-n", "-o", "JobID,Account").stdout
+    acct = cluster.cli("hacct", "-X", "-j", str(first), "-P", "-n", "-o", "JobID,Account").stdout
     assert acct.splitlines()[0] == f"{first}|vision"
     cluster.cli("hcancel", str(first), str(second))
     for j in (first, second):

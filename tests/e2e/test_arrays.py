@@ -45,10 +45,10 @@ def test_array_from_a_directive_with_a_list_shows_in_hacct(cluster):
     (home / "list.sh").write_text("#!/bin/sh\n#SBATCH --array=1,3,5-9\n#HAI -J listed\ntrue\n")
     array_id = cluster.submit("list.sh")
     wait_all(cluster, array_id)
-    ids = cluster.cli("hacct", "-j", str(array_id), "-P", "-n", "-o", "JobID,JobName,State").stdout.split()
+    ids = cluster.cli("hacct", "-X", "-j", str(array_id), "-P", "-n", "-o", "JobID,JobName,State").stdout.split()
     assert ids == [f"{array_id}_{t}|listed|COMPLETED" for t in (1, 3, 5, 6, 7, 8, 9)]
     for task in (5, 1):  # task 1 is the array's first: its job id is the array's
-        one = cluster.cli("hacct", "-j", f"{array_id}_{task}", "-P", "-n", "-o", "JobID").stdout.split()
+        one = cluster.cli("hacct", "-X", "-j", f"{array_id}_{task}", "-P", "-n", "-o", "JobID").stdout.split()
         assert one == [f"{array_id}_{task}"]
 
 

@@ -41,7 +41,7 @@ def image(cluster):
 
 
 def acct_fields(cluster, job_id: int) -> list[str]:
-    lines = cluster.cli("hacct", "-j", str(job_id), "-P", "-n").stdout.strip().splitlines()
+    lines = cluster.cli("hacct", "-X", "-j", str(job_id), "-P", "-n").stdout.strip().splitlines()
     assert len(lines) == 1, lines
     return lines[0].split("|")
 

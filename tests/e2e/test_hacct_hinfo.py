@@ -29,7 +29,7 @@ def running(cluster, name: str, *argv: str, user: str = TEST_USER) -> int:
 
 
 def acct(cluster, *argv: str, user: str = TEST_USER) -> list[str]:
-    return cluster.cli("hacct", "-P", "-n", *argv, user=user).stdout.splitlines()
+    return cluster.cli("hacct", "-X", "-P", "-n", *argv, user=user).stdout.splitlines()
 
 
 def iso(t: float) -> str:
@@ -42,19 +42,21 @@ def test_hacct_default_fields_are_sacct_s(cluster):
     lines = cluster.cli("hacct", "-j", str(j)).stdout.splitlines()
     assert lines[0].split() == ["JobID", "JobName", "Partition", "Account", "AllocCPUS", "State", "ExitCode"]
     assert lines[1].split() == [str(j), "plain", "gpu", "default", "1", "COMPLETED", "0:0"]
+    assert lines[2].split() == [f"{j}.batch", "batch", "default", "1", "COMPLETED", "0:0"]  # no partition
+    assert len(lines) == 3
 
 
 def test_hacct_field_list_with_widths(cluster):
     j = cluster.submit("-J", "a-rather-long-job-name", "-o", "/dev/null", "--wrap", "true")
     cluster.wait_state(j, "COMPLETED")
-    header, row = cluster.cli("hacct", "-j", str(j), "-o", "JobID,JobName%6,State%12,ExitCode").stdout.splitlines()
+    header, row = cluster.cli("hacct", "-X", "-j", str(j), "-o", "JobID,JobName%6,State%12,ExitCode").stdout.splitlines()
     assert header.split() == ["JobID", "JobNam", "State", "ExitCode"]  # %6 cuts the header and the name
     assert row.split() == [str(j), "a-rath", "COMPLETED", "0:0"]
     # %12 pads the state column to 12 characters: ExitCode starts 13 after State, on every line
     assert header.index("ExitCode") == header.index("State") + 13 == row.index("0:0")
     assert row.index("COMPLETED") == header.index("State")
     assert acct(cluster, "-j", str(j), "-o", "jobid,STATE,jobname") == [f"{j}|COMPLETED|a-rather-long-job-name"]
-    res = cluster.cli("hacct", "-o", "JobID,Bogus", check=False)
+    res = cluster.cli("hacct", "-X", "-o", "JobID,Bogus", check=False)
     assert res.returncode != 0 and "invalid field 'Bogus'" in res.stderr
 
 
@@ -93,9 +95,9 @@ def test_hacct_time_window_user_filter_and_json(cluster):
     assert mine in ids("-u", TEST_USER) and theirs not in ids("-u", TEST_USER)
     assert theirs in ids("-u", OTHER_USER) and mine not in ids("-u", OTHER_USER)
     assert mine in ids("--me") and theirs not in ids("--me")
-    res = cluster.cli("hacct", "-S", "not-a-time", check=False)
+    res = cluster.cli("hacct", "-X", "-S", "not-a-time", check=False)
     assert res.returncode != 0 and "not-a-time" in res.stderr
-    reply = json.loads(cluster.cli("hacct", "--json", "-j", str(mine)).stdout)
+    reply = json.loads(cluster.cli("hacct", "-X", "--json", "-j", str(mine)).stdout)
     assert [(j["id"], j["state"], j["user"]) for j in reply["jobs"]] == [(mine, "COMPLETED", TEST_USER)]
     assert [(r["job_id"], r["state"]) for r in reply["runs"]] == [(mine, "COMPLETED")]
 

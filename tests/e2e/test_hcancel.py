@@ -102,5 +102,5 @@ def test_hcancel_ends_a_job_with_sigcont_then_sigterm_then_sigkill_after_the_kil
     term_at = float(next(line for line in lines if line.startswith("TERM")).split()[1])
     assert run["end_time"] - term_at >= 3 - 0.5
     uid = pwd.getpwnam(TEST_USER).pw_uid
-    state = cluster.cli("hacct", "-j", str(j), "-P", "-n", "-o", "State,ExitCode").stdout.split("\n")[0]
+    state = cluster.cli("hacct", "-X", "-j", str(j), "-P", "-n", "-o", "State,ExitCode").stdout.split("\n")[0]
     assert state == f"CANCELLED by {uid}|0:9"

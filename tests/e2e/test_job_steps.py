@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 
 import pytest
@@ -82,6 +83,7 @@ srun -n 2 bash -c 'exit $SLURM_PROCID'; echo "rcexit=$?"
 srun -n 4 bash -c '[ $SLURM_PROCID = 3 ] && kill -9 $$; true'; echo "rcsig=$?"
 srun -n 99 true; echo "rc99=$?"
 srun -N 3 true; echo "rcN3=$?"
+srun -N 1 true; echo "rcN1=$?"
 srun nosuchcommand-xyz; echo "rcmissing=$?"
 srun -x {a} -n 1 bash -c 'echo x=$SLURMD_NODENAME'
 """)
@@ -92,9 +94,61 @@ srun -x {a} -n 1 bash -c 'echo x=$SLURMD_NODENAME'
     assert "srun: error: Unable to create step for job" in text and "More processors requested than permitted" in text
     assert "rc99=1" in lines
     assert "srun: error: Only allocated 2 nodes asked for 3" in lines and "rcN3=1" in lines
+    # a refused step's warnings come first, as Slurm's srun prints them
+    refused = lines.index("rcN1=1")
+    assert lines[refused - 2] == (
+        "srun: Warning: can't honor --ntasks-per-node set to 2 which doesn't match the requested tasks 4 with the "
+        "number of requested nodes 1. Ignoring --ntasks-per-node."), text
+    assert re.fullmatch(r"srun: error: Unable to create step for job \d+: More processors requested than permitted",
+                        lines[refused - 1]), text
     assert "slurmstepd: error: execve(): nosuchcommand-xyz: No such file or directory" in lines
     assert "rcmissing=2" in lines
     assert f"x={b}" in lines and "srun: Warning: can't run 1 processes on 2 nodes, setting nnodes to 1" in lines
+
+
+def test_steps_are_accounted_and_listed_and_their_ids_outlive_a_controller_restart(cluster, names):
+    a, b = names
+    d = user_dir(cluster.workdir, TEST_USER)
+    flag = d / "acct-go"
+    flag.unlink(missing_ok=True)
+    (d / "acct.sh").write_text(f"""#!/bin/bash
+#SBATCH -N 2 --ntasks-per-node=2 -J accounted
+srun bash -c 'echo sid=$SLURM_STEP_ID' | sort -u
+srun -w {b} -N 1 -n 2 sleep 300 &
+while [ ! -e {flag} ]; do sleep 0.2; done
+kill %1; wait
+srun -n 1 bash -c 'echo sid=$SLURM_STEP_ID; exit 3'
+echo done
+""")
+    out = d / "acct.out"
+    job_id = cluster.submit("-o", str(out), str(d / "acct.sh"))
+    steps = wait_for(lambda: (text := cluster.cli("hqueue", "-s", "-j", str(job_id), "-h").stdout).count("\n") == 2
+                     and text, 60, what="the sleep step and the batch step in hqueue -s")
+    assert [line.split()[:2] + line.split()[-1:] for line in steps.splitlines()] == [
+        [f"{job_id}.1", "sleep", b], [f"{job_id}.batch", "batch", a]]
+    assert cluster.cli("hqueue", "-s", f"{job_id}.1", "-o", "%i %N", "-h").stdout.split() == [f"{job_id}.1", b]
+    cluster.controller.kill(signal.SIGKILL)
+    cluster.controller.start()
+    cluster.wait_nodes(2)
+    flag.touch()
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED", timeout=90)
+    text = out.read_text()
+    assert job["state"] == "COMPLETED", text
+    assert [line for line in text.splitlines() if line.startswith("sid=")] == ["sid=0", "sid=2"], text
+    rows = [line.split("|") for line in cluster.cli(
+        "hacct", "-j", str(job_id), "-P", "-n", "-o", "JobID,JobName,Partition,AllocCPUS,State,ExitCode,NodeList"
+    ).stdout.splitlines()]
+    nl = cluster.cli("hcontrol", "show", "hostlist", f"{a},{b}").stdout.strip()
+    assert rows == [
+        [str(job_id), "accounted", "gpu", "4", "COMPLETED", "0:0", nl],
+        [f"{job_id}.batch", "batch", "", "2", "COMPLETED", "0:0", a],
+        [f"{job_id}.0", "bash", "", "4", "COMPLETED", "0:0", nl],
+        [f"{job_id}.1", "sleep", "", "2", "CANCELLED", "0:15", b],
+        [f"{job_id}.2", "bash", "", "1", "FAILED", "3:0", a]], text
+    assert cluster.cli("hacct", "-X", "-j", str(job_id), "-P", "-n", "-o", "JobID").stdout.split() == [str(job_id)]
+    events = cluster.cli("hcontrol", "show", "events", str(job_id)).stdout
+    assert f"event=step_start job={job_id} node={a} step={job_id}.2 name=bash tasks=1 nodes={a}" in events
+    assert f"event=step_end job={job_id} node={a} step={job_id}.2 state=FAILED exit_code=3:0" in events
 
 
 def test_steps_side_by_side_and_much_output_from_another_node(cluster, names):

@@ -68,7 +68,7 @@ def test_short_job_preempts_long_ones_which_resume_from_their_checkpoint(cluster
         flat = [s for run in sorted(steps) for s in steps[run]]
         assert flat == list(range(1, 151))
         assert sorted(steps) == list(range(job["restart_count"] + 1))
-        acct = cluster.cli("hacct", "-j", str(j), "-P", "-n", "-o", "State,Restarts").stdout.splitlines()
+        acct = cluster.cli("hacct", "-X", "-j", str(j), "-P", "-n", "-o", "State,Restarts").stdout.splitlines()
         assert [line.split("|")[0] for line in acct] == ["PREEMPTED"] * job["restart_count"] + ["COMPLETED"]
         assert [line.split("|")[1] for line in acct] == [str(i) for i in range(len(acct))]
         out = (user_dir(cluster.workdir, TEST_USER) / f"a{a_jobs.index(j)}-{j}.out").read_text()

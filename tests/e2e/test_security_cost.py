@@ -250,7 +250,7 @@ def test_a_listing_of_a_long_history_is_answered_in_pages():
         assert len(first["jobs"]) == PAGE_ROWS and first["more"] and first["next"] == first["jobs"][-1]["id"]
         out = c.cli("hqueue", "-t", "all", "-h", "-r", "-o", "%i").stdout.split()
         assert len(out) == 25_000 and len(set(out)) == 25_000
-        rows = c.cli("hacct", "-u", TEST_USER, "-n", "-P", "-o", "JobID").stdout.split()
+        rows = c.cli("hacct", "-X", "-u", TEST_USER, "-n", "-P", "-o", "JobID").stdout.split()
         assert len(rows) == 25_000
     finally:
         c.close()

@@ -49,9 +49,9 @@ echo "head=$(hcontrol show hostnames | head -n1) all=$(hcontrol show hostnames |
         assert "cvd=0,1 " in text and f"nn=2 slurm={job_id}/{rank}" in text
         assert f"user={TEST_USER} arg=hello-arg" in text
         assert f"head={names[0]} all={' '.join(names)} \n" in text  # how scripts find their head node
-    acct = cluster.cli("hacct", "-j", str(job_id), "-P", "-n", "-o", "JobID,State,ExitCode,AllocGPUS").stdout
+    acct = cluster.cli("hacct", "-X", "-j", str(job_id), "-P", "-n", "-o", "JobID,State,ExitCode,AllocGPUS").stdout
     assert acct.splitlines() == [f"{job_id}|COMPLETED|0:0|4"]
-    default = cluster.cli("hacct", "-j", str(job_id)).stdout.splitlines()
+    default = cluster.cli("hacct", "-X", "-j", str(job_id)).stdout.splitlines()
     assert default[0].split() == ["JobID", "JobName", "Partition", "Account", "AllocCPUS", "State", "ExitCode"]
 
 
@@ -79,7 +79,7 @@ sleep 2
         assert lines == ["SLURM_CPUS_ON_NODE=2", "SLURM_GPUS_ON_NODE=2", "SLURM_GPUS_PER_TASK=1",
                          "SLURM_JOB_CPUS_PER_NODE=2(x2)", "SLURM_NPROCS=4", "SLURM_NTASKS=4",
                          "SLURM_NTASKS_PER_NODE=2", "SLURM_TASKS_PER_NODE=2(x2)", "cvd=0,1"]
-    acct = cluster.cli("hacct", "-j", str(job_id), "-P", "-n", "-o", "JobID,AllocCPUS,AllocGPUS").stdout
+    acct = cluster.cli("hacct", "-X", "-j", str(job_id), "-P", "-n", "-o", "JobID,AllocCPUS,AllocGPUS").stdout
     assert acct.splitlines() == [f"{job_id}|4|4"]
 
 

@@ -67,7 +67,7 @@ def test_running_job_telemetry_reaches_hstat_hqueue_hinfo_prometheus_and_hacct(c
 
     stop.touch()
     cluster.wait_state(job_id, "COMPLETED")
-    acct = cluster.cli("hacct", "-j", str(job_id), "-P", "-n", "-o",
+    acct = cluster.cli("hacct", "-X", "-j", str(job_id), "-P", "-n", "-o",
                        "JobID,State,GPUUtil,MaxGPUUtil,MaxGPUMem,Energy").stdout.strip()
     jid, state, util, top, mem, joules = acct.split("|")
     assert (jid, state, util, top, mem) == (str(job_id), "COMPLETED", "90.0%", "90%", "8.0G"), acct

@@ -39,7 +39,7 @@ def test_run_past_its_limit_is_signalled_then_killed_and_ends_as_timeout(cluster
     got = records(log)
     assert got["TERM"] - got["start"] >= 3 - 0.5  # not before its limit
     assert run["end_time"] - got["TERM"] >= 3 - 0.5  # SIGKILL only after the kill wait
-    rows = cluster.cli("hacct", "-j", str(j), "-P", "-n", "-o", "JobID,State,ExitCode").stdout.split()
+    rows = cluster.cli("hacct", "-X", "-j", str(j), "-P", "-n", "-o", "JobID,State,ExitCode").stdout.split()
     assert rows == [f"{j}|TIMEOUT|0:9"]
     assert cluster.cli("hqueue", "-h", "-t", "TO", "-o", "%i %t", "-j", str(j)).stdout.split() == [str(j), "TO"]
 

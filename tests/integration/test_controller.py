@@ -38,7 +38,7 @@ def test_failed_job_reports_exit_code(cluster):
     job = cluster.submit("--wrap", "exit 3")
     done = cluster.wait_state(job, "COMPLETED", "FAILED")
     assert (done["state"], done["exit_code"]) == ("FAILED", 3)
-    row = cluster.cli("hacct", "-j", str(job), "-P", "-n", "-o", "State,ExitCode").stdout.strip()
+    row = cluster.cli("hacct", "-X", "-j", str(job), "-P", "-n", "-o", "State,ExitCode").stdout.strip()
     assert row == "FAILED|3:0"
 
 

@@ -43,7 +43,7 @@ def spec(**kw):
 
 
 def test_migrations_match_the_schema_and_go_down_and_up(engine):
-    assert current_revision(engine) == head_revision() == "0017"
+    assert current_revision(engine) == head_revision() == "0018"
     insp = inspect(engine)
     for table in metadata.sorted_tables:
         assert {c["name"] for c in insp.get_columns(table.name)} == {c.name for c in table.columns}
@@ -157,6 +157,35 @@ def test_the_batch_scripts_end_stops_the_step_servers_and_is_the_jobs(repo):
     assert [r.node for r in first.stop_ranks] == ["b"]  # rank 0 ran the script: the job is over
     last = repo.rank_ended(k, 0, "b", ended(exit_code=None, signal=15, reason="cancel", end_time=7), now=7)
     assert last.run_state == JobState.COMPLETED and repo.job(k)["exit_code"] == 0
+
+
+def test_steps_are_numbered_per_run_ended_by_their_node_and_closed_with_the_run(repo):
+    j = repo.submit(spec(nodes=2, gpus_per_node=1), user="u", uid=1, gid=1, partition="gpu", now=1)
+    repo.start_run(j, Placement(("a", "b"), ((0,), (0,))), now=2)
+    book = repo.steps
+
+    def begin(name, origin="a"):
+        return book.begin(j, 0, name=name, nodes=("a", "b"), counts=(1, 1), cpus=2, origin=origin, now=3)
+
+    assert [begin("hostname"), begin("python"), begin("sleep")] == [0, 1, 2]
+    assert book.begin(j, 7, name="x", nodes=("a",), counts=(1,), cpus=1, origin="a", now=3) is None  # no such run
+    # only srun's node ends a step, once
+    assert not book.end(j, 0, 1, origin="b", state="FAILED", exit_code=3, exit_signal=None, now=4)
+    assert book.end(j, 0, 1, origin="a", state="FAILED", exit_code=3, exit_signal=None, now=4)
+    assert not book.end(j, 0, 1, origin="a", state="COMPLETED", exit_code=0, exit_signal=None, now=5)
+    assert [s["step_id"] for s in book.open_of([j])] == [0, 2]
+    assert book.open_step(j, 2) == {"attempt": 0, "origin": "a", "nodelist": "a,b", "counts": "1,1"}
+    assert book.open_step(j, 1) is None  # ended
+    repo.rank_ended(j, 0, "a", ended(exit_code=0, signal=None, reason=None, end_time=6), now=6)
+    repo.rank_ended(j, 0, "b", ended(exit_code=None, signal=15, reason="cancel", end_time=7), now=7)
+    run_id = repo.runs(job_ids=[j])[0]["id"]
+    rows = book.of_runs([run_id])
+    assert [(s["step_id"], s["name"], s["state"], s["exit_code"]) for s in rows] == [
+        (0, "hostname", "CANCELLED", None), (1, "python", "FAILED", 3), (2, "sleep", "CANCELLED", None)]
+    assert all(s["end_time"] is not None for s in rows) and book.open_of([j]) == [] and book.open_step(j, 0) is None
+    k = repo.submit(spec(), user="u", uid=1, gid=1, partition="gpu", now=8)
+    assert repo.start_run(k, Placement(("b",), ((),)), now=9)
+    assert book.begin(k, 0, name="x", nodes=("b",), counts=(1,), cpus=1, origin="b", now=9) == 0  # its own count
 
 
 def test_failed_rank_asks_to_stop_peers_and_node_fail_requeues(repo):
