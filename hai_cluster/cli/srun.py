@@ -6,7 +6,7 @@ It asks its node's agent ($HAI_STEP_SOCKET) for the step; the controller lays th
 (core/steps.py) and has the other nodes' step servers start theirs, while this srun starts the
 ones of its own node. Every task's stdout and stderr come out of srun's, in whole lines (`-l`
 puts the task's rank before each); srun exits with the highest exit code of its tasks (128+N for
-one killed by signal N). SIGINT and SIGTERM are passed to every task. As Slurm's srun, it takes
+one killed by signal N); -o/-e send it to files instead (cli/srun_output.py). SIGINT and SIGTERM are passed to every task. As Slurm's srun, it takes
 its defaults from the job: SLURM_NNODES, SLURM_NTASKS, SLURM_NTASKS_PER_NODE, SLURM_CPUS_PER_TASK.
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ from ..core.usertext import printable
 from ..job.tasks import NodeTasks, describe_end
 from ..protocol.steps import request_to_wire
 from ..transport.rpc import ConnectionLost, RpcConnection, RpcError
+from .srun_output import OPEN_MODES, SinkError, Sinks
 
 PROG = "srun"
 class Usage(Exception):
@@ -48,6 +49,12 @@ def _names(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"invalid node list {text!r}: {exc}") from None
 
 
+def _open_mode(text: str) -> str:
+    if text.lower() not in OPEN_MODES:
+        raise argparse.ArgumentTypeError(f"invalid --open-mode {text!r} (append or truncate)")
+    return text.lower()
+
+
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, add_help=True, allow_abbrev=False,
                 usage="srun [OPTIONS] executable [args...]")
@@ -70,7 +77,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="count", default=0)
     for flag in ("--exact", "--exclusive", "--overlap"):
         p.add_argument(flag, action="store_true")
-    for opt in ("--mpi", "--cpu-bind", "--hint", "--gpu-bind", "-m", "--mem-bind", "--open-mode"):
+    p.add_argument("-o", "--output")
+    p.add_argument("-e", "--error")
+    p.add_argument("--open-mode", type=_open_mode)
+    for opt in ("--mpi", "--cpu-bind", "--hint", "--gpu-bind", "-m", "--mem-bind"):
         p.add_argument(opt)
     p.add_argument("command", nargs=argparse.REMAINDER)
     return p
@@ -106,8 +116,7 @@ class Step:
         self.ends: dict[int, tuple[int | None, int | None]] = {}
         self.all_ended = asyncio.Event()
         self.width = 1
-        self.out = sys.stdout.buffer
-        self.err = sys.stderr.buffer
+        self.sinks = Sinks(sys.stdout.buffer, sys.stderr.buffer)
         self.local: NodeTasks | None = None
         self.conn: RpcConnection | None = None
         self.killed = False
@@ -116,7 +125,9 @@ class Step:
         self.next_seq: dict[int, int] = {}  # per remote task: the next output message expected
 
     def write(self, procid: int, stream: str, data: bytes) -> None:
-        f = self.out if stream == "out" else self.err
+        f = self.sinks.target(procid, stream)
+        if f is None:  # -o none, or another task's number
+            return
         if self.args.label:
             prefix = f"{procid:>{self.width}}: ".encode()
             lines = data.splitlines(keepends=True)
@@ -218,6 +229,16 @@ async def run(args: argparse.Namespace, job_id: int, socket_path: str) -> int:
         error(f"the step could not be created: {exc or 'no answer from the agent'}")
         runner.cancel()
         return 1
+    try:
+        step.sinks.route(layout, args.output, args.error, args.open_mode, args.chdir or os.getcwd(), os.environ)
+    except SinkError as exc:  # the other nodes' tasks have started: they go, the step failed
+        error(str(exc))
+        step.layout = layout
+        await step.signal(signal.SIGKILL)
+        await _done(conn, job_id, layout.step_id, 1, None, False)
+        await conn.close()
+        runner.cancel()
+        return 1
     step.started(layout)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -235,15 +256,20 @@ async def run(args: argparse.Namespace, job_id: int, socket_path: str) -> int:
         for t in layout.tasks:
             step.ends.setdefault(t.procid, (None, signal.SIGKILL))
     else:
-        try:
-            code, sig = step_outcome(step.ends.values())
-            await conn.call("step_done", {"job_id": job_id, "step_id": layout.step_id, "exit_code": code,
-                                          "signal": sig, "cancelled": step.interrupted}, timeout=10)
-        except (RpcError, ConnectionLost, asyncio.TimeoutError):
-            pass
+        await _done(conn, job_id, layout.step_id, *step_outcome(step.ends.values()), step.interrupted)
+    step.sinks.close()
     await conn.close()
     runner.cancel()
     return report(step)
+
+
+async def _done(conn: RpcConnection, job_id: int, step_id: int, code: int, sig: int | None, cancelled: bool) -> None:
+    """Tell srun's agent the step is over (it records the end): its routing there can go."""
+    try:
+        await conn.call("step_done", {"job_id": job_id, "step_id": step_id, "exit_code": code, "signal": sig,
+                                      "cancelled": cancelled}, timeout=10)
+    except (RpcError, ConnectionLost, asyncio.TimeoutError):
+        pass
 
 
 def warn(args: argparse.Namespace, warnings) -> None:

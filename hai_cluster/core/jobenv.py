@@ -30,6 +30,15 @@ def master_port(job_id: int) -> int:
     return PORT_BASE + job_id % PORT_SPAN
 
 
+STEP_STRIDE = 7919  # a prime: a job's steps land far from its neighbours' ports
+
+
+def step_master_port(job_id: int, step_id: int) -> int:
+    """A step's rendezvous port: step 0 has the job's; steps side by side (`srun ... &` twice,
+    both with torch.distributed on the same first node) each have their own."""
+    return PORT_BASE + (job_id + step_id * STEP_STRIDE) % PORT_SPAN
+
+
 def per_node(value: int, nnodes: int) -> str:
     """Slurm's count for every node of a job alike: "4(x2)" on two nodes, "4" on one."""
     return f"{value}(x{nnodes})" if nnodes > 1 else str(value)

@@ -3,6 +3,8 @@
     %j job id        %x job name       %u user         %N node (the batch host)
     %r restart count (ours; Slurm has none)             %J job id (Slurm: jobid.stepid)
     %A array job id (the job id outside an array)       %a array task id      %% a '%'
+and, in srun's -o/-e (a job step's):
+    %s step id       %t task id (rank)  %n node id in the step   %J job id.step id
 
 A number between '%' and the letter zero-pads numeric fields ("%4j" -> 0042), at most 10
 wide; it is ignored for text fields. An unknown letter is left as it is, '%' included. A
@@ -22,7 +24,8 @@ _TOKEN = re.compile(r"%(?:%|([0-9]*)([A-Za-z]))")
 
 def expand_output_pattern(pattern: str, *, job_id: int, job_name: str, user: str, node: str,
                           restart_count: int, array_job_id: int | None = None,
-                          array_task_id: int | None = None) -> str:
+                          array_task_id: int | None = None, step_id: int | None = None,
+                          task: int | None = None, node_index: int | None = None) -> str:
     if "\\" in pattern:
         return pattern.replace("\\", "")
     numbers = {
@@ -31,6 +34,12 @@ def expand_output_pattern(pattern: str, *, job_id: int, job_name: str, user: str
         "a": NO_VAL if array_task_id is None else array_task_id,
     }
     texts = {"x": job_name, "u": user, "N": node}
+    for letter, value in (("s", step_id), ("t", task), ("n", node_index)):
+        if value is not None:
+            numbers[letter] = value
+    if step_id is not None:
+        texts["J"] = f"{job_id}.{step_id}"
+        del numbers["J"]
 
     def replace(m: re.Match[str]) -> str:
         width, letter = m.group(1), m.group(2)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from .hostlist import compress
+from .jobenv import master_port, step_master_port
 
 
 class StepError(ValueError):
@@ -222,6 +223,8 @@ def task_environment(base: Mapping[str, str], node_env: Mapping[str, str], layou
         "LOCAL_WORLD_SIZE": str(count), "GROUP_RANK": str(task.node), "NODE_RANK": str(task.node),
         "MASTER_ADDR": master_addr,
     })
+    if env.get("MASTER_PORT") == str(master_port(layout.job_id)):  # ours, not one the script exported
+        env["MASTER_PORT"] = str(step_master_port(layout.job_id, layout.step_id))
     if task.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, task.gpus))
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"

@@ -5,6 +5,7 @@ Expected values are Slurm 22.05's, from the same scripts run on the Slurm peer."
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import signal
 import time
@@ -149,6 +150,41 @@ echo done
     events = cluster.cli("hcontrol", "show", "events", str(job_id)).stdout
     assert f"event=step_start job={job_id} node={a} step={job_id}.2 name=bash tasks=1 nodes={a}" in events
     assert f"event=step_end job={job_id} node={a} step={job_id}.2 state=FAILED exit_code=3:0" in events
+
+
+def test_srun_output_to_files_per_task_and_node_none_one_task_and_append(cluster, names):
+    a, b = names
+    d = user_dir(cluster.workdir, TEST_USER) / "srun-files"
+    d.mkdir(exist_ok=True)
+    os.chown(d, *pwd.getpwnam(TEST_USER)[2:4])  # srun opens its files as the user
+    for f in d.iterdir():
+        f.unlink()
+    text = run_script(cluster, "files.sh", f"""#!/bin/bash
+#SBATCH -N 2 --ntasks-per-node=2 -J files
+cd {d}
+srun -o 'task-%j.%s-%t.out' bash -c 'echo out $SLURM_PROCID; echo err $SLURM_PROCID >&2'
+srun -o 'node-%N.out' -e 'err-%x.log' -l bash -c 'echo o; echo e >&2'
+srun -o none bash -c 'echo hidden'
+srun -o 3 bash -c 'echo only $SLURM_PROCID'
+echo first > append.out
+srun -n 1 -o append.out --open-mode=append echo second
+srun -n 1 -o nodir/x true; echo "rcopen=$?"
+""")
+    lines = text.splitlines()
+    tasks = sorted(d.glob("task-*.out"))
+    assert [f.name.rsplit("-", 1)[1] for f in tasks] == ["0.out", "1.out", "2.out", "3.out"], text
+    job_step = tasks[0].name.split("-")[1]
+    assert re.fullmatch(r"\d+\.0", job_step)
+    for t, f in enumerate(tasks):
+        assert sorted(f.read_text().splitlines()) == [f"err {t}", f"out {t}"]
+    assert sorted((d / f"node-{a}.out").read_text().splitlines()) == ["0: o", "1: o"]
+    assert sorted((d / f"node-{b}.out").read_text().splitlines()) == ["2: o", "3: o"]
+    assert sorted((d / "err-files.log").read_text().splitlines()) == ["0: e", "1: e", "2: e", "3: e"]
+    assert "hidden" not in text and [line for line in lines if line.startswith("only")] == ["only 3"]
+    assert (d / "append.out").read_text() == "first\nsecond\n"
+    assert f"srun: error: Could not open stdout file {d}/nodir/x: No such file or directory" in lines
+    assert "rcopen=1" in lines
+    assert not any(line.startswith(("out ", "err ", "0: ")) for line in lines), text  # none reached the job's file
 
 
 def test_steps_side_by_side_and_much_output_from_another_node(cluster, names):

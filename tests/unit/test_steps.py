@@ -90,6 +90,16 @@ def test_a_task_environment_is_slurms_and_torchs_and_its_nodes_own():
         "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "CUDA_VISIBLE_DEVICES": "3"}
 
 
+def test_each_step_has_its_own_master_port_unless_the_script_chose_one():
+    ports = []
+    for step in range(3):
+        layout, _ = plan_step(ALLOC, env_defaults(), step)
+        ports.append(task_environment({"MASTER_PORT": "10007"}, {}, layout, layout.tasks[0], "n1")["MASTER_PORT"])
+    assert ports[0] == "10007" and len(set(ports)) == 3 and all(10000 <= int(p) < 30000 for p in ports)
+    layout, _ = plan_step(ALLOC, env_defaults(), 2)
+    assert task_environment({"MASTER_PORT": "29500"}, {}, layout, layout.tasks[0], "n1")["MASTER_PORT"] == "29500"
+
+
 def test_a_layout_crosses_the_wire_and_garbage_does_not():
     layout, _ = plan_step(ALLOC, env_defaults(ntasks=3), 2)
     assert layout_from_wire(layout.to_wire()) == layout
