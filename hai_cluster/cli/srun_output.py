@@ -80,7 +80,7 @@ class Sinks:
                 opened[path] = os.fdopen(os.open(path, flags, 0o666), "ab")
             except OSError as exc:
                 what = "stdout" if stream == "out" else "stderr"
-                raise SinkError(f"Could not open {what} file {path}: {exc.strerror}") from None
+                raise SinkError(f"Could not open {what} file: {exc.strerror}") from None  # Slurm 22.05's words
         return opened[path]
 
     def close(self) -> None:
