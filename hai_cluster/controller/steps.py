@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT = 90.0  # a node's agent may wait up to a minute for its step server to connect
 FORWARD_TIMEOUT = 120.0  # srun's agent forwards only as fast as srun reads
+LAUNCH_WAIT = 60.0  # srun's agent asks for the launch right after the layout: one that never does went away
 RETRY = 0.5  # seconds between tries while srun's agent is unreachable
 
 
@@ -96,7 +97,19 @@ class StepHub:
                       "cwd": cwd, "env": env, "master_addr": master}
         self.ctl.events.record("step_start", job_id, node, step=f"{job_id}.{step_id}", name=step_name(argv),
                                tasks=layout.ntasks, nodes=compress(list(layout.nodes)))
+        asyncio.get_running_loop().call_later(
+            LAUNCH_WAIT, lambda: self.ctl.spawn(self._unlaunched((job_id, step_id), live)))
         return {"layout": layout.to_wire(), "warnings": warnings, "master_addr": master}
+
+    async def _unlaunched(self, key: tuple[int, int], live: LiveStep) -> None:
+        """A step whose launch never came (srun's agent died in between): its routing goes, and
+        its record ends, so neither is kept for the rest of the job."""
+        if self.live.get(key) is not live or live.start is None:
+            return
+        del self.live[key]
+        await self.ctl.db(self.ctl.repo.steps.end, key[0], live.attempt, key[1], origin=live.origin,
+                          state=JobState.CANCELLED.value, exit_code=None, exit_signal=None, now=time.time())
+        log.info("job %d: step %d.%d was never launched; forgotten", key[0], key[0], key[1])
 
     async def launch(self, body: Any, node: str) -> dict:
         """The second half of a step's creation: srun's agent is ready for the tasks' output, so
