@@ -105,6 +105,8 @@ async def show_job(ctx: ApiContext, body, caller: Caller):
         "environment", "script", "script_args")
     out["spec"] = {k: v for k, v in job["spec"].items() if k not in hidden}
     out["runs"] = await ctx.ctl.db(ctx.repo.runs, job_ids=[job_id])
+    # the steps of its newest run (those of earlier runs are in hacct)
+    out["steps"] = await ctx.ctl.db(ctx.repo.steps.of_runs, [out["runs"][-1]["id"]]) if out["runs"] else []
     if job["state"] == JobState.PENDING.value and not job["hold"]:
         out["waiting"] = await ctx.ctl.db(ctx.repo.why_waiting, job_id)
     return {"now": time.time(), "job": out}

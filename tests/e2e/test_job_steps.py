@@ -128,6 +128,9 @@ echo done
     assert [line.split()[:2] + line.split()[-1:] for line in steps.splitlines()] == [
         [f"{job_id}.1", "sleep", b], [f"{job_id}.batch", "batch", a]]
     assert cluster.cli("hqueue", "-s", f"{job_id}.1", "-o", "%i %N", "-h").stdout.split() == [f"{job_id}.1", b]
+    shown = cluster.cli("hcontrol", "show", "job", str(job_id)).stdout
+    assert f"Step={job_id}.1 Name=sleep State=RUNNING NumTasks=2 NodeList={b} ExitCode=0:0 RunTime=" in shown
+    assert f"Step={job_id}.0 Name=bash State=COMPLETED NumTasks=4" in shown
     cluster.controller.kill(signal.SIGKILL)
     cluster.controller.start()
     cluster.wait_nodes(2)
