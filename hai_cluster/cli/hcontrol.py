@@ -9,7 +9,6 @@ import time
 import click
 
 from ..controller.events import format_line
-from ..core.hostlist import compress
 from ..core.timefmt import format_duration, format_limit
 from ..core.jobids import ArrayError, job_label, parse_job_ref
 from .client import ClientError, ControllerClient
@@ -60,11 +59,10 @@ def job_lines(job: dict, now: float) -> list[str]:
                      f"ExitCode={run['exit_code'] or 0}:{run['exit_signal'] or 0}"
                      + (f" Reason={run['reason']}" if run.get("reason") else ""))
     for st in job.get("steps", ()):  # the newest run's job steps
-        end = st["end_time"] or now
         lines.append(f"Step={job['id']}.{st['step_id']} Name={st['name']} State={st['state']} "
-                     f"NumTasks={st['ntasks']} NodeList={compress(st['nodelist'].split(','))} "
+                     f"NumTasks={st['ntasks']} NodeList={nodelist(st)} "
                      f"ExitCode={st['exit_code'] or 0}:{st['exit_signal'] or 0} "
-                     f"RunTime={format_duration(max(0, int(end - st['start_time'])))}")
+                     f"RunTime={format_duration(elapsed(st, now))}")
     return lines
 
 

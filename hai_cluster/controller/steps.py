@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.states import JobState
 from ..core.hostlist import compress
-from ..core.steps import Allocation, StepError, plan_step, step_end_state, step_name
+from ..core.steps import (Allocation, StepError, plan_step, step_end_state, step_name,
+                          task_nodes)
 from ..protocol import steps as wire
 from ..protocol.runspec import check_keys, nonneg_int, valid_signal
 from ..transport.rpc import RequestError, RpcError, RpcTable, refusing
@@ -43,6 +44,11 @@ class LiveStep:
     nodes: tuple[str, ...]
     remote: dict[int, str] = field(default_factory=dict)  # tasks on other nodes not yet ended: their node
     start: dict | None = None  # what the other nodes are sent, until step_launch sends it
+
+
+def _remote(nodes, counts, origin: str) -> dict[int, str]:
+    """The tasks not on srun's node: their node, by rank."""
+    return {procid: name for procid, name in enumerate(task_nodes(nodes, counts)) if name != origin}
 
 
 class StepHub:
@@ -90,8 +96,7 @@ class StepHub:
             raise RequestError(f"Unable to create step for job {job_id}: Job/step already completing or completed")
         layout = replace(layout, step_id=step_id)
         master = self.ctl.addresses.get(layout.nodes[0], layout.nodes[0])
-        live = LiveStep(node, attempt, layout.nodes,
-                        {t.procid: layout.nodes[t.node] for t in layout.tasks if layout.nodes[t.node] != node})
+        live = LiveStep(node, attempt, layout.nodes, _remote(layout.nodes, layout.counts, node))
         self.live[(job_id, step_id)] = live
         live.start = {"job_id": job_id, "attempt": attempt, "layout": layout.to_wire(), "argv": argv,
                       "cwd": cwd, "env": env, "master_addr": master}
@@ -149,12 +154,7 @@ class StepHub:
         if row is None:
             return None
         nodes = tuple(row["nodelist"].split(","))
-        remote, procid = {}, 0
-        for name, count in zip(nodes, map(int, row["counts"].split(","))):
-            for _ in range(count):
-                if name != row["origin"]:
-                    remote[procid] = name
-                procid += 1
+        remote = _remote(nodes, [int(c) for c in row["counts"].split(",")], row["origin"])
         live = self.live[key] = LiveStep(row["origin"], row["attempt"], nodes, remote)
         return live
 

@@ -233,6 +233,11 @@ def task_environment(base: Mapping[str, str], node_env: Mapping[str, str], layou
     return env
 
 
+def task_nodes(nodes: Sequence[str], counts: Sequence[int]) -> list[str]:
+    """Each task's node, by rank: the block order plan_step numbers them in."""
+    return [name for name, count in zip(nodes, counts) for _ in range(count)]
+
+
 def step_name(argv: Sequence[str]) -> str:
     """A step's name, as Slurm gives it: its command's file name (`12.0 python`)."""
     return argv[0].rstrip("/").rsplit("/", 1)[-1] or argv[0]
