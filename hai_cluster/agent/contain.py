@@ -80,6 +80,18 @@ class Containment:
     def deliver(self, pgid: int, sig: int) -> None:
         deliver(pgid, sig, self.launch is None or self.launch.signal_main, self.cgroup)
 
+    def warn(self, pgid: int, sig: int) -> None:
+        """The --signal warning before the time limit, to whom Slurm's rule sends it (warn_to)."""
+        to = self.spec.warn_to
+        if to == "steps":
+            deliver_to_steps(pgid, sig, self.cgroup)
+        elif to == "batch" and self.spec.step_server:
+            pass  # no batch shell here: this node runs the step server
+        elif to == "batch" and (self.launch is None or self.launch.signal_main):
+            os.kill(pgid, sig)  # the batch shell alone, not its children
+        else:  # every process; also B: where the shell is behind a runtime that cannot take signals
+            deliver(pgid, sig, self.launch is None or self.launch.signal_main, self.cgroup)
+
     def procs_files(self) -> list[str]:
         if self.cgroup is None or self.launch is None or not self.launch.join_cgroup:
             return []
@@ -155,6 +167,34 @@ def deliver(pgid: int, sig: int, signal_main: bool, cgroup: RunCgroup | None) ->
             cgroup.freeze(False)
     if not targets:
         raise ProcessLookupError(pgid)
+
+
+STEP_MARK = b"SLURM_STEP_ID="  # in every step task's environment (core.steps), not the batch shell's
+
+
+def deliver_to_steps(pgid: int, sig: int, cgroup: RunCgroup | None) -> int:
+    """Send a signal to the job steps' tasks alone (Slurm's --signal without B:): the job's
+    processes whose environment, as they were started, names a step. srun, the step server and
+    the batch shell are spared. How many got it."""
+    frozen = cgroup is not None and cgroup.freeze(True)
+    sent = 0
+    try:
+        for p in sorted(set(spool.group_members(pgid)) | set(cgroup.members() if cgroup else ())):
+            try:
+                with open(f"/proc/{p}/environ", "rb") as f:
+                    env = f.read(1 << 20)
+            except OSError:
+                continue
+            if env.startswith(STEP_MARK) or b"\0" + STEP_MARK in env:
+                try:
+                    os.kill(p, sig)
+                    sent += 1
+                except ProcessLookupError:
+                    pass
+    finally:
+        if frozen:
+            cgroup.freeze(False)
+    return sent
 
 
 def deliver_recorded(run_dir: Path, pgid: int, sig: int) -> None:

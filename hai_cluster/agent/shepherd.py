@@ -277,8 +277,11 @@ class Shepherd:
         if self.warn_at is not None and now >= self.warn_at:
             self.warn_at = None
             if self.reason is None:  # already being terminated: the warning would only confuse it
-                log.info("sending signal %d before the time limit", self.spec.signal)
-                self.signal_job(self.spec.signal)
+                log.info("sending signal %d before the time limit to the %s", self.spec.signal, self.spec.warn_to)
+                try:
+                    self.box.warn(self.pid, self.spec.signal)
+                except ProcessLookupError:
+                    pass
         if self.limit_at is not None and now >= self.limit_at:
             self.limit_at = None
             self.begin_terminate("timeout")

@@ -6,8 +6,8 @@ It asks its node's agent ($HAI_STEP_SOCKET) for the step; the controller lays th
 (core/steps.py) and has the other nodes' step servers start theirs, while this srun starts the
 ones of its own node. Every task's stdout and stderr come out of srun's, in whole lines (`-l`
 puts the task's rank before each); srun exits with the highest exit code of its tasks (128+N for
-one killed by signal N); -o/-e send it to files instead (cli/srun_output.py). SIGINT and SIGTERM are passed to every task. As Slurm's srun, it takes
-its defaults from the job: SLURM_NNODES, SLURM_NTASKS, SLURM_NTASKS_PER_NODE, SLURM_CPUS_PER_TASK.
+one killed by signal N); -o/-e send it to files instead (cli/srun_output.py). SIGINT, SIGTERM,
+SIGUSR1 and SIGUSR2 are passed to every task. As Slurm's srun, it takes its defaults from the job: SLURM_NNODES, SLURM_NTASKS, SLURM_NTASKS_PER_NODE, SLURM_CPUS_PER_TASK.
 """
 from __future__ import annotations
 
@@ -243,6 +243,8 @@ async def run(args: argparse.Namespace, job_id: int, socket_path: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda s=sig: step.interrupt(s))
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):  # passed on as well, as Slurm's: `kill -USR1 $srun_pid`
+        loop.add_signal_handler(sig, lambda s=sig: asyncio.ensure_future(step.signal(s)))
     mine = layout.on(step.node)
     step.local = NodeTasks(step.on_local_output, step.on_local_exit)
     await step.local.start(args.command, cwd, [(t.procid, task_environment(env, os.environ, layout, t, master))

@@ -23,6 +23,13 @@ def checkpoint_dir(spec: JobSpec, job_id: int) -> str:
     return posixpath.join(spec.workdir, ".hai", "checkpoints", str(job_id))
 
 
+def warn_to(spec: JobSpec) -> str:
+    """Who gets --signal's warning (RunSpec.warn_to); "job", left off the wire, without one."""
+    if spec.signal is None:
+        return "job"
+    return "batch" if spec.signal_batch else "steps" if spec.script_once else "job"
+
+
 def rank_spec(job: JobRecord, attempt: int, rank: int, nodelist: Sequence[str], gpus: Sequence[int],
               addresses: Mapping[str, str], mig: str | None = None) -> RunSpec:
     """What rank `rank` of the job's run `attempt` is sent; `mig`: the MIG instance it holds."""
@@ -51,6 +58,7 @@ def rank_spec(job: JobRecord, attempt: int, rank: int, nodelist: Sequence[str], 
         gid=job.gid, script=spec.script, script_args=tuple(spec.script_args),
         workdir=spec.workdir, stdout=stdout, stderr=stderr, environment=env,
         time_limit=spec.time_limit, signal=spec.signal, signal_time=spec.signal_time,
+        warn_to=warn_to(spec),
         grace=spec.grace, checkpoint_dir=ckpt,
         # isolation: the agent picks the runtime's default when None, limits the rank to these
         # resources and shows a container only its own GPUs' device nodes

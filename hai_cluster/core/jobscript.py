@@ -405,7 +405,7 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
     checkpoint_dir = values.get("checkpoint_dir")
     if checkpoint_dir is not None:
         checkpoint_dir = posixpath.normpath(posixpath.join(workdir, checkpoint_dir))
-    signal_number, signal_time = values.get("signal", (None, 60))
+    signal_number, signal_time, signal_batch = values.get("signal", (None, 60, False))
     container_image, runtime = _container(values, origin, workdir)
 
     spec = JobSpec(
@@ -427,6 +427,7 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         environment=values["export"] if "export" in values else dict(env),
         signal=signal_number,
         signal_time=signal_time,
+        signal_batch=signal_batch,
         grace=values.get("grace", DEFAULT_GRACE_SECONDS),
         priority=values.get("priority", "normal"),
         requeue=values.get("requeue", True),

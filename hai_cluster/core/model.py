@@ -47,6 +47,7 @@ class JobSpec:
     environment: Mapping[str, str] = field(default_factory=dict)
     signal: int | None = None  # --signal: number sent signal_time s before the limit and on preemption
     signal_time: int = 60
+    signal_batch: bool = False  # --signal=B:...: the warning to the batch shell only (else to the steps)
     grace: int = DEFAULT_GRACE_SECONDS  # seconds between the signal and SIGKILL
     priority: str = "normal"
     requeue: bool = True

@@ -180,9 +180,10 @@ def _account(text: str) -> str:
     return text
 
 
-def _signal_spec(text: str) -> tuple[int, int]:
-    """[B:]SIG[@SECONDS]. The B: ("only the batch shell") and R: (reservations) prefixes are
-    accepted and ignored: the signal goes to every process of the job."""
+def _signal_spec(text: str) -> tuple[int, int, bool]:
+    """[B:]SIG[@SECONDS] -> (number, seconds, batch). As Slurm's: with B: the warning goes to the
+    batch shell alone; without it to the job steps' tasks and not the batch shell. R: (for
+    reservations) is accepted and means nothing here."""
     m = re.fullmatch(r"(?:([BR]{1,2}):)?([^@]*)(?:@(.*))?", text)
     if not m or not m.group(2):
         raise BadValue("expected [B:]SIGNAL[@SECONDS]")
@@ -201,7 +202,7 @@ def _signal_spec(text: str) -> tuple[int, int]:
     seconds = 60 if m.group(3) is None else _int(m.group(3), 0)
     if seconds > 65535:
         raise BadValue("the signal time must be at most 65535 seconds")
-    return number, seconds
+    return number, seconds, "B" in (m.group(1) or "")
 
 
 def _priority(text: str) -> str:

@@ -106,6 +106,10 @@ class RunSpec:
     # The run holds the job's place on a node other than the batch script's: its process is the
     # step server (hai_cluster.job.stepd) that starts the tasks of `srun` steps there.
     step_server: bool = False
+    # Who gets `signal` signal_time s before the limit, by Slurm's --signal rule: "steps" (the
+    # tasks of srun's steps, not the batch shell), "batch" (B:, the batch shell alone) or "job"
+    # (every process: a script that runs on every node is its own step)
+    warn_to: str = "job"
 
     @property
     def key(self) -> tuple[int, int]:
@@ -148,6 +152,9 @@ class RunSpec:
         step_server = d.get("step_server", False)
         if not isinstance(step_server, bool):
             raise SpecError(f"spec.step_server must be a boolean, got {step_server!r}")
+        warn_to = d.get("warn_to", "job")
+        if warn_to not in WARN_TO:
+            raise SpecError(f"spec.warn_to must be one of {', '.join(WARN_TO)}, got {warn_to!r}")
         umask = d.get("umask", 0o022)
         if not _is_int(umask) or not 0 <= umask <= 0o777:
             raise SpecError(f"spec.umask must be an integer between 0 and 0777, got {umask!r}")
@@ -161,7 +168,7 @@ class RunSpec:
             grace=d["grace"],
             checkpoint_dir=None if d["checkpoint_dir"] is None
             else _abs_path("spec.checkpoint_dir", d["checkpoint_dir"]),
-            umask=umask, step_server=step_server, **iso,
+            umask=umask, step_server=step_server, warn_to=warn_to, **iso,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -177,10 +184,13 @@ class RunSpec:
             del d["gpu_share"]
         if not self.step_server:  # absent, as an older controller sends it
             del d["step_server"]
+        if self.warn_to == "job":
+            del d["warn_to"]
         return d
 
 
-OPTIONAL = ("runtime", "container_image", "mem_mb", "cpus", "gpus", "umask", "gpu_share", "step_server")
+OPTIONAL = ("runtime", "container_image", "mem_mb", "cpus", "gpus", "umask", "gpu_share", "step_server", "warn_to")
+WARN_TO = ("job", "steps", "batch")
 
 
 def _positive_or_none(where: str, v: Any) -> int | None:

@@ -359,3 +359,20 @@ srun -K -n 2 bash -c '[ $SLURM_PROCID = 0 ] && exit 3; sleep 30'; echo "krc=$?"
     assert "rc=7" in lines
     assert f"srun: error: {a}: task 0: Exited with exit code 3" in lines and f"srun: error: {b}: task 1: Killed" in lines
     assert "krc=137" in lines
+
+
+def test_a_b_signal_reaches_the_batch_shell_which_passes_it_on_through_srun(cluster, names):
+    """The requeue pattern of Lightning's and submitit's users: --signal=B:USR1@T, the batch
+    shell traps it and forwards it to srun, which passes it to every task on every node."""
+    a, b = names
+    text = run_script(cluster, "fwd.sh", """#!/bin/bash
+#SBATCH -N 2 -t 0:30 --signal=B:USR1@22
+srun bash -c 'trap "echo usr1-on-$SLURMD_NODENAME; kill %1; exit 0" USR1; sleep 60 & wait' &
+pid=$!
+trap 'echo batch-got-USR1; kill -USR1 $pid' USR1
+wait $pid
+wait $pid; echo "rc=$?"
+""")
+    lines = text.splitlines()
+    assert lines[0] == "batch-got-USR1" and lines[-1] == "rc=0", lines
+    assert sorted(lines[1:-1]) == [f"usr1-on-{a}", f"usr1-on-{b}"], lines

@@ -50,19 +50,42 @@ def test_job_that_ends_on_the_limit_signal_is_timeout_too(cluster):
     assert (job["state"], job["runs"][0]["exit_signal"]) == ("TIMEOUT", 15)
 
 
-@pytest.mark.parametrize("spec", ["USR1@8", "B:USR1@8", "SIGUSR1@8", "10@8"])
-def test_signal_arrives_that_long_before_the_limit(cluster, spec):
-    """USR1 8 s before a 12 s limit: about 4 s after the start, well before the limit's SIGTERM."""
+def steps_script(cluster, name: str) -> tuple[str, Path]:
+    """A batch script and one srun step in it, each recording the signals it gets (batch-USR1,
+    step-USR1, ...: the first time of each) and running on."""
+    d = user_dir(cluster.workdir, TEST_USER)
+    log, trap, script = d / f"{name}.log", d / f"{name}-trap.sh", d / f"{name}.sh"
+    trap.write_text("".join(f"trap 'echo $1-{s} $(date +%s.%N) >> {log}' {s}\n" for s in ("USR1", "TERM"))
+                    + "while :; do sleep 0.1; done\n")
+    script.write_text(f"#!/bin/bash\necho start $(date +%s.%N) >> {log}\nsrun bash {trap} step &\n"
+                      f"exec bash {trap} batch\n")
+    return str(script), log
+
+
+def first_records(log: Path) -> dict[str, float]:
+    got: dict[str, float] = {}
+    for line in log.read_text().splitlines():
+        got.setdefault(line.split()[0], float(line.split()[1]))
+    return got
+
+
+@pytest.mark.parametrize("spec, gets, spared", [
+    ("USR1@8", "step", "batch"), ("SIGUSR1@8", "step", "batch"), ("10@8", "step", "batch"),
+    ("B:USR1@8", "batch", "step")])
+def test_signal_arrives_that_long_before_the_limit_where_slurm_sends_it(cluster, spec, gets, spared):
+    """USR1 8 s before a 12 s limit: about 4 s after the start, well before the limit's SIGTERM;
+    as Slurm 22.05 does (checked on the peer): to the steps' tasks, or with B: to the batch shell."""
     name = "sig-" + spec.replace(":", "").replace("@", "-")
-    body, log = trapping_script(cluster, name, ("USR1", "TERM"))
+    body, log = steps_script(cluster, name)
     j = cluster.submit("-t", "0:12", f"--signal={spec}", "--grace=1", "-o", "/dev/null", body)
-    wait_for(lambda: log.exists() and "USR1" in log.read_text(), 60, what="the warning signal")
+    wait_for(lambda: log.exists() and f"{gets}-USR1" in log.read_text(), 60, what="the warning signal")
     assert cluster.job(j)["state"] == "RUNNING"  # a warning, not an end
     job = cluster.wait_state(j, "TIMEOUT", "COMPLETED", "FAILED", "CANCELLED", timeout=60)
     assert job["state"] == "TIMEOUT"
-    got = records(log)
-    assert got["USR1"] - got["start"] >= 4 - 0.5  # not earlier than asked
-    assert got["TERM"] - got["USR1"] >= 4  # sent before the limit (8 s ahead; noise only shortens it)
+    got = first_records(log)
+    assert got[f"{gets}-USR1"] - got["start"] >= 4 - 0.5  # not earlier than asked
+    assert got[f"{gets}-TERM"] - got[f"{gets}-USR1"] >= 4  # sent before the limit (8 s ahead)
+    assert f"{spared}-USR1" not in got and f"{spared}-TERM" in got, got  # the limit reaches both
 
 
 def test_bad_time_and_signal_values_are_refused(cluster):

@@ -219,14 +219,15 @@ def test_chdir_and_checkpoint_dir():
     assert (spec.workdir, spec.checkpoint_dir) == ("/scratch/y", "/ckpt/j")
 
 
-@pytest.mark.parametrize("value, number, seconds", [
-    ("USR1", signal.SIGUSR1, 60), ("SIGUSR2@90", signal.SIGUSR2, 90), ("usr1@0", signal.SIGUSR1, 0),
-    ("10", 10, 60), ("15@120", 15, 120), ("B:TERM@30", signal.SIGTERM, 30),
-    ("B:SIGINT", signal.SIGINT, 60), ("R:HUP", signal.SIGHUP, 60),
+@pytest.mark.parametrize("value, number, seconds, batch", [
+    ("USR1", signal.SIGUSR1, 60, False), ("SIGUSR2@90", signal.SIGUSR2, 90, False),
+    ("usr1@0", signal.SIGUSR1, 0, False), ("10", 10, 60, False), ("15@120", 15, 120, False),
+    ("B:TERM@30", signal.SIGTERM, 30, True), ("B:SIGINT", signal.SIGINT, 60, True),
+    ("R:HUP", signal.SIGHUP, 60, False), ("RB:USR1@5", signal.SIGUSR1, 5, True),
 ])
-def test_signal(value, number, seconds):
+def test_signal(value, number, seconds, batch):
     spec = parse(None, f"--signal={value}")
-    assert (spec.signal, spec.signal_time) == (int(number), seconds)
+    assert (spec.signal, spec.signal_time, spec.signal_batch) == (int(number), seconds, batch)
 
 
 @pytest.mark.parametrize("value, fragment", [

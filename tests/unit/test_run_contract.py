@@ -49,6 +49,22 @@ def test_a_plain_run_goes_on_the_wire_as_the_previous_release_sent_it():
     assert PREVIOUS_WIRE_KEYS - PREVIOUS_OPTIONAL <= set(wire)  # what that agent requires
 
 
+@pytest.mark.parametrize("fields, first, second", [
+    ({}, "job", "job"),  # no --signal: nothing to say, nothing on the wire
+    ({"signal": 10}, "steps", "steps"),  # Slurm's rule: the steps' tasks, not the batch shell
+    ({"signal": 10, "signal_batch": True}, "batch", "batch"),  # B: (the step server's node has none)
+    ({"signal": 10, "every_node": True}, "job", "job"),  # a script on every node is its own step
+])
+def test_the_warning_goes_to_whom_slurm_sends_it(fields, first, second):
+    job = job_row(nodes=2, **fields)
+    specs = [rank_spec(job, attempt=0, rank=r, nodelist=["n1", "n2"], gpus=[], addresses={}) for r in (0, 1)]
+    assert [s.warn_to for s in specs] == [first, second]
+    for s in specs:
+        assert RunSpec.from_wire(s.to_wire()) == s and ("warn_to" in s.to_wire()) == (s.warn_to != "job")
+    with pytest.raises(SpecError, match="spec.warn_to must be one of job, steps, batch"):
+        RunSpec.from_wire({**specs[0].to_wire(), "warn_to": "everyone"})
+
+
 def test_a_sharing_run_carries_its_share_and_a_plain_one_none():
     wire = rank_spec(job_row(gpu_fraction=0.25), attempt=0, rank=0, nodelist=["n1"], gpus=[0],
                      addresses={}).to_wire()
