@@ -197,6 +197,14 @@ def deliver_to_steps(pgid: int, sig: int, cgroup: RunCgroup | None) -> int:
     return sent
 
 
+def members_recorded(run_dir: Path, pgid: int) -> set[int]:
+    """The run's live processes, from what the shepherd recorded: its process group and cgroup
+    (a container's processes may have left the group)."""
+    rec = _read_record(run_dir)
+    cg = RunCgroup.from_record(rec["cgroup"]) if rec.get("cgroup") else None
+    return set(spool.group_members(pgid)) | set(cg.members() if cg else ())
+
+
 def deliver_recorded(run_dir: Path, pgid: int, sig: int) -> None:
     """deliver() for the agent (signal_run), from what the shepherd recorded."""
     rec = _read_record(run_dir)

@@ -28,6 +28,13 @@ _EXEC = ShepherdStarter("exec")
 STEP_SERVER = f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -m hai_cluster.job.stepd\n"
 
 
+def step_server_script(spec: RunSpec) -> str:
+    if spec.container_image:  # run in the image, with this node's Python bound in (runtimes/inner.py)
+        from .runtimes.inner import step_server_script as in_image
+        return in_image()
+    return STEP_SERVER
+
+
 def prepare(run_dir: Path, spec: RunSpec, node: NodeIsolation | None = None) -> None:
     os.mkdir(run_dir, 0o711)
     os.chmod(run_dir, 0o711)  # mkdir's mode went through the umask; the user must reach the script
@@ -38,7 +45,7 @@ def prepare(run_dir: Path, spec: RunSpec, node: NodeIsolation | None = None) -> 
         spool.write_bytes_atomic(run_dir / contain.NODE, node.wire_json, durable=False)
     fd = os.open(run_dir / spool.SCRIPT, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o500)
     try:
-        os.write(fd, (STEP_SERVER if spec.step_server else spec.script).encode())
+        os.write(fd, step_server_script(spec).encode() if spec.step_server else spec.script.encode())
         os.fchown(fd, spec.uid, spec.gid)
         os.fchmod(fd, 0o500)  # readable and executable by the job's user only
     finally:

@@ -28,7 +28,7 @@ from ..protocol.codec import client_limits
 from ..protocol.runspec import check_keys, nonneg_int, valid_signal
 from ..transport.rpc import ConnectionLost, RequestError, RpcConnection, RpcError, RpcTable, refusing
 from ..transport.unix import GatedServer, bind_socket, peer_credentials
-from . import launcher, spool
+from . import contain, launcher, spool
 from .runs import retrieved
 
 if TYPE_CHECKING:
@@ -194,7 +194,9 @@ class StepRelay:
                 raise RequestError(f"job {job_id} runs its script on node {self.agent.cfg.name}, not a step server")
             if pid is None:
                 raise RequestError("not yet: the run's start is still being recorded")
-            if pid != caller.pid:
+            # The run's main process; in an image, the runtime is, and the server one of its own
+            if pid != caller.pid and not (run.spec.container_image
+                                          and caller.pid in contain.members_recorded(run.dir, pid)):
                 raise RequestError(f"pid {caller.pid} is not job {job_id}'s step server")
             async with self.server_joined:
                 self.servers[run.spec.key] = caller

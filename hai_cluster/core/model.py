@@ -78,9 +78,8 @@ class JobSpec:
     @property
     def script_once(self) -> bool:
         """Slurm's model: the script runs once, on the first node, and the other nodes run the
-        step server for srun (agent: job/stepd.py). --every-node keeps the script on every node;
-        so does a job in a container image, whose image need not hold the step server's Python."""
-        return not self.every_node and self.container_image is None
+        step server for srun (agent: job/stepd.py). --every-node keeps the script on every node."""
+        return not self.every_node
 
     @property
     def cpus_per_node(self) -> int:
@@ -211,9 +210,8 @@ class JobView:
     @property
     def script_once(self) -> bool:
         """Slurm's model: the script runs once, on the first node, and the other nodes run the
-        step server for srun (agent: job/stepd.py). --every-node keeps the script on every node;
-        so does a job in a container image, whose image need not hold the step server's Python."""
-        return not self.every_node and self.container_image is None
+        step server for srun (agent: job/stepd.py). --every-node keeps the script on every node."""
+        return not self.every_node
 
     @property
     def cpus_per_node(self) -> int:

@@ -66,6 +66,31 @@ def test_a_bwrap_job_runs_in_its_image_as_the_user(cluster, image):
     assert "COMPLETED" in fields and "0:0" in fields, fields
 
 
+@pytest.mark.parametrize("runtime", ["bwrap", "runc", pytest.param("podman", marks=need_podman)])
+def test_a_two_node_jobs_script_and_steps_run_in_its_image(cluster, image, runtime):
+    """Slurm's model in a container: the script runs once in the image on the first node, and
+    srun's tasks (there and on the other node, under its step server) run in the image too,
+    although busybox has no Python: the node's own is bound in for srun and the step server."""
+    d = user_dir(cluster.workdir, TEST_USER)
+    (d / f"steps-{runtime}.sh").write_text(
+        "#!/bin/sh\n"
+        "#SBATCH -N 2 --ntasks-per-node=2\n"
+        'echo "batch ls=$(readlink /bin/ls) head=$(scontrol show hostnames | head -n 1)"\n'
+        "srun -l sh -c 'echo \"ls=$(readlink /bin/ls) node=$SLURM_NODEID rank=$RANK/$WORLD_SIZE\"' | sort\n"
+        "srun -n 1 sh -c 'exit 3'; echo \"rc=$?\"\n")
+    path = d / image if runtime == "podman" else image  # podman takes an absolute path (or a reference)
+    job_id = cluster.submit(f"--container-image={path}", f"--runtime={runtime}", "-o", f"steps-{runtime}-%j.out",
+                            f"steps-{runtime}.sh", cwd=d)
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED", "CANCELLED", timeout=120)
+    out = (d / f"steps-{runtime}-{job_id}.out").read_text()
+    assert job["state"] == "COMPLETED", (job, out)
+    first = sorted(n["name"] for n in cluster.call("nodes", {})["nodes"])[0]
+    lines = out.splitlines()
+    assert lines[0] == f"batch ls=/bin/busybox head={first}", out
+    assert lines[1:5] == [f"{t}: ls=/bin/busybox node={t // 2} rank={t}/4" for t in range(4)], out
+    assert "rc=3" in lines, out
+
+
 def test_exceeding_mem_ends_the_job_as_out_of_memory(cluster, image):
     d = user_dir(cluster.workdir, TEST_USER)
     job_id = cluster.submit(f"--container-image={image}", "--runtime=runc", "--mem=48M", "-o", "oom-%j.out",

@@ -14,7 +14,7 @@ import pytest
 from hai_cluster.agent import cgroups
 from hai_cluster.agent.isolation import NodeIsolation
 from hai_cluster.protocol.runspec import RunSpec, SpecError
-from hai_cluster.agent.runtimes import Context
+from hai_cluster.agent.runtimes import Context, inner
 from hai_cluster.agent.runtimes.cache import unpack_cached
 from hai_cluster.agent.runtimes.rootfs import RootfsError
 from hai_cluster.agent.runtimes.runc import bundle_config
@@ -183,7 +183,8 @@ def test_runc_bundle(tmp_path):
     spec = RunSpec.from_wire({**BASE, "runtime": "runc", "container_image": "/i", "gpus": [1],
                               "stdout": "/out/o", "checkpoint_dir": "/w/ckpt",
                               "environment": {"CUDA_VISIBLE_DEVICES": "1", "A": "b"}})
-    ctx = Context(spec=spec, run_dir=tmp_path, node=node, groups=[1000, 27], env=dict(spec.environment),
+    ctx = Context(spec=spec, run_dir=tmp_path, node=node, groups=[1000, 27],
+                  env={**spec.environment, "HAI_STEP_SOCKET": "/spool/step.sock", "PATH": "/usr/bin"},
                   script="/spool/runs/1.0/script", control="/spool/runs/1.0/control", cgroup_path="/hai/n/1.0")
     if os.geteuid() == 0:
         os.mknod(devdir / "nvidia1", 0o666 | stat.S_IFCHR, os.makedev(195, 1))
@@ -192,13 +193,18 @@ def test_runc_bundle(tmp_path):
     assert p["user"] == {"uid": 1000, "gid": 1000, "additionalGids": [1000, 27]}
     assert p["args"] == ["/dev/init", "-g", "-p", "SIGKILL", "--", "/spool/runs/1.0/script"]
     # TINI_VERBOSITY=0: tini's warnings are not the job's output (runc.init_env)
-    assert sorted(p["env"]) == ["A=b", "CUDA_VISIBLE_DEVICES=0", "NVIDIA_VISIBLE_DEVICES=1", "TINI_VERBOSITY=0"]
+    # srun and the step server in the image: the agent's socket and the launchers (runtimes/inner.py)
+    assert sorted(p["env"]) == ["A=b", "CUDA_VISIBLE_DEVICES=0", "HAI_STEP_SOCKET=/.hai/step.sock",
+                                "NVIDIA_VISIBLE_DEVICES=1", "PATH=/usr/bin:/.hai/bin", "TINI_VERBOSITY=0"]
     assert p["noNewPrivileges"] and all(v == [] for v in p["capabilities"].values())
     assert p["rlimits"][0]["type"] == "RLIMIT_NOFILE" and p["cwd"] == "/w"
     assert cfg["root"] == {"path": "/run/1.0/rootfs", "readonly": True}
     binds = {m["destination"]: m["options"][1] for m in cfg["mounts"] if m["type"] == "bind" and m["source"] != "/sys"}
+    python = {inner.HOST + p: "ro" for p in inner.host_python().binds}
     assert binds == {"/dev/init": "ro", "/w": "rw", "/out": "rw", "/spool/runs/1.0/control": "ro",
-                     "/spool/runs/1.0/script": "ro"}  # /w/ckpt is inside /w
+                     "/spool/runs/1.0/script": "ro", "/.hai/bin": "ro", "/.hai/step.sock": "rw",
+                     **python}  # /w/ckpt is inside /w
+    assert sorted(os.listdir(tmp_path / inner.BIN_DIR)) == ["hcontrol", "scontrol", "srun"]
     linux = cfg["linux"]
     assert linux["cgroupsPath"] == "/hai/n/1.0"
     assert linux["resources"]["devices"][0] == {"allow": False, "access": "rwm"}
@@ -206,3 +212,42 @@ def test_runc_bundle(tmp_path):
         assert [d["path"] for d in linux["devices"]] == ["/dev/nvidia1"]
         assert linux["resources"]["devices"][1] == {"allow": True, "type": "c", "major": 195, "minor": 1,
                                                     "access": "rwm"}
+
+
+def test_a_step_servers_devnull_output_binds_no_host_dev(tmp_path):
+    """A step server's run writes to /dev/null: the host's /dev must not be bound over the
+    container's own (it would show every device, and nodev makes /dev/null unopenable)."""
+    from hai_cluster.agent.runtimes.common import job_binds
+    node = NodeIsolation(node="n", device_dir=str(tmp_path))
+    spec = RunSpec.from_wire({**BASE, "container_image": "/i", "stdout": "/dev/null", "stderr": None,
+                              "step_server": True})
+    ctx = Context(spec=spec, run_dir=tmp_path, node=node, groups=[1000], env={"HAI_STEP_SOCKET": "/s/step.sock"},
+                  script="/spool/runs/1.0/script", control="/spool/runs/1.0/control", cgroup_path=None)
+    dsts = [b.dst for b in job_binds(ctx)]
+    assert not any(d == "/dev" or d.startswith("/dev/") for d in dsts) and spec.workdir in dsts
+    assert {b.dst for b in job_binds(ctx) if b.ours} >= {inner.BIN, inner.SOCKET}
+
+
+def test_the_node_python_runs_in_an_image_without_one(tmp_path):
+    """inner.py's launcher, run as in a job's container: busybox has no Python and maybe an
+    older C library; the node's interpreter is bound in and started through its own loader."""
+    import shutil
+    import subprocess
+    from tests.integration.test_agent_containers import BUSYBOX, busybox_rootfs
+    py = inner.host_python()
+    assert set(py.search_path) and all(any(p == b or p.startswith(b + "/") for b in py.binds)
+                                       for p in (*py.search_path, py.executable))
+    interp = inner.elf_interpreter(py.executable)  # a dynamic interpreter names its loader
+    assert interp is not None and os.path.isfile(interp) and os.path.realpath(interp) == py.loader
+    assert inner.elf_interpreter(BUSYBOX) is None  # static
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        pytest.skip("bwrap is not installed (scripts/test installs it)")
+    root = busybox_rootfs(tmp_path / "root")
+    bins = inner.write_launchers(tmp_path)
+    argv = [bwrap, "--bind", str(root), "/", "--proc", "/proc", "--dev", "/dev", "--ro-bind", bins, inner.BIN]
+    for b in py.binds:
+        argv += ["--ro-bind", b, inner.HOST + b]
+    res = subprocess.run([*argv, "/bin/sh", "-c", f"{inner.BIN}/scontrol show hostnames 'n[1-2]'; readlink /bin/ls"],
+                         capture_output=True, text=True, timeout=60)
+    assert (res.returncode, res.stdout.split()) == (0, ["n1", "n2", "/bin/busybox"]), res.stderr

@@ -62,6 +62,9 @@ ALLOWED = {
     ("hai_cluster/agent/runtimes/podman.py", "_env_file"): RUN_DIR,
     ("hai_cluster/agent/runtimes/podman.py", "Podman.prepare"): RUN_DIR,
     ("hai_cluster/agent/runtimes/common.py", "_stage_point"): RUN_DIR,
+    ("hai_cluster/agent/runtimes/inner.py", "write_launchers"): RUN_DIR,
+    ("hai_cluster/agent/runtimes/inner.py", "elf_interpreter"): "the agent's own interpreter (the real path of "
+                                                                "sys.executable): root's installation",
     ("hai_cluster/agent/runtimes/common.py", "image_rootfs"): "the image is opened inside as_user: " + AS_USER,
     ("hai_cluster/agent/runtimes/rootfs.py", "open_staged"): "opened O_PATH in the job child as the user: " + AS_USER,
     ("hai_cluster/agent/runtimes/rootfs.py", "_overlay"): RUN_DIR + " (the overlay's scratch dir)",

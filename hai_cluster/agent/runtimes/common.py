@@ -10,13 +10,14 @@ from dataclasses import dataclass, replace
 from typing import Iterator
 
 from .. import spool
-from . import Context, RuntimeRefused, Staged
+from . import Context, RuntimeRefused, Staged, inner
 
 GPU_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 STAGE_DIR = "staged"  # in the run dir (root's, 0711): the stage points, in a 0700 dir
 TOOL_ERROR_BYTES = 4096  # what is read of the end of the job's error file
 # Mounted by the runtimes themselves: mount points below these need not exist in the image.
 RUNTIME_MOUNTS = ("/proc", "/dev", "/tmp")
+OWN_DEVICES = ("/proc", "/dev")  # never bound from the host: a job's output there is the runtime's
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Bind:
     dst: str
     rw: bool
     is_file: bool = False
+    ours: bool = False  # root's (the node's Python, the step socket): bound straight, never staged
 
 
 @dataclass(frozen=True)
@@ -45,9 +47,10 @@ def job_binds(ctx: Context) -> list[Bind]:
     output files' directories and checkpoint dir read-write; the control dir and the script
     read-only (the job reads them; only the shepherd writes notices, from outside)."""
     spec = ctx.spec
-    rw = {spec.workdir, os.path.dirname(spec.stdout)}
-    if spec.stderr:
-        rw.add(os.path.dirname(spec.stderr))
+    rw = {spec.workdir}
+    for out in (spec.stdout, spec.stderr):  # not /dev of /dev/null: the runtime makes its own /dev
+        if out and not any(_inside(out, m) for m in OWN_DEVICES):
+            rw.add(os.path.dirname(out))
     if spec.checkpoint_dir:
         rw.add(spec.checkpoint_dir)
     chosen: list[str] = []
@@ -56,7 +59,21 @@ def job_binds(ctx: Context) -> list[Bind]:
             chosen.append(d)
     binds = [Bind(d, d, True) for d in chosen]
     binds += [Bind(ctx.control, ctx.control, False), Bind(ctx.script, ctx.script, False, True)]
+    if spec.container_image:
+        binds += step_binds(ctx)
     return sorted(binds, key=lambda b: (b.dst.count("/"), b.dst))
+
+
+def step_binds(ctx: Context) -> list[Bind]:
+    """What srun and the step server need inside an image (inner.py): this node's Python, the
+    launchers and the agent's step socket."""
+    py = inner.host_python()
+    binds = [Bind(p, inner.HOST + p, False, ours=True) for p in py.binds]
+    binds.append(Bind(inner.write_launchers(ctx.run_dir), inner.BIN, False, ours=True))
+    socket = ctx.env.get("HAI_STEP_SOCKET")
+    if socket:
+        binds.append(Bind(socket, inner.SOCKET, True, True, ours=True))
+    return binds
 
 
 def gpu_devices(ctx: Context) -> list[Device]:
@@ -88,6 +105,9 @@ def container_env(ctx: Context) -> dict[str, str]:
     env["NVIDIA_VISIBLE_DEVICES"] = ",".join(gpus) or "void"
     if gpus and env.get("CUDA_VISIBLE_DEVICES") == ",".join(gpus):
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
+    if ctx.spec.container_image and env.get("HAI_STEP_SOCKET"):  # step_binds: srun runs in the image
+        env["HAI_STEP_SOCKET"] = inner.SOCKET
+        env["PATH"] = f"{env['PATH']}:{inner.BIN}" if env.get("PATH") else inner.BIN
     return env
 
 
@@ -136,7 +156,7 @@ def stage_job_binds(ctx: Context, binds: list[Bind]) -> tuple[list[Bind], list[S
     control dir and the script are in the run dir, which only root changes."""
     out, staged = [], []
     for b in binds:
-        if b.src in (ctx.control, ctx.script):
+        if b.ours or b.src in (ctx.control, ctx.script):
             out.append(b)
             continue
         s = stage(ctx, b.src, str(len(staged)), "the job's directory")
