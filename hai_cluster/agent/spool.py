@@ -52,12 +52,14 @@ def runs_dir(spool: str | os.PathLike) -> Path:
     return Path(spool) / RUNS
 
 
+STEP_DIR = "step"  # a directory of its own: containers bind it (a bound socket file would be
+# the agent's old socket after it restarted; the directory shows the new one)
 STEP_SOCKET = "step.sock"
 
 
 def step_socket(spool: str | os.PathLike) -> Path:
     """Where srun and the step servers of this node's jobs reach the agent (agent/steps.py)."""
-    return Path(spool) / STEP_SOCKET
+    return Path(spool) / STEP_DIR / STEP_SOCKET
 
 
 def run_dir_name(job_id: int, attempt: int) -> str:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import timeouts
@@ -58,6 +60,21 @@ class Caller:
         return f"pid {self.pid} uid {self.uid}"
 
 
+def _link_old_path(old: Path, target: str) -> None:
+    """The socket's path before it had a directory of its own, for jobs started then (their
+    HAI_STEP_SOCKET names it): a link in the spool, root's."""
+    try:
+        if os.readlink(old) == target:
+            return
+    except OSError:
+        pass
+    try:
+        os.unlink(old)
+    except FileNotFoundError:
+        pass
+    os.symlink(target, old)
+
+
 class StepRelay:
     def __init__(self, agent: "Agent") -> None:
         self.agent = agent
@@ -74,6 +91,12 @@ class StepRelay:
     def open(self) -> None:
         path = str(spool.step_socket(self.agent.cfg.spool))
         sock = bind_socket(path, 0o666, "agent step socket")
+        fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            os.fchmod(fd, 0o755)  # every job's user reaches the socket (whatever the umask); none writes here
+        finally:
+            os.close(fd)
+        _link_old_path(Path(self.agent.cfg.spool) / spool.STEP_SOCKET, f"{spool.STEP_DIR}/{spool.STEP_SOCKET}")
         self.gate = GatedServer(sock, self.on_client, refused=self._refused)
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,29 @@ def test_a_two_node_jobs_script_and_steps_run_in_its_image(cluster, image, runti
     assert lines[0] == f"batch ls=/bin/busybox head={first}", out
     assert lines[1:5] == [f"{t}: ls=/bin/busybox node={t // 2} rank={t}/4" for t in range(4)], out
     assert "rc=3" in lines, out
+
+
+def test_a_step_in_an_image_goes_on_through_its_step_servers_agent_restart(cluster, image):
+    """The step server in its container reaches the restarted agent again (its socket's
+    directory is bound, not the old socket) and no line of the other node's task is lost."""
+    d = user_dir(cluster.workdir, TEST_USER)
+    second = sorted(cluster.agents)[1]
+    (d / "img-restart.sh").write_text(
+        "#!/bin/sh\n#SBATCH -N 2\n"
+        f"srun -w {second} -N 1 sh -c 'i=0; while [ $i -lt 60 ]; do echo tick $i; i=$((i+1)); sleep 0.05; done'\n"
+        'echo "srun rc=$?"\n')
+    out = d / "img-restart.out"
+    job_id = cluster.submit(f"--container-image={image}", "--runtime=bwrap", "-o", str(out), "img-restart.sh", cwd=d)
+    wait_for(lambda: out.exists() and "tick 5\n" in out.read_text(), 60, what="the step's first lines")
+    agent = cluster.agents[second]
+    agent.kill()
+    time.sleep(0.5)
+    agent.start()
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED", "CANCELLED", timeout=90)
+    text = out.read_text()
+    assert job["state"] == "COMPLETED", text
+    assert [line for line in text.splitlines() if line.startswith("tick")] == [f"tick {i}" for i in range(60)]
+    assert text.endswith("srun rc=0\n"), text
 
 
 def test_exceeding_mem_ends_the_job_as_out_of_memory(cluster, image):

@@ -184,7 +184,7 @@ def test_runc_bundle(tmp_path):
                               "stdout": "/out/o", "checkpoint_dir": "/w/ckpt",
                               "environment": {"CUDA_VISIBLE_DEVICES": "1", "A": "b"}})
     ctx = Context(spec=spec, run_dir=tmp_path, node=node, groups=[1000, 27],
-                  env={**spec.environment, "HAI_STEP_SOCKET": "/spool/step.sock", "PATH": "/usr/bin"},
+                  env={**spec.environment, "HAI_STEP_SOCKET": "/spool/step/step.sock", "PATH": "/usr/bin"},
                   script="/spool/runs/1.0/script", control="/spool/runs/1.0/control", cgroup_path="/hai/n/1.0")
     if os.geteuid() == 0:
         os.mknod(devdir / "nvidia1", 0o666 | stat.S_IFCHR, os.makedev(195, 1))
@@ -194,7 +194,7 @@ def test_runc_bundle(tmp_path):
     assert p["args"] == ["/dev/init", "-g", "-p", "SIGKILL", "--", "/spool/runs/1.0/script"]
     # TINI_VERBOSITY=0: tini's warnings are not the job's output (runc.init_env)
     # srun and the step server in the image: the agent's socket and the launchers (runtimes/inner.py)
-    assert sorted(p["env"]) == ["A=b", "CUDA_VISIBLE_DEVICES=0", "HAI_STEP_SOCKET=/.hai/step.sock",
+    assert sorted(p["env"]) == ["A=b", "CUDA_VISIBLE_DEVICES=0", "HAI_STEP_SOCKET=/.hai/step/step.sock",
                                 "NVIDIA_VISIBLE_DEVICES=1", "PATH=/usr/bin:/.hai/bin", "TINI_VERBOSITY=0"]
     assert p["noNewPrivileges"] and all(v == [] for v in p["capabilities"].values())
     assert p["rlimits"][0]["type"] == "RLIMIT_NOFILE" and p["cwd"] == "/w"
@@ -202,7 +202,7 @@ def test_runc_bundle(tmp_path):
     binds = {m["destination"]: m["options"][1] for m in cfg["mounts"] if m["type"] == "bind" and m["source"] != "/sys"}
     python = {inner.HOST + p: "ro" for p in inner.host_python().binds}
     assert binds == {"/dev/init": "ro", "/w": "rw", "/out": "rw", "/spool/runs/1.0/control": "ro",
-                     "/spool/runs/1.0/script": "ro", "/.hai/bin": "ro", "/.hai/step.sock": "rw",
+                     "/spool/runs/1.0/script": "ro", "/.hai/bin": "ro", "/.hai/step": "ro",
                      **python}  # /w/ckpt is inside /w
     assert sorted(os.listdir(tmp_path / inner.BIN_DIR)) == ["hcontrol", "scontrol", "srun"]
     linux = cfg["linux"]
@@ -221,11 +221,11 @@ def test_a_step_servers_devnull_output_binds_no_host_dev(tmp_path):
     node = NodeIsolation(node="n", device_dir=str(tmp_path))
     spec = RunSpec.from_wire({**BASE, "container_image": "/i", "stdout": "/dev/null", "stderr": None,
                               "step_server": True})
-    ctx = Context(spec=spec, run_dir=tmp_path, node=node, groups=[1000], env={"HAI_STEP_SOCKET": "/s/step.sock"},
+    ctx = Context(spec=spec, run_dir=tmp_path, node=node, groups=[1000], env={"HAI_STEP_SOCKET": "/s/step/step.sock"},
                   script="/spool/runs/1.0/script", control="/spool/runs/1.0/control", cgroup_path=None)
     dsts = [b.dst for b in job_binds(ctx)]
     assert not any(d == "/dev" or d.startswith("/dev/") for d in dsts) and spec.workdir in dsts
-    assert {b.dst for b in job_binds(ctx) if b.ours} >= {inner.BIN, inner.SOCKET}
+    assert {b.dst for b in job_binds(ctx) if b.ours} >= {inner.BIN, inner.STEP_DIR}
 
 
 def test_the_node_python_runs_in_an_image_without_one(tmp_path):

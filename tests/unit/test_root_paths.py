@@ -63,6 +63,7 @@ ALLOWED = {
     ("hai_cluster/agent/runtimes/podman.py", "Podman.prepare"): RUN_DIR,
     ("hai_cluster/agent/runtimes/common.py", "_stage_point"): RUN_DIR,
     ("hai_cluster/agent/runtimes/inner.py", "write_launchers"): RUN_DIR,
+    ("hai_cluster/agent/steps.py", "_link_old_path"): SPOOL,
     ("hai_cluster/agent/runtimes/inner.py", "elf_interpreter"): "the agent's own interpreter (the real path of "
                                                                 "sys.executable): root's installation",
     ("hai_cluster/agent/runtimes/common.py", "image_rootfs"): "the image is opened inside as_user: " + AS_USER,

@@ -71,8 +71,8 @@ def step_binds(ctx: Context) -> list[Bind]:
     binds = [Bind(p, inner.HOST + p, False, ours=True) for p in py.binds]
     binds.append(Bind(inner.write_launchers(ctx.run_dir), inner.BIN, False, ours=True))
     socket = ctx.env.get("HAI_STEP_SOCKET")
-    if socket:
-        binds.append(Bind(socket, inner.SOCKET, True, True, ours=True))
+    if socket:  # its directory, which outlives an agent's restart (spool.STEP_DIR)
+        binds.append(Bind(os.path.dirname(socket), inner.STEP_DIR, False, ours=True))
     return binds
 
 

@@ -1,7 +1,7 @@
 """What a job's container needs so that `srun` and the step server run inside it, whatever its
 image holds (busybox has no Python): this node's own Python, bound read-only below /.hai/host
 and started through its own dynamic loader (the image's C library may be older than the one
-the interpreter was built against), the node agent's step socket at /.hai/step.sock, and small
+the interpreter was built against), the node agent's step socket in /.hai/step, and small
 launchers in /.hai/bin (appended to the job's PATH): srun, scontrol and hcontrol. The batch
 script and the step servers run in the image, so srun's tasks on every node start there too.
 
@@ -25,7 +25,8 @@ from .. import spool
 
 HOST = "/.hai/host"  # the host's paths, as the interpreter needs them, below this
 BIN = "/.hai/bin"  # the launchers
-SOCKET = "/.hai/step.sock"  # the agent's step socket
+STEP_DIR = "/.hai/step"  # the agent's step socket's directory
+SOCKET = f"{STEP_DIR}/step.sock"
 LAUNCHERS = {"srun": "hai_cluster.cli.srun", "scontrol": "hai_cluster.cli.hcontrol",
              "hcontrol": "hai_cluster.cli.hcontrol"}
 STEP_SERVER = "hai_cluster.job.stepd"
