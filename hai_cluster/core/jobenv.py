@@ -89,6 +89,7 @@ def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, 
         "HAI_PREEMPT_SIGNAL": str(int(_signal.SIGTERM) if preempt_signal is None else preempt_signal),
         # torchrun / torch.distributed
         "MASTER_ADDR": master_addr,
+        "HAI_MASTER_ADDR": master_addr,  # ours: tells a MASTER_ADDR the script exported from this one
         "MASTER_PORT": str(master_port(job_id)),
         "WORLD_SIZE": str(nnodes * max(1, len(gpus))),
         "NNODES": str(nnodes),

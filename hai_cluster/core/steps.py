@@ -221,8 +221,11 @@ def task_environment(base: Mapping[str, str], node_env: Mapping[str, str], layou
         "SLURM_CPUS_PER_TASK": str(layout.cpus_per_task),
         "RANK": str(task.procid), "LOCAL_RANK": str(task.localid), "WORLD_SIZE": str(layout.ntasks),
         "LOCAL_WORLD_SIZE": str(count), "GROUP_RANK": str(task.node), "NODE_RANK": str(task.node),
-        "MASTER_ADDR": master_addr,
     })
+    # The step's first node, unless the script exported a master of its own (Slurm sets none: a
+    # script's `export MASTER_ADDR=$(scontrol show hostnames | head -n 1)` must reach its tasks)
+    if env.get("MASTER_ADDR") in (None, env.get("HAI_MASTER_ADDR")):
+        env["MASTER_ADDR"] = master_addr
     if env.get("MASTER_PORT") == str(master_port(layout.job_id)):  # ours, not one the script exported
         env["MASTER_PORT"] = str(step_master_port(layout.job_id, layout.step_id))
     if task.gpus:

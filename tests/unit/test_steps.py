@@ -135,3 +135,11 @@ def test_step_messages_are_checked_field_by_field():
     assert wire.task_exit(end) == (1, 0, 2, None, 9)
     with pytest.raises(SpecError):
         wire.task_exit({**end, "exit_code": 300})
+
+
+def test_a_master_addr_the_script_exported_reaches_every_task_and_ours_follows_the_step():
+    layout = plan_step(Allocation(7, ("n1", "n2"), 1, 1, ((), ())), StepRequest(nodes=1, nodelist=("n2",)), 0)[0]
+    ours = {"MASTER_ADDR": "10.0.0.1", "HAI_MASTER_ADDR": "10.0.0.1"}
+    assert task_environment(ours, {}, layout, layout.tasks[0], "10.0.0.2")["MASTER_ADDR"] == "10.0.0.2"
+    mine = {**ours, "MASTER_ADDR": "n1"}  # export MASTER_ADDR=$(scontrol show hostnames | head -n 1)
+    assert task_environment(mine, {}, layout, layout.tasks[0], "10.0.0.2")["MASTER_ADDR"] == "n1"

@@ -27,7 +27,7 @@ HOST = "/.hai/host"  # the host's paths, as the interpreter needs them, below th
 BIN = "/.hai/bin"  # the launchers
 STEP_DIR = "/.hai/step"  # the agent's step socket's directory
 SOCKET = f"{STEP_DIR}/step.sock"
-LAUNCHERS = {"srun": "hai_cluster.cli.srun", "scontrol": "hai_cluster.cli.hcontrol",
+LAUNCHERS = {"srun": "hai_cluster.cli.srun", "scontrol": "hai_cluster.cli.scontrol",
              "hcontrol": "hai_cluster.cli.hcontrol"}
 STEP_SERVER = "hai_cluster.job.stepd"
 BIN_DIR = "inner-bin"  # in the run dir (root's): the launchers, bound at BIN
