@@ -1,6 +1,7 @@
 """What every command shares: reaching the controller, failing clearly, printing tables."""
 from __future__ import annotations
 
+import os
 import sys
 
 TYPE_CHECKING = False  # typing (and collections) cost every command's start ms: only for checkers
@@ -74,11 +75,22 @@ def split_list(values: Sequence[str] | None) -> list[str] | None:
 RICH_MAX_ROWS = 500  # rich lays out a table in Python: beyond this, plain columns print far faster
 
 
+def _terminal_columns() -> int:
+    try:
+        return os.get_terminal_size(sys.stdout.fileno()).columns
+    except (OSError, ValueError):  # not a terminal after all (a test's stand-in): the usual 80
+        return 80
+
+
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, header: bool = True,
                 right: Sequence[int] = ()) -> None:
     """A rich table on a terminal, plain aligned columns when piped (for scripts and grep)."""
     cells = [[str(c) for c in row] for row in rows]
-    if sys.stdout.isatty() and len(cells) <= RICH_MAX_ROWS:
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    # rich cuts a value that does not fit the terminal ("1234_[3-..."): then plain lines, which
+    # the terminal wraps, so no value is ever shown cut
+    fits = sum(widths) + len(widths) - 1 <= _terminal_columns()
+    if sys.stdout.isatty() and len(cells) <= RICH_MAX_ROWS and fits:
         from rich.console import Console
         from rich.table import Table
         from rich.text import Text
@@ -89,7 +101,6 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, header
             table.add_row(*map(Text, row))  # Text: a name like "[/x]" or "[link=...]" is not markup
         Console().print(table)
         return
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     # One format string for every line and one write: 10,000 rows in a few ms.
     fmt = " ".join(f"{{:{'>' if i in right else '<'}{w}}}" for i, w in enumerate(widths))
     lines = [fmt.format(*headers).rstrip()] if header else []

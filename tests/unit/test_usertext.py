@@ -43,3 +43,23 @@ def test_a_name_in_a_terminal_table_is_never_rich_markup(monkeypatch):
     text = out.getvalue()
     assert "[/x]" in text and "[link=http://evil]click[/link]" in text and "[conceal]hid" in text
     assert "\x1b]8;" not in text  # no OSC-8 hyperlink
+
+
+def test_a_table_wider_than_the_terminal_is_printed_whole_not_cut(monkeypatch):
+    """rich cut ids and times at 80 columns ("1234_[3-..."): no value is ever shown cut."""
+    import io
+    import sys
+
+    from hai_cluster.cli import common
+    from hai_cluster.cli.common import print_table
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    out = Tty()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(common, "_terminal_columns", lambda: 80)
+    long_id, name = "1234_[3-999%10]", "x" * 70
+    print_table(["JOBID", "NAME", "TIME"], [[long_id, name, "10-00:00:00"]])
+    text = out.getvalue()
+    assert long_id in text and name in text and "10-00:00:00" in text, text
