@@ -72,13 +72,18 @@ class Containment:
     def record(self) -> None:
         rec = {"runtime": self.runtime.name, "cgroup": self.cgroup.record() if self.cgroup else None,
                "cleanup": self.launch.cleanup if self.launch else [],
-               "signal_main": self.launch.signal_main if self.launch else True}
+               "signal_main": self.signal_main}
         if rec != self.recorded:  # a runtime without cleanup steps leaves the first record as it was
             spool.write_json_atomic(self.dir / RECORD, rec, durable=False)
             self.recorded = rec
 
+    @property
+    def signal_main(self) -> bool:
+        """Whether the main process may get the job's signals (runtimes.Launch.signal_main)."""
+        return self.launch is None or self.launch.signal_main
+
     def deliver(self, pgid: int, sig: int) -> None:
-        deliver(pgid, sig, self.launch is None or self.launch.signal_main, self.cgroup)
+        deliver(pgid, sig, self.signal_main, self.cgroup)
 
     def warn(self, pgid: int, sig: int) -> None:
         """The --signal warning before the time limit, to whom Slurm's rule sends it (warn_to)."""
@@ -87,10 +92,10 @@ class Containment:
             deliver_to_steps(pgid, sig, self.cgroup)
         elif to == "batch" and self.spec.step_server:
             pass  # no batch shell here: this node runs the step server
-        elif to == "batch" and (self.launch is None or self.launch.signal_main):
+        elif to == "batch" and self.signal_main:
             os.kill(pgid, sig)  # the batch shell alone, not its children
         else:  # every process; also B: where the shell is behind a runtime that cannot take signals
-            deliver(pgid, sig, self.launch is None or self.launch.signal_main, self.cgroup)
+            self.deliver(pgid, sig)
 
     def procs_files(self) -> list[str]:
         if self.cgroup is None or self.launch is None or not self.launch.join_cgroup:
@@ -179,7 +184,7 @@ def deliver_to_steps(pgid: int, sig: int, cgroup: RunCgroup | None) -> int:
     frozen = cgroup is not None and cgroup.freeze(True)
     sent = 0
     try:
-        for p in sorted(set(spool.group_members(pgid)) | set(cgroup.members() if cgroup else ())):
+        for p in sorted(_members(pgid, cgroup)):
             try:
                 with open(f"/proc/{p}/environ", "rb") as f:
                     env = f.read(1 << 20)
@@ -201,8 +206,11 @@ def members_recorded(run_dir: Path, pgid: int) -> set[int]:
     """The run's live processes, from what the shepherd recorded: its process group and cgroup
     (a container's processes may have left the group)."""
     rec = _read_record(run_dir)
-    cg = RunCgroup.from_record(rec["cgroup"]) if rec.get("cgroup") else None
-    return set(spool.group_members(pgid)) | set(cg.members() if cg else ())
+    return _members(pgid, RunCgroup.from_record(rec["cgroup"]) if rec.get("cgroup") else None)
+
+
+def _members(pgid: int, cgroup: RunCgroup | None) -> set[int]:
+    return set(spool.group_members(pgid)) | set(cgroup.members() if cgroup else ())
 
 
 def deliver_recorded(run_dir: Path, pgid: int, sig: int) -> None:

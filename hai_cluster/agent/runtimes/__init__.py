@@ -27,6 +27,19 @@ if TYPE_CHECKING:
     from ..isolation import NodeIsolation
 
 
+def inside(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def outermost(paths) -> tuple[str, ...]:
+    """The paths not inside another of them (a bind of the outer one shows the inner ones)."""
+    out: list[str] = []
+    for p in sorted(set(paths), key=lambda p: (p.count("/"), p)):
+        if not any(inside(p, o) for o in out):
+            out.append(p)
+    return tuple(sorted(out))
+
+
 class RuntimeRefused(Exception):
     """The run cannot start with this runtime on this node; the text says why (launch_failed)."""
 

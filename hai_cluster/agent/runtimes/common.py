@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Iterator
 
 from .. import spool
-from . import Context, RuntimeRefused, Staged, inner
+from . import Context, RuntimeRefused, Staged, inner, inside, outermost
 
 GPU_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 STAGE_DIR = "staged"  # in the run dir (root's, 0711): the stage points, in a 0700 dir
@@ -38,10 +38,6 @@ class Device:
     mode: int  # its permission bits on the host
 
 
-def _inside(path: str, parent: str) -> bool:
-    return path == parent or path.startswith(parent.rstrip("/") + "/")
-
-
 def job_binds(ctx: Context) -> list[Bind]:
     """The job's directories, at the same paths as on the host, parents before children: workdir,
     output files' directories and checkpoint dir read-write; the control dir and the script
@@ -49,15 +45,11 @@ def job_binds(ctx: Context) -> list[Bind]:
     spec = ctx.spec
     rw = {spec.workdir}
     for out in (spec.stdout, spec.stderr):  # not /dev of /dev/null: the runtime makes its own /dev
-        if out and not any(_inside(out, m) for m in OWN_DEVICES):
+        if out and not any(inside(out, m) for m in OWN_DEVICES):
             rw.add(os.path.dirname(out))
     if spec.checkpoint_dir:
         rw.add(spec.checkpoint_dir)
-    chosen: list[str] = []
-    for d in sorted(rw, key=lambda p: (p.count("/"), p)):
-        if not any(_inside(d, c) for c in chosen):  # already visible through a parent bind
-            chosen.append(d)
-    binds = [Bind(d, d, True) for d in chosen]
+    binds = [Bind(d, d, True) for d in outermost(rw)]  # one inside another shows through its parent's
     binds += [Bind(ctx.control, ctx.control, False), Bind(ctx.script, ctx.script, False, True)]
     if spec.container_image:
         binds += step_binds(ctx)
@@ -231,7 +223,7 @@ def mount_plan_dirs(ctx: Context, binds: list[Bind],
     dirs = [*extra_dirs]
     files = []
     for b in binds:
-        if any(_inside(b.dst, m) and b.dst != m for m in RUNTIME_MOUNTS):
+        if any(inside(b.dst, m) and b.dst != m for m in RUNTIME_MOUNTS):
             continue
         (files if b.is_file else dirs).append(b.dst)
     return tuple(dirs), tuple(files)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import spool
+from . import outermost
 
 HOST = "/.hai/host"  # the host's paths, as the interpreter needs them, below this
 BIN = "/.hai/bin"  # the launchers
@@ -77,14 +78,6 @@ def elf_interpreter(path: str) -> str | None:
     return None
 
 
-def _outermost(paths: set[str]) -> tuple[str, ...]:
-    out: list[str] = []
-    for p in sorted(paths, key=lambda p: (p.count("/"), p)):
-        if not any(p == o or p.startswith(o.rstrip("/") + "/") for o in out):
-            out.append(p)
-    return tuple(sorted(out))
-
-
 @functools.lru_cache(maxsize=1)
 def host_python() -> HostPython:
     exe = os.path.realpath(sys.executable)
@@ -96,7 +89,7 @@ def host_python() -> HostPython:
         libs.append(os.path.realpath(libdir))
     search = tuple(dict.fromkeys(os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)))
     prefix = os.path.realpath(sys.base_prefix)
-    binds = _outermost({prefix, os.path.dirname(exe), *libs, *search} - {"/"})
+    binds = outermost({prefix, os.path.dirname(exe), *libs, *search} - {"/"})
     return HostPython(exe, loader, tuple(libs), search, binds)
 
 
