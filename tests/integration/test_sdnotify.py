@@ -111,6 +111,14 @@ def test_daemons_notify_ready_status_watchdog_and_stopping(base):
                     assert "not the active controller (active: not known yet)" in str(exc), exc
                     return None
             assert wait_for(active_ping, 20, what="the lease")["uid"] == 0
+
+            def store_open():  # active does not mean its store is open yet: a submission would be told to retry
+                try:
+                    return client.call("jobs", {"all": True}) is not None
+                except ClientError as exc:
+                    assert "its store is not open yet" in str(exc), exc
+                    return False
+            wait_for(store_open, 20, what="the store")
         finally:
             client.close()
 
