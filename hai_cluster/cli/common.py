@@ -14,7 +14,9 @@ from .client import ClientError, ControllerClient
 
 
 def fail(prog: str, message: str, code: int = 1) -> NoReturn:
-    print(f"{prog}: error: {printable(message)}", file=sys.stderr)
+    """Print `message` (each of its lines: a refused submission lists every refusal) and exit."""
+    for line in message.split("\n"):
+        print(f"{prog}: error: {printable(line)}", file=sys.stderr)
     sys.exit(code)
 
 
@@ -107,3 +109,14 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, header
     lines += [fmt.format(*row).rstrip() for row in cells]
     if lines:
         sys.stdout.write("\n".join(lines) + "\n")
+
+
+def check_cluster(prog: str, clusters: str | None) -> None:
+    """-M/--clusters: this cluster's name (or `all`) is accepted; a cluster manages only itself."""
+    if not clusters:
+        return
+    local = call(prog, "ping")["cluster"]
+    for name in clusters.split(","):
+        if name not in (local, "all"):
+            fail(prog, f"'{name}' is not this cluster (this is '{local}'; each hai-cluster controller "
+                       f"manages one cluster)")

@@ -114,11 +114,11 @@ def step_rows(run: dict, steps: list[dict], job: dict) -> list[dict]:
     state = run["state"] if run["end_time"] else "RUNNING"
     rows = [{**common, "step": "batch", "name": "batch", "state": BATCH_STATE.get(state, state),
              "exit_code": run["exit_code"], "exit_signal": run["exit_signal"], "start_time": run["start_time"],
-             "end_time": run["end_time"], "nodelist": first, "cpus": cpus(job) // max(1, job["nodes"])}]
+             "end_time": run["end_time"], "nodelist": first, "cpus": cpus(job) // max(1, job["nodes"]), "ntasks": 1}]
     for s in steps:
         rows.append({**common, "step": s["step_id"], "name": s["name"], "state": s["state"],
                      "exit_code": s["exit_code"], "exit_signal": s["exit_signal"], "start_time": s["start_time"],
-                     "end_time": s["end_time"], "nodelist": s["nodelist"], "cpus": s["cpus"]})
+                     "end_time": s["end_time"], "nodelist": s["nodelist"], "cpus": s["cpus"], "ntasks": s.get("ntasks")})
     return rows
 
 

@@ -32,11 +32,18 @@ def parse_signal(text: str) -> int:
 @click.option("-Q", "--quiet", is_flag=True, help="do not report jobs that have already ended")
 def main(job_ids, users, me, states, names, partitions, sig, quiet):
     """Cancel jobs (or send them a signal)."""
+    cancel("hcancel", job_ids, users, me, states, names, partitions, sig,
+           lambda err: not (quiet and "already completing or completed" in err))
+
+
+def cancel(prog: str, job_ids, users, me, states, names, partitions, sig, reported) -> None:
+    """Ask the controller to cancel (or signal) what the options select; print the errors
+    `reported` keeps, and exit 1 if there is one."""
     body: dict = {}
     try:
         body.update(refs_to_wire(parse_job_refs(job_ids)))  # 12 (a job, or a whole array), 12_4, 12_[1-3]
     except ArrayError as exc:
-        fail("hcancel", str(exc))
+        fail(prog, str(exc))
     if me:
         import getpass
         body["users"] = [getpass.getuser()]
@@ -49,12 +56,12 @@ def main(job_ids, users, me, states, names, partitions, sig, quiet):
         try:
             body["signal"] = parse_signal(sig)
         except click.BadParameter as exc:
-            fail("hcancel", exc.message)
+            fail(prog, exc.message)
     if len(body) == (1 if sig else 0):
-        fail("hcancel", "No job identification provided")
-    reply = call("hcancel", "cancel", body)
-    errors = [e for e in reply["errors"] if not (quiet and "already completing or completed" in e)]
+        fail(prog, "No job identification provided")
+    reply = call(prog, "cancel", body)
+    errors = [e for e in reply["errors"] if reported(e)]
     for err in errors:
-        print(f"hcancel: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {err}", file=sys.stderr)
     if errors:
         sys.exit(1)

@@ -26,6 +26,17 @@ def _time(t) -> str:
     return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S") if t else "Unknown"
 
 
+def _stream(job: dict, pattern: str | None) -> str:
+    """StdOut=/StdErr= as scontrol shows them: the pattern expanded, absolute (%N: the first node,
+    once the job has one)."""
+    from ..core.patterns import resolve_output_path
+    spec = job["spec"]
+    first = (job.get("nodelist") or "").split(",")[0] or "%N"
+    return resolve_output_path(pattern, spec["workdir"], job_id=job["id"], job_name=job["name"], user=job["user"],
+                               node=first, restart_count=job["restart_count"], array_job_id=job.get("array_job_id"),
+                               array_task_id=job.get("array_task_id"))
+
+
 def job_lines(job: dict, now: float) -> list[str]:
     spec = job["spec"]
     pairs = [
@@ -37,7 +48,8 @@ def job_lines(job: dict, now: float) -> list[str]:
         [("JobState", job["state"]), ("Reason", job["reason"] or "None"), ("Hold", job["hold"]),
          ("Dependency", job.get("dependency") or "(null)")],
         [("Restarts", job["restart_count"]), ("ExitCode", f"{job['exit_code'] or 0}:{job['exit_signal'] or 0}")],
-        [("RunTime", format_duration(elapsed(job, now))), ("TimeLimit", format_limit(job["time_limit"]))],
+        [("RunTime", format_duration(elapsed(job, now))), ("TimeLimit", format_limit(job["time_limit"])),
+         ("TimeMin", "N/A" if spec.get("time_min") is None else format_limit(spec["time_min"]))],
         [("SubmitTime", _time(job["submit_time"])), ("StartTime", _time(job["start_time"])),
          ("EndTime", _time(job["end_time"]))],
         [("NodeList", nodelist(job) or "(null)"), ("NumNodes", job["nodes"]), ("NumCPUs", cpus(job)),
@@ -46,8 +58,10 @@ def job_lines(job: dict, now: float) -> list[str]:
         [("TresPerNode", f"gres/{gres(job)}" if job.get("gpu_fraction") or job.get("gpu_mem_mb")
           else f"gres/gpu:{job['gpus_per_node']}")],
         [("WorkDir", spec["workdir"])],
+        [("Comment", spec.get("comment") or "(null)"), ("WCKey", spec.get("wckey") or "(null)")],
         [("Runtime", spec.get("runtime") or "default"), ("ContainerImage", spec.get("container_image") or "(null)")],
-        [("StdOut", spec.get("stdout") or "hai-%j.out")],
+        [("StdErr", _stream(job, spec.get("stderr") or spec.get("stdout")))],
+        [("StdOut", _stream(job, spec.get("stdout")))],
         [("Requeue", int(bool(spec.get("requeue", True)))), ("GraceTime", spec.get("grace"))],
         [("GPUSeconds", f"{job['attained_gpu_seconds']:.0f}")],
     ]

@@ -57,25 +57,10 @@ def parse_format(fmt: str, fields=FIELDS) -> list[tuple[str, str]]:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def main(users, me, job_ids, states, partitions, names, long_, noheader, fmt, expand, step_list, as_json):
     """Show the job queue."""
-    body: dict = {}
-    if me:
-        import getpass
-        body["users"] = [getpass.getuser()]
-    elif users:
-        body["users"] = split_list(users)
-    if job_ids:
-        try:
-            body.update(refs_to_wire(parse_job_refs(job_ids)))
-        except ArrayError as exc:
-            fail("hqueue", str(exc))
-    wanted = split_list(states)
-    if wanted and [s.lower() for s in wanted] == ["all"]:
-        body["all"] = True
-    elif wanted:
-        body["states"] = wanted
+    body, listing_all = filters("hqueue", users, me, job_ids, states)
     if step_list is not None:
         return show_steps(body, step_list, fmt, noheader, as_json, partitions)
-    if job_ids and not wanted:
+    if job_ids and not listing_all:
         body["all"] = True  # squeue -j shows a job whatever its state
     if partitions:
         body["partitions"] = split_list(partitions)
@@ -98,6 +83,27 @@ def main(users, me, job_ids, states, partitions, names, long_, noheader, fmt, ex
     rows = [[get(job if label is None else {**job, "label": label}, now) for get in getters] for job, label in listed]
     print_table([FIELDS[c][0] for c in columns], rows, header=not noheader,
                 right=[i for i, c in enumerate(columns) if c in RIGHT])
+
+
+def filters(prog: str, users, me: bool, job_ids, states) -> tuple[dict, bool]:
+    """The listing request for -u/--me, -j and -t (squeue's meanings), and whether -t named states."""
+    body: dict = {}
+    if me:
+        import getpass
+        body["users"] = [getpass.getuser()]
+    elif users:
+        body["users"] = split_list(users)
+    if job_ids:
+        try:
+            body.update(refs_to_wire(parse_job_refs(job_ids)))
+        except ArrayError as exc:
+            fail(prog, str(exc))
+    wanted = split_list(states)
+    if wanted and [s.lower() for s in wanted] == ["all"]:
+        body["all"] = True
+    elif wanted:
+        body["states"] = wanted
+    return body, bool(wanted)
 
 
 def step_rows(reply: dict) -> list[dict]:

@@ -9,6 +9,9 @@ from ..protocol import minipack
 from .client import ClientError, ControllerClient
 from .common import call, fail
 
+# hsubmit, or sbatch: the same command under Slurm's name (bin/sbatch), whose messages say sbatch
+PROG = "sbatch" if os.path.basename(sys.argv[0] if sys.argv else "") == "sbatch" else "hsubmit"
+
 USAGE = """Usage: hsubmit [OPTIONS] [SCRIPT [ARGS...]]
 
 Submit a batch script. Options are sbatch's, on the command line or as #HAI / #SBATCH
@@ -51,7 +54,7 @@ def submit(argv: list[str], client: ControllerClient) -> None:
     os.umask(umask)
     problem = not_utf8(cwd, env, argv)
     if problem:
-        fail("hsubmit", problem)
+        fail(PROG, problem)
     request = {"cwd": cwd, "env": env, "umask": umask}
     reply = _call(client, {**request, "argv": argv})
     if reply.get("need_script"):
@@ -62,10 +65,10 @@ def submit(argv: list[str], client: ControllerClient) -> None:
     if "test_only" in reply:
         t = reply["test_only"]
         if t["start"] == "now":
-            print(f"hsubmit: Job would start now on nodes {','.join(t['nodes'])} in partition {t['partition']}",
+            print(f"{PROG}: Job would start now on nodes {','.join(t['nodes'])} in partition {t['partition']}",
                   file=sys.stderr)
         else:
-            print(f"hsubmit: Job would wait in partition {t['partition']}: {t['reason']}", file=sys.stderr)
+            print(f"{PROG}: Job would wait in partition {t['partition']}: {t['reason']}", file=sys.stderr)
         return
     job_id = reply["job_id"]
     print(job_id if reply["parsable"] else f"Submitted batch job {job_id}", flush=True)
@@ -77,7 +80,7 @@ def _call(client: ControllerClient, body: dict) -> dict:
     try:
         return client.call("submit", body)
     except ClientError as exc:
-        fail("hsubmit", str(exc))
+        fail(PROG, str(exc))
 
 
 def not_utf8(cwd: str, env: dict[str, str], argv: list[str]) -> str | None:
@@ -112,10 +115,10 @@ def read_script(script_path: str | None) -> tuple[str, str]:
             with open(script_path, "rb") as f:
                 data = f.read()
         except OSError as exc:
-            fail("hsubmit", f"Unable to open file {script_path}: {exc.strerror or exc}")
+            fail(PROG, f"Unable to open file {script_path}: {exc.strerror or exc}")
         return decoded(data, f"script {script_path}"), os.path.basename(script_path)
     if sys.stdin.isatty():
-        fail("hsubmit", "no script given (a file, --wrap, or a script on standard input)")
+        fail(PROG, "no script given (a file, --wrap, or a script on standard input)")
     return decoded(sys.stdin.buffer.read(), "the script on standard input"), "sbatch"
 
 
@@ -125,7 +128,7 @@ def decoded(data: bytes, what: str) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        fail("hsubmit", f"{what} is not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})")
+        fail(PROG, f"{what} is not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})")
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
@@ -136,7 +139,7 @@ def wait_for_end(job_id: int) -> int:
     """sbatch -W: poll until the job (every task of an array) ends; its exit code, the highest of
     an array's tasks (1 for a job that ended without one, like Slurm)."""
     while True:
-        jobs = call("hsubmit", "jobs", {"ids": [job_id], "all": True})["jobs"]
+        jobs = call(PROG, "jobs", {"ids": [job_id], "all": True})["jobs"]
         if jobs and all(j["state"] in FINAL for j in jobs):
             return max(0 if j["state"] == "COMPLETED" else (j["exit_code"] or 1) for j in jobs)
         time.sleep(0.5)

@@ -3,6 +3,7 @@ accounts and limits."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -138,6 +139,8 @@ class ControllerConfig:
     # for this long (renewed every third of it). See controller/leader.py.
     lease_duration: float = 15.0
     admins: tuple[str, ...] = ("root",)
+    # Slurm's ClusterName: -M/--clusters accepts it (and only it); jobs see SLURM_CLUSTER_NAME
+    cluster_name: str = "cluster"
     partitions: tuple[str, ...] = ("gpu",)
     default_partition: str = "gpu"
     partition_limits: tuple[PartitionConfig, ...] = ()  # from [[partitions]] tables
@@ -238,6 +241,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         max_script_bytes=c.get("max_script_bytes", int, 4 * 2**20),
         max_env_bytes=c.get("max_env_bytes", int, 2**20),
         max_grace=c.get("max_grace", int, 600),
+        cluster_name=c.get("cluster_name", str, "cluster"),
         kill_invalid_depend=c.get("kill_invalid_depend", bool, False),
         log_level=c.get("log_level", str, "INFO"),
         events_max_age_days=c.get("events_max_age_days", float, 30.0),
@@ -310,6 +314,9 @@ def _check_controller(path: str, cfg: ControllerConfig) -> None:
     positive(path, "controller.max_array_size", cfg.max_array_size)
     positive(path, "controller.max_script_bytes", cfg.max_script_bytes)
     positive(path, "controller.max_env_bytes", cfg.max_env_bytes)
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,39}", cfg.cluster_name):
+        raise ConfigError(f"{path}: controller.cluster_name must be 1-40 lowercase letters, digits, '-' or '_' "
+                          f"(Slurm's ClusterName), got {cfg.cluster_name!r}")
     if not 0 <= cfg.max_grace <= MAX_GRACE_SECONDS:
         raise ConfigError(f"{path}: controller.max_grace must be between 0 and {MAX_GRACE_SECONDS} seconds, "
                           f"got {cfg.max_grace}")

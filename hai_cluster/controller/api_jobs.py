@@ -26,7 +26,7 @@ async def _listed(ctx: ApiContext, **filters):
 
 async def ping(ctx: ApiContext, body, caller: Caller):
     return {"time": time.time(), "user": caller.user, "uid": caller.uid, "admin": caller.admin,
-            "role": caller.role}
+            "role": caller.role, "cluster": ctx.ctl.cfg.cluster_name}
 
 
 async def jobs(ctx: ApiContext, body, caller: Caller):

@@ -47,7 +47,8 @@ async def submit(ctx: ApiContext, body, caller: Caller):
         raise RequestError(too_big)
     await ctx.take_rate(caller, 1)  # before the parse: a refused submission costs its parse too
     parse = functools.partial(parse_submission, script, option_args, cwd=cwd, env=env, script_args=script_args,
-                              script_name=script_name, now=time.time(), max_array_size=ctx.ctl.cfg.max_array_size)
+                              script_name=script_name, now=time.time(), max_array_size=ctx.ctl.cfg.max_array_size,
+                              cluster_name=ctx.ctl.cfg.cluster_name)
     try:
         # A big script takes a worker thread (pure Python: the loop still runs every few ms):
         # a 4 MiB one costs ~0.7 s to scan, which on the loop held every other user.

@@ -95,7 +95,40 @@ _OPTIONS = [
     _Option("gpu-mem", None, True, "gpu_mem"),
     _Option("gpu-compute", None, True, "gpu_compute"),
     _Option("gpu-qos", None, True, "gpu_qos"),
+    # sbatch's, kept with the job (scontrol show job) or checked here
+    _Option("comment", None, True, "comment"),
+    _Option("wckey", None, True, "wckey"),
+    _Option("time-min", None, True, "time_min"),
+    _Option("clusters", "M", True, "clusters"),
+    _Option("mem-per-cpu", None, True, "mem_per_cpu"),
+    _Option("mem-per-gpu", None, True, "mem_per_gpu"),
+    # sbatch's, with nothing to do here (docs/SLURM.md says why): accepted as they are
+    _Option("get-user-env", None, False, "ignored"),  # the job already gets the submitter's environment
+    _Option("wait-all-nodes", None, True, "ignored"),  # every node of a job starts together
+    _Option("hint", None, True, "ignored"),  # no CPU binding (srun accepts it too)
+    _Option("quiet", "Q", False, "ignored"),
+    _Option("verbose", "v", False, "ignored"),
+    _Option("ignore-pbs", None, False, "ignored"),  # #PBS lines are never read
 ]
+_FLAG_VALUE_OPTIONS = {"get-user-env"}  # --get-user-env[=TIMEOUT][S|L]: an optional value
+# sbatch options this cluster does not honour (yet): refused by name, told apart from a typo.
+UNSUPPORTED = {
+    "exclusive": False, "nodelist": True, "exclude": True, "constraint": True, "qos": True,
+    "mail-type": True, "mail-user": True, "reservation": True, "open-mode": True, "nice": False,
+    "overcommit": False, "oversubscribe": False, "licenses": True, "deadline": True, "input": True,
+    "export-file": True, "uid": True, "gid": True, "mincpus": True, "no-kill": False, "kill-on-invalid-dep": True,
+    "propagate": False, "core-spec": True, "cores-per-socket": True, "sockets-per-node": True,
+    "threads-per-core": True, "ntasks-per-core": True, "ntasks-per-socket": True, "ntasks-per-gpu": True,
+    "cpus-per-gpu": True, "gpus-per-socket": True, "gpu-bind": True, "gpu-freq": True, "gres-flags": True,
+    "cpu-freq": True, "mem-bind": True, "distribution": True, "contiguous": False, "switches": True,
+    "network": True, "reboot": False, "delay-boot": True, "acctg-freq": True, "profile": True, "tmp": True,
+    "bb": True, "bbf": True, "mcs-label": True, "power": True, "prefer": True, "cluster-constraint": True,
+    "container": True, "batch": True, "extra-node-info": True, "spread-job": False, "thread-spec": True,
+    "use-min-nodes": False, "nodefile": True, "uid": True,
+}
+_UNSUPPORTED_SHORT = {"w": "nodelist", "x": "exclude", "C": "constraint", "q": "qos", "i": "input",
+                      "k": "no-kill", "F": "nodefile", "B": "extra-node-info", "S": "core-spec",
+                      "m": "distribution", "O": "overcommit", "s": "oversubscribe", "L": "licenses"}
 _LONG = {o.long: o for o in _OPTIONS}
 _SHORT = {o.short: o for o in _OPTIONS if o.short}
 
@@ -108,7 +141,20 @@ class _Given:
     where: str  # "" on the command line, "line 3: " in a script
 
 
-def _lookup_long(name: str, where: str) -> _Option:
+def _unknown(name: str, where: str) -> str:
+    """The refusal of an option we do not take: one of sbatch's that this cluster does not
+    honour, or a typo (with the options it is closest to)."""
+    if name in UNSUPPORTED:
+        return f"{where}--{name}: sbatch's option is not supported by this cluster (docs/SLURM.md)"
+    import difflib
+    close = difflib.get_close_matches(name, list(_LONG) + list(UNSUPPORTED), n=2, cutoff=0.75)
+    hint = f" (did you mean {' or '.join('--' + c for c in close)}?)" if close else ""
+    return f"{where}--{name}: unrecognized option{hint}"
+
+
+def _lookup_long(name: str, where: str, errors: list[str]) -> _Option | str | None:
+    """The option a long name means (a unique prefix too); else None and a refusal in errors.
+    A supported-nowhere option of sbatch's comes back as its name, so its value is skipped."""
     if name in _LONG:
         return _LONG[name]
     matches = [o for o in _OPTIONS if name and o.long.startswith(name)]
@@ -116,13 +162,19 @@ def _lookup_long(name: str, where: str) -> _Option:
         return matches[0]
     if matches:
         choices = " ".join("--" + o.long for o in matches)
-        raise JobScriptError(f"{where}--{name}: ambiguous option (could be {choices})")
-    raise JobScriptError(f"{where}--{name}: unrecognized option")
+        errors.append(f"{where}--{name}: ambiguous option (could be {choices})")
+        return None
+    full = name if name in UNSUPPORTED else next((u for u in UNSUPPORTED if name and u.startswith(name)), name)
+    errors.append(_unknown(full, where))
+    return full if full in UNSUPPORTED else None
 
 
-def _scan(tokens: Sequence[str], where: str = "") -> tuple[list[_Given], int, int]:
+def _scan(tokens: Sequence[str], where: str = "",
+          errors: list[str] | None = None) -> tuple[list[_Given], int, int]:
     """Read options up to the first operand. Returns (options, end of the options, index
-    of the first operand); the two differ only when a "--" ends the options."""
+    of the first operand); the two differ only when a "--" ends the options. Refusals go to
+    `errors` (every one of them, so that a submission hears of all at once)."""
+    errors = [] if errors is None else errors
     given: list[_Given] = []
     i = 0
     while i < len(tokens):
@@ -131,15 +183,22 @@ def _scan(tokens: Sequence[str], where: str = "") -> tuple[list[_Given], int, in
             return given, i, i + 1
         if tok.startswith("--"):
             name, eq, value = tok[2:].partition("=")
-            opt = _lookup_long(name, where)
-            if not opt.takes_value:
-                if eq:
-                    raise JobScriptError(f"{where}--{opt.long}: option takes no value")
-                given.append(_Given(opt, None, f"--{opt.long}", where))
+            opt = _lookup_long(name, where, errors)
+            if isinstance(opt, str):  # sbatch's, refused: step over its value as sbatch would read it
+                if UNSUPPORTED[opt] and not eq:
+                    i += 1
+            elif opt is None:
+                pass
+            elif not opt.takes_value:
+                if eq and opt.long not in _FLAG_VALUE_OPTIONS:
+                    errors.append(f"{where}--{opt.long}: option takes no value")
+                else:
+                    given.append(_Given(opt, None, f"--{opt.long}", where))
             else:
                 if not eq:
                     if i + 1 == len(tokens):
-                        raise JobScriptError(f"{where}--{opt.long}: option requires a value")
+                        errors.append(f"{where}--{opt.long}: option requires a value")
+                        break
                     i += 1
                     value = tokens[i]
                 given.append(_Given(opt, value, f"--{opt.long}={value}", where))
@@ -147,14 +206,22 @@ def _scan(tokens: Sequence[str], where: str = "") -> tuple[list[_Given], int, in
             for j in range(1, len(tok)):
                 opt = _SHORT.get(tok[j])
                 if opt is None:
-                    raise JobScriptError(f"{where}-{tok[j]}: unrecognized option")
+                    long = _UNSUPPORTED_SHORT.get(tok[j])
+                    if long is None:
+                        errors.append(f"{where}-{tok[j]}: unrecognized option")
+                        continue
+                    errors.append(_unknown(long, where).replace(f"--{long}", f"-{tok[j]}/--{long}", 1))
+                    if UNSUPPORTED[long] and j + 1 == len(tok):
+                        i += 1  # its value is the next word
+                    break
                 if not opt.takes_value:
                     given.append(_Given(opt, None, f"-{opt.short}", where))
                     continue
                 value = tok[j + 1:]
                 if not value:
                     if i + 1 == len(tokens):
-                        raise JobScriptError(f"{where}-{opt.short}: option requires a value")
+                        errors.append(f"{where}-{opt.short}: option requires a value")
+                        break
                     i += 1
                     value = tokens[i]
                 given.append(_Given(opt, value, f"-{opt.short} {value}", where))
@@ -167,7 +234,8 @@ def _scan(tokens: Sequence[str], where: str = "") -> tuple[list[_Given], int, in
 
 def split_command_line(argv: Sequence[str]) -> tuple[list[str], str | None, list[str]]:
     """hsubmit's arguments -> (option tokens, script path or None, script arguments).
-    Everything after the script belongs to the script, even if it looks like an option."""
+    Everything after the script belongs to the script, even if it looks like an option.
+    Refusals wait for the whole submission's parse, which reports them all."""
     _, end, operand = _scan(argv)
     if operand == len(argv):
         return list(argv[:end]), None, []
@@ -240,8 +308,9 @@ MAX_DIRECTIVE_LINE = 4096
 MAX_DIRECTIVE_BYTES = 64 * 1024
 
 
-def _directives(script: str) -> list[_Given]:
-    """Options from #SBATCH / #HAI lines, up to the first line that is a command."""
+def _directives(script: str, errors: list[str]) -> list[_Given]:
+    """Options from #SBATCH / #HAI lines, up to the first line that is a command (refusals of
+    options to errors; a line too long or unreadable ends the submission here)."""
     given: list[_Given] = []
     total = 0
     for lineno, line in enumerate(script.split("\n")[1:], start=2):
@@ -262,13 +331,67 @@ def _directives(script: str) -> list[_Given]:
         try:
             tokens = shlex.split(line[m.end():], comments=True)
         except ValueError as e:  # an unmatched quote
-            raise JobScriptError(f"{where}{e}") from None
-        options, _, operand = _scan(tokens, where)
+            errors.append(f"{where}{e}")
+            continue
+        options, _, operand = _scan(tokens, where, errors)
         if operand < len(tokens):
-            raise JobScriptError(f"{where}unexpected argument {tokens[operand]!r} "
-                                 f"(a directive holds only options)")
+            errors.append(f"{where}unexpected argument {tokens[operand]!r} (a directive holds only options)")
         given.extend(options)
     return given
+
+
+# sbatch's input variables: SBATCH_X=value as if --option=value were given, after the script's
+# directives and before the command line (sbatch's order). Flags are set by any value.
+ENV_OPTIONS = {
+    "SBATCH_ACCOUNT": "account", "SBATCH_ARRAY_INX": "array", "SBATCH_CLUSTERS": "clusters",
+    "SBATCH_EXPORT": "export", "SBATCH_GET_USER_ENV": "get-user-env", "SBATCH_GPUS": "gpus",
+    "SBATCH_GPUS_PER_NODE": "gpus-per-node", "SBATCH_GPUS_PER_TASK": "gpus-per-task", "SBATCH_GRES": "gres",
+    "SBATCH_HINT": "hint", "SBATCH_JOB_NAME": "job-name", "SBATCH_MEM_PER_CPU": "mem-per-cpu",
+    "SBATCH_MEM_PER_GPU": "mem-per-gpu", "SBATCH_MEM_PER_NODE": "mem", "SBATCH_NO_REQUEUE": "no-requeue",
+    "SBATCH_PARTITION": "partition", "SBATCH_REQUEUE": "requeue", "SBATCH_SIGNAL": "signal",
+    "SBATCH_TIMELIMIT": "time", "SBATCH_WAIT": "wait", "SBATCH_WAIT_ALL_NODES": "wait-all-nodes",
+    "SBATCH_WCKEY": "wckey", "SBATCH_CLUSTER_CONSTRAINT": "cluster-constraint",
+    "SBATCH_CONSTRAINT": "constraint", "SBATCH_EXCLUSIVE": "exclusive", "SBATCH_OPEN_MODE": "open-mode",
+    "SBATCH_OVERCOMMIT": "overcommit", "SBATCH_QOS": "qos", "SBATCH_RESERVATION": "reservation",
+    "SBATCH_DISTRIBUTION": "distribution", "SBATCH_CPUS_PER_GPU": "cpus-per-gpu",
+    "SBATCH_GPU_BIND": "gpu-bind", "SBATCH_GPU_FREQ": "gpu-freq", "SBATCH_PROFILE": "profile",
+    "SBATCH_ACCTG_FREQ": "acctg-freq", "SBATCH_CONTAINER": "container",
+}
+
+
+def _from_environment(env: Mapping[str, str], errors: list[str]) -> list[_Given]:
+    given = []
+    for var, long in ENV_OPTIONS.items():
+        if var not in env:
+            continue
+        value = env[var]
+        where = f"{var}={value}: "
+        if long in UNSUPPORTED:
+            errors.append(f"{var}: sets --{long}, which is not supported by this cluster (docs/SLURM.md); "
+                          f"unset it")
+            continue
+        opt = _LONG[long]
+        given.append(_Given(opt, value if opt.takes_value else None,
+                            f"--{long}={value}" if opt.takes_value else f"--{long}", where))
+    return given
+
+
+def _memory(values: Mapping[str, Any], origin: Mapping[str, _Given], cpus_per_node: int,
+            gpus_per_node: int) -> int | None:
+    """MiB per node from --mem, or --mem-per-cpu times the node's CPUs, or --mem-per-gpu times its
+    GPUs (sbatch's three, of which one may be given)."""
+    given = [origin[k] for k in ("mem", "mem_per_cpu", "mem_per_gpu") if k in values]
+    if len(given) > 1:
+        raise JobScriptError(f"{given[-1].where}{given[-1].spelled}: --mem, --mem-per-cpu and --mem-per-gpu "
+                             f"are mutually exclusive (also given: {given[0].spelled})")
+    if "mem_per_cpu" in values:
+        return values["mem_per_cpu"] * cpus_per_node
+    if "mem_per_gpu" in values:
+        if not gpus_per_node:
+            g = origin["mem_per_gpu"]
+            raise JobScriptError(f"{g.where}{g.spelled}: the job asks for no whole GPUs")
+        return values["mem_per_gpu"] * gpus_per_node
+    return values.get("mem")
 
 
 def _check_inputs(cwd: str, option_args: Sequence[str], script_args: Sequence[str],
@@ -348,34 +471,50 @@ def _whole_gpus_and_share(values: Mapping[str, Any], origin: Mapping[str, _Given
 def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str,
                      env: Mapping[str, str], script_args: Sequence[str] = (),
                      script_name: str | None = None, now: float | None = None,
-                     max_array_size: int | None = DEFAULT_MAX_ARRAY_SIZE) -> Submission:
+                     max_array_size: int | None = DEFAULT_MAX_ARRAY_SIZE,
+                     cluster_name: str | None = None) -> Submission:
     """Build the job a submission asks for. `script` is the script's text (None with --wrap),
     `option_args` the command-line options, `env` the submitter's environment, `cwd` the
     absolute directory hsubmit ran in, `script_name` the script file's name (default name),
-    `max_array_size` the bound on --array task indices (None: the controller checks it)."""
+    `max_array_size` the bound on --array task indices (None: the controller checks it),
+    `cluster_name` the one -M/--clusters may name (None: not checked). Every refusal of an option
+    is reported, together, one per line."""
     _check_inputs(cwd, option_args, script_args, env)
-    cli, _, operand = _scan(option_args)
+    errors: list[str] = []
+    cli, _, operand = _scan(option_args, "", errors)
     if operand < len(option_args):
-        raise JobScriptError(f"unexpected argument {option_args[operand]!r} among the options "
-                             f"(script arguments go after the script)")
+        errors.append(f"unexpected argument {option_args[operand]!r} among the options "
+                      f"(script arguments go after the script)")
     directives: list[_Given] = []
     if script is not None:
         _check_script(script)
-        directives = _directives(script)
+        directives = _directives(script, errors)
 
     parsers = value_parsers(env, now, max_array_size)  # now: the caller's clock, for --begin=now+1hour (this module reads none)
     values: dict[str, Any] = {}
     origin: dict[str, _Given] = {}
-    for g in directives + cli:  # the command line comes last, so it wins
+    # sbatch's order: the script's directives, then SBATCH_* variables, then the command line
+    for g in directives + _from_environment(env, errors) + cli:
+        if g.option.slot == "ignored":
+            continue
         if g.value is None:
             value: Any = g.option.long != "no-requeue"
         else:
             try:
                 value = parsers[g.option.long](g.value)
             except BadValue as e:
-                raise JobScriptError(f"{g.where}{g.spelled}: {e}") from None
+                errors.append(f"{g.where}{g.spelled}: {e}")
+                continue
         values[g.option.slot] = value
         origin[g.option.slot] = g
+    if "clusters" in values and cluster_name is not None:
+        wrong = [c for c in values["clusters"] if c not in (cluster_name, "all")]
+        if wrong:
+            g = origin["clusters"]
+            errors.append(f"{g.where}{g.spelled}: {', '.join(wrong)} is not this cluster (this is "
+                          f"{cluster_name!r}; each hai-cluster controller manages one cluster)")
+    if errors:
+        raise JobScriptError("\n".join(dict.fromkeys(errors)))
 
     wrap = values.get("wrap")
     if script is None and wrap is None:
@@ -390,6 +529,7 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
     task_gpus = _gpus_per_task(values, origin, tasks_per_node)
     gpus, share = (task_gpus, {}) if task_gpus is not None else _whole_gpus_and_share(values, origin, nodes)
 
+    mem_mb = _memory(values, origin, tasks_per_node * values.get("cpus", 1), gpus)
     workdir = posixpath.normpath(posixpath.join(cwd, values.get("chdir", ".")))
     if script is None:
         text, default_name = WRAP_TEMPLATE.format(wrap), "wrap"
@@ -419,7 +559,7 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         ntasks=values.get("ntasks"),
         ntasks_per_node=tasks_per_node if "ntasks_per_node" in values else None,
         gpus_per_task=values.get("gpus_per_task"),
-        mem_mb=values.get("mem"),
+        mem_mb=mem_mb,
         time_limit=values.get("time"),
         partition=values.get("partition"),
         stdout=values.get("stdout"),
@@ -441,6 +581,9 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         array=values.get("array"),
         dependency=values.get("dependency"),
         account=values.get("account"),
+        comment=values.get("comment"),
+        wckey=values.get("wckey"),
+        time_min=values.get("time_min"),
         **share,
     )
     return Submission(spec=spec, parsable=values.get("parsable", False), wait=values.get("wait", False),

@@ -22,7 +22,8 @@ DEFAULT_GRACE_SECONDS = 60
 MAX_GRACE_SECONDS = 3600
 PRIORITY_CLASSES = ("urgent", "high", "normal", "low")  # --priority, highest first
 PRIORITY_RANK = {name: rank for rank, name in enumerate(PRIORITY_CLASSES)}  # 0 = first in line
-DEFAULT_OUTPUT = "hai-%j.out"
+DEFAULT_OUTPUT = "slurm-%j.out"  # sbatch's defaults: -o unset (and -e unset: the same file)
+DEFAULT_ARRAY_OUTPUT = "slurm-%A_%a.out"
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class JobSpec:
     gpus_per_task: int | None = None  # --gpus-per-task
     time_limit: int | None = None  # seconds; None = partition's / unlimited
     partition: str | None = None
-    stdout: str | None = None  # pattern; None -> hai-%j.out in workdir
+    stdout: str | None = None  # pattern; None -> slurm-%j.out (slurm-%A_%a.out) in workdir
     stderr: str | None = None  # pattern; None -> same file as stdout
     environment: Mapping[str, str] = field(default_factory=dict)
     signal: int | None = None  # --signal: number sent signal_time s before the limit and on preemption
@@ -69,6 +70,10 @@ class JobSpec:
     gpu_mem_mb: int | None = None  # --gpu-mem
     gpu_compute: int | None = None  # --gpu-compute, percent
     gpu_qos: str | None = None  # --gpu-qos: guaranteed | burstable | best-effort
+    # sbatch's, kept with the job (scontrol show job): free text, a workload key, a lowest limit
+    comment: str | None = None
+    wckey: str | None = None
+    time_min: int | None = None  # --time-min, seconds
 
     @property
     def tasks_per_node(self) -> int:

@@ -17,6 +17,7 @@ from .usertext import MAX_NAME, has_control
 
 _MAX_INT = 2**31 - 1  # keeps every count well inside what the wire and the database hold
 MAX_TASKS_PER_NODE = 512  # Slurm's default MaxTasksPerNode
+MAX_COMMENT = 1000  # --comment: what scontrol show job prints on one line
 MAX_TASKS = 65536  # a job's tasks (-n): steps will start this many processes
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -289,7 +290,26 @@ def value_parsers(env: Mapping[str, str], now: float | None = None,
         "grace": _grace, "priority": _priority,
         "checkpoint-dir": _nonempty, "wrap": _nonempty,
         "container-image": _nonempty, "runtime": _runtime,
+        "comment": _comment, "wckey": _word("a workload characterization key"), "time-min": _time,
+        "clusters": lambda v: [c for c in _nonempty(v).split(",") if c] or [v],
+        "mem-per-cpu": _size, "mem-per-gpu": _size,
     }
+
+
+def _comment(text: str) -> str:
+    if has_control(text):
+        raise BadValue("must not contain control characters")
+    if len(text) > MAX_COMMENT:
+        raise BadValue(f"at most {MAX_COMMENT} characters")
+    return text
+
+
+def _word(what: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if not _WORD.fullmatch(text) or len(text) > MAX_NAME:
+            raise BadValue(f"expected {what}: letters, digits, '_', '.' or '-' (at most {MAX_NAME})")
+        return text
+    return parse
 
 
 def _runtime(text: str) -> str:

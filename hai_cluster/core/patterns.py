@@ -15,7 +15,7 @@ from __future__ import annotations
 import posixpath
 import re
 
-from .model import DEFAULT_OUTPUT
+from .model import DEFAULT_ARRAY_OUTPUT, DEFAULT_OUTPUT
 
 NO_VAL = 4294967294  # what Slurm prints for %a when the job is not part of an array
 _MAX_WIDTH = 10
@@ -60,10 +60,11 @@ def resolve_output_path(pattern: str | None, workdir: str, *, job_id: int, job_n
                         user: str, node: str, restart_count: int,
                         array_job_id: int | None = None,
                         array_task_id: int | None = None) -> str:
-    """The absolute, normalized file a job's stream goes to. None means the default
-    "hai-%j.out"; "none" (any case) means /dev/null; relative paths start at workdir."""
+    """The absolute, normalized file a job's stream goes to. None means sbatch's default
+    "slurm-%j.out" ("slurm-%A_%a.out" for an array's task); "none" (any case) means /dev/null;
+    relative paths start at workdir."""
     if pattern is None:
-        pattern = DEFAULT_OUTPUT
+        pattern = DEFAULT_OUTPUT if array_task_id is None else DEFAULT_ARRAY_OUTPUT
     elif pattern.lower() == "none":
         return "/dev/null"
     if not posixpath.isabs(workdir):

@@ -62,6 +62,10 @@ def could_ever_fit(job: JobView, nodes: tuple[NodeView, ...]) -> Fit:
     if not nodes:
         return Fit(False, "the cluster has no nodes")
     best = max(len(n.gpus) for n in nodes)
+    short = _short_resources(job, nodes)
+    if short and job.gpu_share is None:
+        return Fit(False, f"{'; '.join(short)}: {job.nodes} node(s) with {job.gpus_per_node} GPUs, "
+                          f"{job.cpus_per_node} CPUs{f', {job.mem_mb} MiB' if job.mem_mb else ''} each are needed")
     if job.gpu_share is not None:
         return Fit(False, f"{job.nodes} node(s) with a shared GPU that can take {job.gpu_share.label()} are "
                           f"needed; {len(candidates)} node(s) qualify")
@@ -69,6 +73,21 @@ def could_ever_fit(job: JobView, nodes: tuple[NodeView, ...]) -> Fit:
                       f"{f', {job.mem_mb} MiB' if job.mem_mb else ''}"
                       f"{f', the {job.runtime} runtime' if job.runtime else ''} each are needed; "
                       f"{len(candidates)} node(s) qualify (largest node has {best} GPUs)")
+
+
+def _short_resources(job: JobView, nodes: tuple[NodeView, ...]) -> list[str]:
+    """What no node of the job's partitions has enough of, named ("no node has 64 CPUs (the
+    largest has 48)"): an impossible request says which resource is short."""
+    pool = [n for n in nodes if not (job.partitions and n.partitions and not set(job.partitions) & set(n.partitions))]
+    if not pool:
+        return [f"no node is in partition {job.partition}"]
+    short = []
+    for what, need, have in (("GPUs", job.gpus_per_node, max(len(n.gpus) for n in pool)),
+                             ("CPUs", job.cpus_per_node, max(n.cpus for n in pool)),
+                             ("MiB of memory", job.mem_mb or 0, max(n.mem_mb for n in pool))):
+        if need > have:
+            short.append(f"no node has {need} {what} (the largest has {have})")
+    return short
 
 
 def why_waiting(job: JobView, nodes: Sequence[NodeView], shown: int = 8) -> str:

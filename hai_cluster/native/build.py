@@ -1,6 +1,6 @@
 """Compile the C programs into a venv's bin:  python -m hai_cluster.native.build [--bin DIR]
 
-- hsubmit (hsubmit.c), over pip's Python launcher. It embeds this interpreter's path as it is
+- hsubmit (hsubmit.c), over pip's Python launcher; sbatch, the same program under Slurm's name. It embeds this interpreter's path as it is
   (not resolved: the venv's own python finds the venv's packages), for the one thing it hands to
   Python: --help.
 - hai-jobexec (jobexec.c): what a job's process does between the shepherd's spawn and the job's
@@ -21,7 +21,8 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("hsubmit.c")
-PROGRAMS = {"hsubmit": SOURCE, "hai-jobexec": Path(__file__).with_name("jobexec.c")}  # installed name -> source
+# installed name -> source; sbatch is hsubmit under Slurm's name (its messages say sbatch)
+PROGRAMS = {"hsubmit": SOURCE, "sbatch": SOURCE, "hai-jobexec": Path(__file__).with_name("jobexec.c")}
 PROG = "hai_cluster.native.build"
 
 
@@ -42,7 +43,7 @@ def build(bin_dir: Path) -> int:
     cflags = shlex.split(os.environ.get("CFLAGS") or "-O2")
     code = 0
     for name, source in PROGRAMS.items():
-        defines = [f"-DHAI_PYTHON={c_string(sys.executable)}"] if name == "hsubmit" else []
+        defines = [f"-DHAI_PYTHON={c_string(sys.executable)}"] if source == SOURCE else []
         fd, tmp = tempfile.mkstemp(prefix=f".{name}-", dir=bin_dir)  # same file system: the rename is atomic
         os.close(fd)
         try:

@@ -37,10 +37,13 @@ extern char **environ;
 typedef unsigned char u8;
 typedef struct { u8 *p; size_t len, cap; } Buf;
 
+/* The name messages start with: hsubmit, or sbatch (the same program under Slurm's name). */
+static const char *prog = "hsubmit";
+
 static void die(const char *fmt, ...) {
     va_list ap;
     fflush(stdout);
-    fputs("hsubmit: error: ", stderr);
+    fprintf(stderr, "%s: error: ", prog);
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
     va_end(ap);
@@ -147,6 +150,26 @@ static const char *shown(const char *s) {
 }
 
 /* ---- msgpack reader: every read is bounds-checked; a reply is validated whole before use ----- */
+
+/* The controller's error text: one "prog: error: " line per line of it (a refused submission lists
+ * every refusal), control bytes shown as \xNN, as hsubmit.py's fail() prints it. */
+static void die_lines(const char *s, size_t len) {
+    fflush(stdout);
+    int start = 1;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (start) fprintf(stderr, "%s: error: ", prog);
+        start = ch == '\n';
+        if (ch == '\n') fputc('\n', stderr);
+        else if (ch < 0x20 || ch == 0x7f) fprintf(stderr, "\\x%02x", ch);
+        else fputc(ch, stderr);
+    }
+    if (!start || !len) {
+        if (!len) fprintf(stderr, "%s: error: ", prog);
+        fputc('\n', stderr);
+    }
+    exit(1);
+}
 
 static char decode_error[128];
 
@@ -394,7 +417,7 @@ static int our_response(const u8 *p, size_t n, int64_t id, Reply *out) {
     int has_error = lookup(msg, "e", &f) && get_str(f, &s, &len);
     if (!ok && !has_error) die("bad reply from the controller: error response without an error text");
     if (i != id) return 0;
-    if (!ok) die("%.*s", (int)len, s); /* the controller's own error */
+    if (!ok) die_lines(s, len); /* the controller's own error */
     out->payload = malloc(n ? n : 1);
     if (!out->payload) die("out of memory");
     memcpy(out->payload, p, n);
@@ -586,12 +609,12 @@ static void print_test_only(Val t) {
             if (line.len) put(&line, ",", 1);
             put(&line, s, slen);
         }
-        fprintf(stderr, "hsubmit: Job would start now on nodes %.*s in partition %.*s\n", (int)line.len,
+        fprintf(stderr, "%s: Job would start now on nodes %.*s in partition %.*s\n", prog, (int)line.len,
                 line.p ? (char *)line.p : "", (int)plen, p);
     } else {
         if (!lookup(t, "reason", &reason) || !get_str(reason, &s, &slen))
             die("bad reply from the controller: test_only without a reason");
-        fprintf(stderr, "hsubmit: Job would wait in partition %.*s: %.*s\n", (int)plen, p, (int)slen, s);
+        fprintf(stderr, "%s: Job would wait in partition %.*s: %.*s\n", prog, (int)plen, p, (int)slen, s);
     }
 }
 
@@ -607,6 +630,8 @@ static void usage_from_python(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    const char *base = argc > 0 && argv[0] ? strrchr(argv[0], '/') : NULL;
+    if (argc > 0 && argv[0] && !strcmp(base ? base + 1 : argv[0], "sbatch")) prog = "sbatch";
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
                      (argc == 2 && !strcmp(argv[1], "--usage"))))
         usage_from_python(argc, argv);

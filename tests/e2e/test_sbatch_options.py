@@ -41,11 +41,11 @@ def test_parsable_prints_only_the_id_and_plain_submit_says_submitted_batch_job(c
         done(cluster, j)
 
 
-def test_default_output_file_is_hai_jobid_out_in_the_submit_directory(cluster):
+def test_default_output_file_is_slurm_jobid_out_in_the_submit_directory(cluster):
     home = user_dir(cluster.workdir, TEST_USER)
     j = cluster.submit("--wrap", "echo to-out; echo to-err >&2")
     done(cluster, j)
-    assert (home / f"hai-{j}.out").read_text() == "to-out\nto-err\n"  # without -e, both streams
+    assert (home / f"slurm-{j}.out").read_text() == "to-out\nto-err\n"  # without -e, both streams
 
 
 def test_output_patterns_expand_every_letter_and_zero_padding(cluster):

@@ -3,7 +3,7 @@ the simulator check the policy's starts, and a waiting job's per-node explanatio
 from dataclasses import replace
 
 from hai_cluster.core.model import GpuInfo, JobView, NodeView, Placement
-from hai_cluster.core.resources import placement_misfit, why_waiting
+from hai_cluster.core.resources import could_ever_fit, placement_misfit, why_waiting
 from hai_cluster.core.sharing import GpuShare
 from hai_cluster.core.states import JobState
 
@@ -76,3 +76,16 @@ def test_a_waiting_job_says_what_each_node_lacks():
     many = why_waiting(job(gpus=8), tuple(node(f"x{i:02d}") for i in range(12)))
     assert many.count("has 4 GPUs, job needs 8") == 8 and many.endswith("4 more node(s) refuse it")
     assert why_waiting(job(), ()) == "the cluster has no nodes"
+
+
+def test_an_impossible_request_names_the_resource_that_is_short():
+    nodes = (node("a", gpus=4, cpus=48), node("b", gpus=8, cpus=16), node("c", partitions=("cpu",), cpus=128))
+    fit = could_ever_fit(job(cpus=64), nodes)  # CPUs, not GPUs: every node has the one GPU asked for
+    assert not fit and fit.reason.startswith("no node has 64 CPUs (the largest has 48):")  # c is not in gpu
+    fit = could_ever_fit(job(gpus=16, mem=100000), nodes)
+    assert fit.reason.startswith("no node has 16 GPUs (the largest has 8); no node has 100000 MiB of memory "
+                                 "(the largest has 64000)")
+    assert could_ever_fit(job(partition="big"), nodes).reason.startswith("no node is in partition big")
+    # each resource exists, not all on enough nodes: the count is told
+    fit = could_ever_fit(job(nodes=2, gpus=8), nodes)
+    assert not fit and "1 node(s) qualify" in fit.reason

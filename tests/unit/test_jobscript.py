@@ -167,7 +167,8 @@ def test_gpu_options_share_one_setting():
 @pytest.mark.parametrize("line, fragment", [
     ("#SBATCH --gpus-per-node=abc", "line 3: --gpus-per-node=abc: expected a non-negative integer"),
     ("#SBATCH --bogus=1", "line 3: --bogus: unrecognized option"),
-    ("#SBATCH -Q", "line 3: -Q: unrecognized option"),
+    ("#SBATCH -Z", "line 3: -Z: unrecognized option"),
+    ("#SBATCH --qos=high", "line 3: --qos: sbatch's option is not supported by this cluster"),
     ("#HAI -N", "line 3: -N: option requires a value"),
     ("#SBATCH --hold=yes", "line 3: --hold: option takes no value"),
     ("#SBATCH -J 'open", "line 3: No closing quotation"),
@@ -315,7 +316,10 @@ def test_export_is_the_last_one_given():
     (["--no-such-option"], "--no-such-option: unrecognized option"),
     (["--pa=x"], "--pa: ambiguous option (could be --partition --parsable)"),
     (["--pri=x"], "--priority=x: expected one of"),  # a unique prefix is the option
-    (["-x"], "-x: unrecognized option"),
+    (["-x", "n1"], "-x/--exclude: sbatch's option is not supported by this cluster"),
+    (["-Z"], "-Z: unrecognized option"),
+    (["--exclusiv"], "--exclusive: sbatch's option is not supported"),  # a prefix of a known one
+    (["--partiton=gpu"], "--partiton: unrecognized option (did you mean --partition?)"),
     (["-J"], "-J: option requires a value"),
     (["--time"], "--time: option requires a value"),
     (["-N", "1", "stray"], "unexpected argument 'stray' among the options"),
@@ -380,16 +384,31 @@ def test_split_command_line(argv, expected):
     assert split_command_line(argv) == expected
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--bogus", "s.sh"], "--bogus: unrecognized option"),
-    (["-Z"], "-Z: unrecognized option"),
-    (["-J"], "-J: option requires a value"),
-    (["--hold=1", "s.sh"], "--hold: option takes no value"),
+@pytest.mark.parametrize("argv, expected", [
+    (["--bogus", "s.sh"], (["--bogus"], "s.sh", [])),
+    (["--qos", "high", "s.sh", "a"], (["--qos", "high"], "s.sh", ["a"])),  # sbatch's: its value skipped
+    (["-w", "n1", "s.sh"], (["-w", "n1"], "s.sh", [])),
+    (["-J"], (["-J"], None, [])),
 ])
-def test_split_command_line_errors(argv, message):
-    with pytest.raises(JobScriptError) as exc:
-        split_command_line(argv)
-    assert str(exc.value) == message
+def test_split_command_line_leaves_refusals_to_the_parse(argv, expected):
+    # the whole submission's parse reports every refusal at once, the script's too
+    assert split_command_line(argv) == expected
+
+
+def test_every_refusal_is_reported_at_once():
+    text = script("#SBATCH --exclusive --qos=high  # two on one line, and a comment\n"
+                  "#SBATCH --mail-type=END -N 0\nrun\n")
+    message = error(text, "--bogus", "-C", "a100", "--time=forever")
+    assert message.splitlines() == [
+        "--bogus: unrecognized option",
+        "-C/--constraint: sbatch's option is not supported by this cluster (docs/SLURM.md)",
+        "line 2: --exclusive: sbatch's option is not supported by this cluster (docs/SLURM.md)",
+        "line 2: --qos: sbatch's option is not supported by this cluster (docs/SLURM.md)",
+        "line 3: --mail-type: sbatch's option is not supported by this cluster (docs/SLURM.md)",
+        "line 3: -N 0: expected a positive integer",
+        message.splitlines()[-1],
+    ]
+    assert message.splitlines()[-1].startswith("--time=forever: ")
 
 
 def test_split_then_parse():

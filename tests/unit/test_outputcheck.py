@@ -30,7 +30,7 @@ def test_a_directory_the_user_cannot_write_is_refused(tmp_path):
         f"-o {locked}/x.out: cannot write in {locked}: Permission denied"
     assert output_problem("-o", "x.out", str(locked), UID, {GID}) is not None  # relative: in the workdir
     assert output_problem("-o", None, str(locked), UID, {GID}) == \
-        f"the default output hai-%j.out: cannot write in {locked}: Permission denied"
+        f"the default output slurm-%j.out: cannot write in {locked}: Permission denied"
     os.chmod(locked, 0o777)
     assert output_problem("-o", str(locked / "x-%j.out"), "/", UID, {GID}) is None
 

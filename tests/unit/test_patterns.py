@@ -40,7 +40,7 @@ def test_array_fields():
 
 
 @pytest.mark.parametrize("pattern, expected", [
-    (None, "/home/alice/run/hai-42.out"),
+    (None, "/home/alice/run/slurm-42.out"),
     ("none", "/dev/null"),
     ("NONE", "/dev/null"),
     ("logs/%x-%j.out", "/home/alice/run/logs/train-42.out"),
@@ -54,3 +54,9 @@ def test_resolve(pattern, expected):
 def test_resolve_needs_an_absolute_workdir():
     with pytest.raises(ValueError, match="workdir must be an absolute path"):
         resolve_output_path(None, "relative/dir", **JOB)
+
+
+def test_default_output_is_sbatch_s():
+    # sbatch: slurm-%j.out, and slurm-%A_%a.out for an array's task
+    assert resolve_output_path(None, "/w", **JOB) == "/w/slurm-42.out"
+    assert resolve_output_path(None, "/w", **{**JOB, "job_id": 45}, array_job_id=40, array_task_id=5) == "/w/slurm-40_5.out"

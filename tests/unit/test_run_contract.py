@@ -29,7 +29,7 @@ def test_dispatch_builds_the_run_spec_the_agent_accepts():
     assert isinstance(spec, RunSpec)
     assert RunSpec.from_wire(spec.to_wire()) == spec
     assert (spec.key, spec.rank, spec.gpus, spec.cpus, spec.mem_mb) == ((42, 3), 1, (2, 3), 4, 2048)
-    assert spec.stdout == "/home/u/run/hai-42.out" and spec.environment["MASTER_ADDR"] == "10.0.0.1"
+    assert spec.stdout == "/home/u/run/slurm-42.out" and spec.environment["MASTER_ADDR"] == "10.0.0.1"
     assert not spec.step_server and "step_server" not in spec.to_wire()
 
 
@@ -37,7 +37,7 @@ def test_the_nodes_after_the_first_run_the_step_server_and_leave_the_output_file
     job = job_row(gpus_per_node=2)
     first, second = (rank_spec(job, attempt=0, rank=r, nodelist=["n1", "n2"], gpus=[0, 1], addresses={})
                      for r in (0, 1))
-    assert not first.step_server and first.stdout == "/home/u/run/hai-42.out"
+    assert not first.step_server and first.stdout == "/home/u/run/slurm-42.out"
     assert second.step_server and (second.stdout, second.stderr) == ("/dev/null", None)
     assert RunSpec.from_wire(second.to_wire()) == second
 

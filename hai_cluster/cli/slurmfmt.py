@@ -1,0 +1,122 @@
+"""Slurm's output formats, exactly (pure: text in, lines out), for the Slurm-named commands.
+
+- squeue/sinfo `-o "%.18i|%T"`: literal text kept, `%[.][W]X` a field, `.` right-justified, `W`
+  its width (the value padded, and cut, to W; no W: the value as it is).
+- squeue/sinfo `-O "jobid:.10,state"`: fields by name, `:[.]W` as above and 20 wide by default,
+  text after the width kept after the field.
+- sacct's fixed columns: every field its width (negative: left-justified), one space after each, a
+  rule of dashes under the header, a string longer than its column cut with a `+` at its end;
+  `-P`/`-p` join with `|` (`-p` ends every field with one).
+Checked against Slurm 22.05 (src/squeue/opts.c, src/common/print_fields.c)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class FormatError(ValueError):
+    """A format that names a field this command does not have."""
+
+
+@dataclass(frozen=True)
+class Column:
+    field: str  # a squeue letter, or a field's name
+    width: int  # 0: as wide as the value
+    right: bool
+    prefix: str = ""  # literal text before it (only the first column has one)
+    suffix: str = ""  # literal text after it
+
+
+def parse_letters(fmt: str, known) -> list[Column]:
+    """squeue -o: '%.18i|%T' -> columns. Unknown letters raise FormatError."""
+    first, *tokens = fmt.split("%")
+    columns: list[Column] = []
+    prefix = first
+    for token in tokens:
+        i = 0
+        right = token[:1] == "."
+        i += right
+        digits = ""
+        while i < len(token) and token[i].isdigit():
+            digits += token[i]
+            i += 1
+        if i == len(token):  # "%" at the end, or "%%" (Slurm prints nothing for either)
+            continue
+        letter = token[i]
+        if letter not in known:
+            raise FormatError(f"Invalid job format specification: {letter}")
+        columns.append(Column(letter, int(digits or 0), right, prefix, token[i + 1:]))
+        prefix = ""
+    if not columns:
+        raise FormatError(f"no fields in format {fmt!r}")
+    return columns
+
+
+def parse_names(fmt: str, known) -> list[Column]:
+    """squeue -O: 'jobid:.10,state,name:5' -> columns (names any case; 20 wide by default)."""
+    columns = []
+    for token in fmt.split(","):
+        name, colon, size = token.partition(":")
+        key = name.strip().lower()
+        if key not in known:
+            raise FormatError(f"Invalid job format specification: {name}")
+        width, right, suffix = 20, False, ""
+        if colon:
+            right = size.startswith(".")
+            size = size[right:]
+            digits = len(size) - len(size.lstrip("0123456789"))
+            width, suffix = int(size[:digits] or 0), size[digits:]
+        columns.append(Column(key, width, right, "", suffix))
+    if not columns:
+        raise FormatError("Format long option lacks specification")
+    return columns
+
+
+def cell(text: str, width: int, right: bool) -> str:
+    """printf's %*.*s / %-*.*s: padded and cut to width; 0: as it is."""
+    if not width:
+        return text
+    text = text[:width]
+    return text.rjust(width) if right else text.ljust(width)
+
+
+def render(columns: list[Column], headers: list[str], rows: list[list[str]], header: bool = True) -> list[str]:
+    """The lines of a squeue/sinfo listing: the header (unless not), then one per row."""
+    def line(values: list[str]) -> str:
+        return "".join(f"{c.prefix}{cell(v, c.width, c.right)}{c.suffix}" for c, v in zip(columns, values))
+    return ([line(headers)] if header else []) + [line(r) for r in rows]
+
+
+@dataclass(frozen=True)
+class Field:
+    """One sacct column: its name as given (the header), its width (negative: left-justified) and
+    whether it is a number (printf %u: never cut)."""
+    name: str
+    width: int
+    number: bool = False
+
+
+def sacct_lines(fields: list[Field], rows: list[list[str]], *, header: bool = True,
+                parsable: str | None = None) -> list[str]:
+    """sacct's output. parsable: None (columns), "P" (--parsable2: '|' between fields) or "p"
+    (--parsable: '|' after every field)."""
+    if parsable is not None:
+        end = "|" if parsable == "p" else ""
+        lines = ["|".join(f.name for f in fields) + end] if header else []
+        return lines + ["|".join(r) + end for r in rows]
+
+    def fit(f: Field, value: str) -> str:
+        width = abs(f.width)
+        if len(value) > width and not f.number:
+            value = value[:width - 1] + "+"
+        return (value.rjust(width) if f.width > 0 else value.ljust(width)) + " "
+
+    def head(f: Field) -> str:
+        width = abs(f.width)
+        name = f.name[:width]
+        return (name.rjust(width) if f.width > 0 else name.ljust(width)) + " "
+
+    lines = []
+    if header:
+        lines.append("".join(head(f) for f in fields))
+        lines.append("".join("-" * abs(f.width) + " " for f in fields))
+    return lines + ["".join(fit(f, v) for f, v in zip(fields, r)) for r in rows]

@@ -1,0 +1,160 @@
+"""The Slurm-named commands (sbatch squeue sacct sinfo scancel scontrol) on a real (local) cluster,
+as a lab's scripts and tools use them: Slurm's formats line for line (checked against Slurm 22.05's
+on this machine), its defaults, variables and exit codes."""
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from .harness import OTHER_USER, TEST_USER, start_local_cluster, user_dir, wait_for
+
+NODE = "local1"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = start_local_cluster(node=NODE, gpus=4, agent_toml="cpus = 8", controller_toml='cluster_name = "lab"')
+    yield c
+    c.close()
+
+
+def sleeper(cluster, name: str, *argv: str, user: str = TEST_USER) -> int:
+    mark = user_dir(cluster.workdir, user) / f"{name}.started"
+    out = cluster.cli("sbatch", "--parsable", "-J", name, "-o", "/dev/null", *argv,
+                      "--wrap", f"touch {mark}; exec sleep 1000", user=user).stdout
+    j = int(out)
+    wait_for(mark.exists, 30, what=f"{name} to run")
+    return j
+
+
+def test_sbatch_says_submitted_and_writes_slurm_jobid_out(cluster):
+    home = user_dir(cluster.workdir, TEST_USER)
+    (home / "hello.sh").write_text("#!/bin/bash\n#SBATCH -J hello -N 1  # two options and a comment\necho hi\n")
+    out = cluster.cli("sbatch", "hello.sh").stdout
+    m = re.fullmatch(r"Submitted batch job (\d+)\n", out)
+    assert m, out
+    j = int(m[1])
+    cluster.wait_state(j, "COMPLETED")
+    assert (home / f"slurm-{j}.out").read_text() == "hi\n"
+    show = cluster.cli("scontrol", "show", "job", str(j)).stdout
+    assert f"StdOut={home}/slurm-{j}.out" in show and "JobName=hello" in show  # expanded, absolute
+
+
+def test_sbatch_reports_every_refusal_at_once_and_tells_unsupported_from_typos(cluster):
+    home = user_dir(cluster.workdir, TEST_USER)
+    (home / "lab.sh").write_text("#!/bin/bash\n#SBATCH --qos=high --mail-type=END\n#SBATCH -N 0\nrun\n")
+    res = cluster.cli("sbatch", "--partiton=gpu", "-C", "a100", "lab.sh", check=False)
+    assert res.returncode == 1 and res.stdout == ""
+    assert res.stderr.splitlines() == [
+        "sbatch: error: --partiton: unrecognized option (did you mean --partition?)",
+        "sbatch: error: -C/--constraint: sbatch's option is not supported by this cluster (docs/SLURM.md)",
+        "sbatch: error: line 2: --qos: sbatch's option is not supported by this cluster (docs/SLURM.md)",
+        "sbatch: error: line 2: --mail-type: sbatch's option is not supported by this cluster (docs/SLURM.md)",
+        "sbatch: error: line 3: -N 0: expected a positive integer",
+    ]
+    assert cluster.call("jobs", {"names": ["lab.sh"], "all": True})["jobs"] == []  # nothing submitted
+
+
+def test_sbatch_variables_sit_between_directives_and_command_line(cluster):
+    home = user_dir(cluster.workdir, TEST_USER)
+    (home / "timed.sh").write_text("#!/bin/bash\n#SBATCH -t 5 -J fromscript\ntrue\n")
+    env = {"SBATCH_TIMELIMIT": "7", "SBATCH_JOB_NAME": "fromenv"}
+    j = int(cluster.cli("sbatch", "--parsable", "-o", "/dev/null", "--hold", "timed.sh", env=env).stdout)
+    k = int(cluster.cli("sbatch", "--parsable", "-o", "/dev/null", "--hold", "-t", "9", "timed.sh", env=env).stdout)
+    assert cluster.cli("squeue", "-h", "-j", f"{j},{k}", "-o", "%i %j %l").stdout.splitlines() == [
+        f"{j} fromenv 7:00", f"{k} fromenv 9:00"]
+    res = cluster.cli("sbatch", "--wrap", "true", env={"SBATCH_RESERVATION": "maint"}, check=False)
+    assert res.returncode == 1 and "SBATCH_RESERVATION: sets --reservation, which is not supported" in res.stderr
+    cluster.cli("scancel", str(j), str(k))
+
+
+def test_sbatch_clusters_and_memory_per_cpu(cluster):
+    res = cluster.cli("sbatch", "-M", "other", "--wrap", "true", check=False)
+    assert res.returncode == 1 and "other is not this cluster (this is 'lab'" in res.stderr
+    j = int(cluster.cli("sbatch", "--parsable", "-M", "lab", "--hold", "--mem-per-cpu=1G", "-c", "2",
+                        "--comment", "sweep 3 of 8", "--wrap", "true").stdout)
+    show = cluster.cli("scontrol", "show", "job", str(j)).stdout
+    assert "MinMemoryNode=2048M" in show and "Comment=sweep 3 of 8 " in show
+    res = cluster.cli("sbatch", "-c", "64", "--wrap", "true", check=False)
+    assert res.returncode == 1 and "no node has 64 CPUs (the largest has 8)" in res.stderr  # not "GPUs"
+    cluster.cli("scancel", str(j))
+
+
+def test_squeue_default_columns_and_formats_are_slurm_s(cluster):
+    j = sleeper(cluster, "averyveryverylongname", "--gres=gpu:2")
+    p = int(cluster.cli("sbatch", "--parsable", "-J", "big", "-o", "/dev/null", "--gres=gpu:4", "-t", "1-2",
+                        "--wrap", "true").stdout)
+    cluster.wait_state(p, "PENDING")
+    lines = cluster.cli("squeue").stdout.splitlines()
+    assert lines[0] == "             JOBID PARTITION     NAME     USER ST       TIME  NODES NODELIST(REASON)"
+    user = TEST_USER[:8]
+    assert lines[1] == f"{p:>18}       gpu      big {user:>8} PD       0:00      1 (Resources)"
+    assert re.fullmatch(rf"{j:>18}       gpu averyver {user:>8}  R +\d+:\d\d      1 {NODE}", lines[2]), lines[2]
+    assert cluster.cli("squeue", "-o", "%.18i|%T|%j", "-j", str(j)).stdout.splitlines() == [
+        "             JOBID|STATE|NAME", f"{j:>18}|RUNNING|averyveryverylongname"]
+    assert cluster.cli("squeue", "-j", str(p), "-O", "jobid:8,state,name:5,reason").stdout.splitlines() == [
+        "JOBID   STATE               NAME REASON              ", f"{p:<8}PENDING             big  Resources           "]
+    assert cluster.cli("squeue", "-h", "-t", "PD", env={"SQUEUE_FORMAT": "%i %l"}).stdout == f"{p} 1-02:00:00\n"
+    long_ = cluster.cli("squeue", "-l", "-j", str(p)).stdout.splitlines()
+    time.strptime(long_[0], "%a %b %d %H:%M:%S %Y")  # squeue -l starts with the time
+    assert long_[1].split() == ["JOBID", "PARTITION", "NAME", "USER", "STATE", "TIME", "TIME_LIMI", "NODES",
+                                "NODELIST(REASON)"]
+    res = cluster.cli("squeue", "-o", "%i", "-l", check=False)
+    assert res.returncode == 1 and "mutually exclusive" in res.stderr
+    cluster.cli("scancel", str(j), str(p))
+
+
+def test_sacct_columns_parsable_and_state_filter(cluster):
+    j = int(cluster.cli("sbatch", "--parsable", "-J", "averyveryverylongname", "-o", "/dev/null",
+                        "--wrap", "exit 3").stdout)
+    cluster.wait_state(j, "FAILED")
+    lines = cluster.cli("sacct", "-j", str(j)).stdout.splitlines()
+    assert lines[:2] == ["JobID           JobName  Partition    Account  AllocCPUS      State ExitCode ",
+                         "------------ ---------- ---------- ---------- ---------- ---------- -------- "]
+    assert lines[2] == f"{j:<12} averyvery+        gpu    default          1     FAILED      3:0 "
+    assert lines[3].split() == [f"{j}.batch", "batch", "default", "1", "FAILED", "3:0"]
+    out = cluster.cli("sacct", "-X", "-P", "-n", "-j", str(j), "-o", "JobID,JobName,State,ExitCode,NNodes,NodeList").stdout
+    assert out == f"{j}|averyveryverylongname|FAILED|3:0|1|{NODE}\n"
+    assert cluster.cli("sacct", "-X", "-p", "-n", "-j", str(j), "-o", "jobid,state").stdout == f"{j}|FAILED|\n"
+    assert cluster.cli("sacct", "-X", "-P", "-n", "-j", str(j), "-s", "CD", "-o", "jobid").stdout == ""
+    assert cluster.cli("sacct", "-X", "-n", "-P", "-j", str(j), env={"SACCT_FORMAT": "jobid,exitcode"}).stdout == f"{j}|3:0\n"
+    res = cluster.cli("sacct", "-o", "JobID,Bogus", check=False)
+    assert res.returncode == 1 and res.stderr == 'sacct: error: Invalid field requested: "Bogus"\n'
+    # a user who is not root sees their own jobs by default, as sacct shows them
+    assert cluster.cli("sacct", "-X", "-n", "-P", "-o", "jobid", user=OTHER_USER).stdout == ""
+
+
+def test_a_job_parses_squeue_and_sacct_with_cut(cluster):
+    home = user_dir(cluster.workdir, TEST_USER)
+    (home / "watch.sh").write_text(
+        "#!/bin/bash\n#SBATCH -o watch.out\n"
+        "state=$(squeue -h -j $SLURM_JOB_ID -o '%i|%T' | cut -d'|' -f2)\n"
+        "acct=$(sacct -X -n -P -j $SLURM_JOB_ID -o JobID,JobName,State | cut -d'|' -f2,3)\n"
+        "echo \"$state $acct\"\n")
+    j = int(cluster.cli("sbatch", "--parsable", "-J", "watcher", "watch.sh").stdout)
+    cluster.wait_state(j, "COMPLETED")
+    assert (home / "watch.out").read_text() == "RUNNING watcher|RUNNING\n"
+
+
+def test_sinfo_default_and_node_views(cluster):
+    wait_for(lambda: "idle" in cluster.cli("sinfo", "-h", "-o", "%t").stdout, 30, what="the node to be idle")
+    lines = cluster.cli("sinfo").stdout.splitlines()
+    assert lines[0] == "PARTITION AVAIL  TIMELIMIT  NODES  STATE NODELIST"
+    assert lines[1] == f"gpu*         up   infinite      1   idle {NODE}"
+    assert cluster.cli("sinfo", "-N", "-h").stdout == f"{NODE:<9}      1 gpu*      idle  \n"
+    assert cluster.cli("sinfo", "-h", "-o", "%P|%D|%t|%G|%c").stdout == "gpu*|1|idle|gpu:4|8\n"
+    assert cluster.cli("sinfo", "-s", "-h").stdout == f"gpu*         up   infinite          0/1/0/1 {NODE}\n"
+
+
+def test_scancel_is_quiet_about_ended_jobs_and_refuses_others(cluster):
+    res = cluster.cli("scancel", "99999", check=False)
+    assert (res.returncode, res.stderr) == (0, "")  # Slurm 22.05: no error for an unknown or ended job
+    res = cluster.cli("scancel", "-v", "99999", check=False)
+    assert "Invalid job id specified: 99999" in res.stderr
+    theirs = sleeper(cluster, "theirs", user=OTHER_USER)
+    res = cluster.cli("scancel", str(theirs), check=False)
+    assert res.returncode == 1 and "Access/permission denied" in res.stderr
+    cluster.cli("scancel", str(theirs), user=OTHER_USER)
+    cluster.wait_state(theirs, "CANCELLED")
