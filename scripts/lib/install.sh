@@ -76,4 +76,24 @@ install_docs() {  # the checkout's docs and example configs beside the venv
     done
     return 0
 }
+# The user commands in the system PATH: symlinks in /usr/local/bin to the venv's. Our own names with
+# --link-commands; Slurm's (sbatch squeue ...) only with --slurm-names too, and never over a file
+# that is not one of our links (a real Slurm client stays what `sbatch` runs).
+OUR_COMMANDS="hsubmit hqueue hcancel hinfo hacct hcontrol hstat hshare"
+SLURM_COMMANDS="sbatch srun squeue scancel sinfo sacct scontrol sshare"
+link_commands() {  # WHICH: "ours" or "ours slurm"
+    local dir=$R/usr/local/bin venv=/opt/hai-cluster/venv/bin names=$OUR_COMMANDS c dest
+    case $1 in *slurm*) names="$names $SLURM_COMMANDS" ;; esac
+    mkdir -p "$dir"
+    for c in $names; do
+        dest=$dir/$c
+        if [ -L "$dest" ] && [ "$(readlink "$dest")" = "$venv/$c" ]; then continue; fi
+        if [ -e "$dest" ] || [ -L "$dest" ]; then
+            say "warning: $dest exists and is not ours: left as it is (run $venv/$c, or remove it and run me again)"
+            continue
+        fi
+        ln -s "$venv/$c" "$dest"
+        changed "linked $dest -> $venv/$c"
+    done
+}
 systemd_live() { [ $live -eq 1 ] && [ -d /run/systemd/system ]; }

@@ -181,6 +181,22 @@ def test_install_node_makes_its_files_and_is_idempotent(wheel, tmp_path):
     bad = run(NODE, root, wheel, "--controller-key", "not a key", check=False)
     assert bad.returncode != 0 and "not an SSH public key" in bad.stderr
 
+    # The commands in the system PATH only when asked; Slurm's names never over a real Slurm client
+    assert not (root / "usr/local/bin/hsubmit").exists()
+    (root / "usr/local/bin").mkdir(parents=True, exist_ok=True)
+    (root / "usr/local/bin/sbatch").write_text("#!/bin/sh\necho the site's Slurm\n")
+    linked = run(NODE, root, wheel, "--name", "gpu07", "--controller-key", pub, "--link-commands", "--slurm-names")
+    venv = "/opt/hai-cluster/venv/bin"
+    for c in ("hsubmit", "hqueue", "squeue", "sacct", "srun", "scontrol"):
+        assert os.readlink(root / "usr/local/bin" / c) == f"{venv}/{c}"
+        assert (root / venv.lstrip("/") / c).exists()
+    assert (root / "usr/local/bin/sbatch").read_text().endswith("the site's Slurm\n")
+    assert "usr/local/bin/sbatch exists and is not ours: left as it is" in linked.stdout
+    again = run(NODE, root, wheel, "--name", "gpu07", "--controller-key", pub, "--link-commands", "--slurm-names")
+    assert "nothing to do" in again.stdout
+    lonely = run(NODE, root, wheel, "--controller-key", pub, "--slurm-names", check=False)
+    assert lonely.returncode != 0 and "--slurm-names goes with --link-commands" in lonely.stderr
+
 
 def test_sshd_without_dropin_directory_gets_a_block_on_top(wheel, tmp_path):
     root = tmp_path / "root"
