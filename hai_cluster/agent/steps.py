@@ -42,6 +42,7 @@ MAX_CONNECTIONS_PER_UID = 64
 MAX_REQUEST_BYTES = 4 * 1024 * 1024  # srun's environment and command, a task's output chunk
 SERVER_WAIT = 60.0  # a step may come before the node's step server has started and connected
 CONTROLLER_TIMEOUT = 60.0
+MAX_ANNOUNCED = 4096  # (job, attempt) pairs whose "I can resume" was passed on: each once
 
 Key = tuple[int, int]
 
@@ -83,6 +84,7 @@ class StepRelay:
         self.sruns: dict[tuple[int, int], Caller] = {}
         self.per_uid: collections.Counter[int] = collections.Counter()
         self.connections: set[RpcConnection] = set()
+        self.announced: set[tuple[int, int]] = set()
         self.gate: GatedServer | None = None
         self.user_table = self._user_table()
 
@@ -170,6 +172,12 @@ class StepRelay:
         except (ConnectionLost, asyncio.TimeoutError) as exc:
             raise RequestError(f"the controller did not answer: {exc or 'timeout'}") from None
 
+    async def _tell_resumable(self, job_id: int, uid: int) -> None:
+        try:
+            await self._to_controller("job_resumable", {"job_id": job_id, "uid": uid})
+        except RequestError as exc:
+            log.warning("job %d said it can resume; the controller was not told: %s", job_id, exc)
+
     def _user_table(self) -> RpcTable:
         table = RpcTable()
 
@@ -194,6 +202,19 @@ class StepRelay:
                 self._done(caller, (job_id, step))
                 raise
             return {**reply, "node": self.agent.cfg.name}
+
+        async def job_resumable(body: Any, caller: Caller) -> dict:
+            """hai_cluster.job in a job's process: the job resumes after a preemption. Answered at
+            once (a job never waits on the controller's link); told to the controller behind it."""
+            check_keys("job_resumable body", body, ("job_id",))
+            job_id = nonneg_int("job_id", body["job_id"])
+            key = (job_id, self._live_run(job_id, caller.uid).spec.attempt)
+            if key not in self.announced:  # each rank's processes say it: the controller hears it once a run
+                if len(self.announced) >= MAX_ANNOUNCED:
+                    self.announced.clear()  # a later repeat costs one more call, nothing else
+                self.announced.add(key)
+                asyncio.ensure_future(self._tell_resumable(job_id, caller.uid)).add_done_callback(retrieved)
+            return {"ok": True}
 
         async def step_done(body: Any, caller: Caller) -> dict:
             """srun has every task's end: the step's routing here can go, and its end is recorded."""
@@ -246,7 +267,7 @@ class StepRelay:
                 raise RequestError(f"step {key[0]}.{key[1]} was not created by this srun")
             return await self._to_controller("step_signal", body)
 
-        for fn in (step_create, step_done, step_serve, step_output, step_exit, step_signal):
+        for fn in (step_create, step_done, step_serve, step_output, step_exit, step_signal, job_resumable):
             table.add(fn.__name__, refusing(fn, ValueError))  # SpecError and the like
         return table
 

@@ -16,7 +16,7 @@ from ..core.usertext import printable
 from .common import call, call_pages, fail
 from .hinfo import node_state
 from .hostnames import print_hostlist, print_hostnames
-from .jobfields import cpus, elapsed, gres, nodelist, tasks
+from .jobfields import cpus, elapsed, gres, nodelist, preemption, tasks
 
 
 PROG = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "hcontrol"  # scontrol too
@@ -44,7 +44,7 @@ def job_lines(job: dict, now: float) -> list[str]:
                                   if job.get("array_job_id") is not None else []) + [("JobName", job["name"])],
         [("UserId", f"{job['user']}({job['uid']})"), ("GroupId", job["gid"]), ("Account", job.get("account") or "default")],
         [("Priority", job["priority"]), ("Partition", job["partition"]), ("Level", job["level"]),
-         ("Preemptible", int(bool(job["preemptible"])))],
+         ("Preemptible", preemption(job))],
         [("JobState", job["state"]), ("Reason", job["reason"] or "None"), ("Hold", job["hold"]),
          ("Dependency", job.get("dependency") or "(null)")],
         [("Restarts", job["restart_count"]), ("ExitCode", f"{job['exit_code'] or 0}:{job['exit_signal'] or 0}")],

@@ -46,6 +46,15 @@ def gres(job: dict) -> str:
     return f"gpu:{job['gpus_per_node']}" if job.get("gpus_per_node") else "(null)"
 
 
+def preemption(job: dict) -> str:
+    """Whether and how time-slicing may preempt the job: how it resumes (checkpoint, requeue,
+    signal, announced), `no` (it did not say it can resume: only an urgent job or an admin may,
+    and its work is lost) or `never` (--no-requeue)."""
+    if not job.get("preemptible", True):
+        return "never"
+    return job.get("resumes") or "no"
+
+
 # letter -> (header, getter); the letters are squeue's where squeue has one.
 FIELDS: dict[str, tuple[str, Callable[[dict, float], str]]] = {
     "i": ("JOBID", lambda j, now: j.get("label") or job_label(j)),
@@ -71,6 +80,7 @@ FIELDS: dict[str, tuple[str, Callable[[dict, float], str]]] = {
     "g": ("GPU_UTIL", lambda j, now: pct(j.get("gpu_util"))),
     "G": ("GPU_MEM", lambda j, now: used_of_share(j.get("gpu_mem_used_mb"), j.get("gpu_share_mb"))),
     "I": ("IDLE", lambda j, now: "idle" if j.get("idle") else "-"),
+    "Y": ("PREEMPT", lambda j, now: preemption(j)),  # ours (squeue's %Y is SCHEDNODES, which we have not)
 }
 RIGHT = {"i", "M", "l", "D", "C", "q", "L", "g", "G"}
 # letter -> the job keys its getter reads: hqueue asks the controller for only these (and ROW_KEYS).
@@ -81,9 +91,10 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "b": ("gpus_per_node", "gpu_fraction", "gpu_mem_mb", "gpu_compute", "gpu_qos", "gpu_share_mb"),
     "C": ("cpus_per_task", "tasks_per_node", "nodes"), "Q": ("priority",), "p": ("priority",), "q": ("restart_count",),
     "L": ("level",), "g": ("gpu_util",), "G": ("gpu_mem_used_mb", "gpu_share_mb"), "I": ("idle",),
+    "Y": ("preemptible", "resumes"),
 }
 # What every listed row needs besides its columns: pending array tasks collapse to one row.
 ROW_KEYS = ("id", "state", "reason", "array_job_id", "array_task_id")
 # Slurm's columns plus LEVEL: the job's MLFQ level (0 = newest work, served first).
 DEFAULT_FORMAT = "%i %P %j %u %t %M %D %L %R"
-LONG_FORMAT = "%i %P %j %u %a %T %M %l %D %L %q %R"
+LONG_FORMAT = "%i %P %j %u %a %T %M %l %D %L %Y %q %R"

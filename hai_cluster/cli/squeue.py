@@ -110,7 +110,7 @@ NAMES = {
     "priority": "p", "prioritylong": "Q", "nice": "y", "schednodes": "Y", "qos": "q", "comment": "k",
     "wckey": "w", "reservation": "v", "feature": "f", "licenses": "W", "reqnodes": "n", "excnodes": "x",
     "oversubscribe": "h", "contiguous": "O", "mintmpdisk": "d",
-    "restartcnt": "=q", "level": "=L", "gpuutil": "=g", "gpumem": "=G", "idle": "=I",
+    "restartcnt": "=q", "preemptible": "=Y", "level": "=L", "gpuutil": "=g", "gpumem": "=G", "idle": "=I",
 }
 _OURS_HEADERS = {"q": "RESTARTCNT"}
 

@@ -101,6 +101,8 @@ async def requeue(ctx: ApiContext, body, caller: Caller):
     job = await ctx.own_job(body, caller, "requeue")
     if not job.preemptible:
         raise RequestError(f"Requeue of job {job.id} refused: it was submitted with --no-requeue")
+    if job.state == JobState.PREEMPTING.value:
+        return {"job_id": job.id}  # already on its way back to the queue (a job's own requeue in its grace)
     if job.state != JobState.RUNNING.value:
         raise RequestError(f"Job {job.id} is {job.state}; only a running job can be requeued")
     await ctx.take_rate(caller, 1)  # a new run, as a submission is (a loop made 110,000 a day per job)

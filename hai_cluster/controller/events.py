@@ -21,6 +21,7 @@ KINDS = {
     "started": "a run started on these nodes and GPUs",
     "preempted": "the scheduler or an admin told the run to checkpoint and leave its GPUs",
     "requeue_requested": "the owner or an admin asked for checkpoint and requeue",
+    "resumable": "the job's processes said it resumes after a preemption: time-slicing may take it",
     "checkpoint_notice": "the agent was told to write the notice and signal the run",
     "cancel_requested": "someone cancelled the job",
     "ended": "a run ended",

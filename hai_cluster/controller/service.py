@@ -20,6 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from .. import timeouts
 from ..config import ControllerConfig, NodeConfig, SshConfig
 from ..core.dependency import NEVER
+from ..core.reasons import WORK_LOST
 from ..core.states import JobState
 from ..protocol.runspec import RunStatus, SpecError
 from ..scheduling.registry import make_policy
@@ -257,7 +258,11 @@ class Controller:
                       by: str | None = None) -> bool:
         """Checkpoint-and-requeue a running job: record it, then tell its agents (notice + signal).
 
-        `for_job`: the job the GPUs go to; `by`: who decided (the scheduler, or a user's name)."""
+        `for_job`: the job the GPUs go to; `by`: who decided (the scheduler, or a user's name). A
+        job that never said it can resume (JobSpec.resumes) loses its work: its record says so."""
+        job = await self.db(self.repo.job_record, job_id)
+        if request == "preempt" and job is not None and job.resumes is None:
+            why = f"{why}; {WORK_LOST}"
         if not await self.db(self.repo.request_end, job_id, request, why):
             return False
         self.events.record("preempted" if request == "preempt" else "requeue_requested", job_id,

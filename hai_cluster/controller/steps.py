@@ -59,9 +59,22 @@ class StepHub:
     def table(self) -> RpcTable:
         table = RpcTable()
         for name, fn in (("step_create", self.create), ("step_launch", self.launch), ("step_output", self.output),
-                         ("step_exit", self.task_ended), ("step_signal", self.signal), ("step_end", self.end)):
+                         ("step_exit", self.task_ended), ("step_signal", self.signal), ("step_end", self.end),
+                         ("job_resumable", self.resumable)):
             table.add(name, refusing(fn, ValueError))  # SpecError and the like
         return table
+
+    async def resumable(self, body: Any, node: str) -> dict:
+        """A job's processes said, through their node's step socket, that the job resumes after a
+        preemption (hai_cluster.job announces it): time-slicing may take it from now on."""
+        check_keys("job_resumable body", body, ("job_id", "uid"))
+        job_id, uid = (nonneg_int(k, body[k]) for k in ("job_id", "uid"))
+        before = await self.ctl.db(self.ctl.repo.job_record, job_id)
+        resumes = await self.ctl.db(self.ctl.repo.announce_resumable, job_id, uid)
+        if resumes == "announced" and before is not None and before.resumes is None:
+            self.ctl.events.record("resumable", job_id, node, how="announced")
+            self.ctl.wake()
+        return {"resumes": resumes}
 
     async def create(self, body: Any, node: str) -> dict:
         check_keys("step_create body", body, ("job_id", "attempt", "uid", "request", "argv", "cwd", "env"))

@@ -394,6 +394,17 @@ def _memory(values: Mapping[str, Any], origin: Mapping[str, _Given], cpus_per_no
     return values.get("mem")
 
 
+def _resumes(values: Mapping[str, Any], checkpoint_dir: str | None, signal: int | None) -> str | None:
+    """How the job says it resumes after a preemption (JobSpec.resumes), or None."""
+    if values.get("requeue") is False:
+        return None  # --no-requeue: never preempted at all
+    if checkpoint_dir is not None:
+        return "checkpoint"
+    if values.get("requeue") is True:
+        return "requeue"
+    return "signal" if signal is not None else None
+
+
 def _check_inputs(cwd: str, option_args: Sequence[str], script_args: Sequence[str],
                   env: Mapping[str, str]) -> None:
     """Every string of the submission: no NUL or control characters where they do not belong, not
@@ -584,6 +595,7 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         comment=values.get("comment"),
         wckey=values.get("wckey"),
         time_min=values.get("time_min"),
+        resumes=_resumes(values, checkpoint_dir, signal_number),
         **share,
     )
     return Submission(spec=spec, parsable=values.get("parsable", False), wait=values.get("wait", False),

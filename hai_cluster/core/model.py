@@ -74,6 +74,11 @@ class JobSpec:
     comment: str | None = None
     wckey: str | None = None
     time_min: int | None = None  # --time-min, seconds
+    # How the job resumes after a preemption, as it said: "requeue" (--requeue given), "checkpoint"
+    # (--checkpoint-dir), "signal" (--signal: it is warned and may requeue itself), "announced" (its
+    # processes said so at run time, hai_cluster.job); None: it did not say, so time-slicing never
+    # preempts it (its work would be lost).
+    resumes: str | None = None
 
     @property
     def tasks_per_node(self) -> int:
@@ -193,6 +198,9 @@ class JobView:
     # What a job holding resources holds: per rank, its node and GPU indices.
     allocation: tuple[tuple[str, tuple[int, ...]], ...] = ()
     preemptible: bool = True  # False for --no-requeue jobs (and admin-pinned ones)
+    # It can resume after a preemption (JobSpec.resumes): time-slicing takes only such runs; an
+    # urgent job may take the others too (their work is lost, and their record says so).
+    resumable: bool = True
     pending_since: float | None = None  # when it last entered the queue (submit or requeue)
     last_run_end: float | None = None  # end of its previous run, for round-robin at low levels
     time_limit: int | None = None  # seconds; the simulator puts the true duration here for oracles

@@ -22,3 +22,6 @@ PENDING_REASONS = {
     HELD_ADMIN: "held by an operator or administrator", QUOTA: "a running-GPU limit of its user, account or class",
     ARRAY_TASK_LIMIT: "its array's limit of tasks at once is reached",
 }
+# The end reason of a preempted run whose job never said it can resume (JobSpec.resumes): only an
+# urgent job, an administrator or a node's removal preempts such a job, and hacct shows this.
+WORK_LOST = "its work is lost: the job did not say it can resume (--requeue, --signal, --checkpoint-dir)"

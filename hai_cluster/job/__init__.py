@@ -30,6 +30,10 @@ it will not be resumed), THEN sends the job's signal ($HAI_PREEMPT_SIGNAL, `--si
 SIGTERM) to every process of the job, and SIGKILLs whatever is left after the grace period
 (`--grace`, see `deadline()`).
 
+The first call of any of them also tells the cluster that this job checkpoints and resumes, so
+that time-slicing may preempt it (a job that said nothing, and asked for none of --requeue,
+--signal, --checkpoint-dir, is never preempted by time-slicing: its work would be lost).
+
 The signal handler is installed by the first call of any function here except the plain helpers
 atomic_write, control_dir and preempt_signal: importing the module changes nothing, and a job that
 never calls it keeps the default action of its signal. Once installed, the signal no longer kills the process; it only sets
@@ -90,6 +94,7 @@ _installed = False  # the handler is installed (or cannot be, for SIGKILL/SIGSTO
 _installed_for: int | None = None
 _previous: Any = None  # the Python handler that was there before ours, called after it
 _notice: dict | None = None  # the notice, once seen (it never goes away during a run)
+_announced = False  # the cluster was told that this job resumes (_announce)
 _next_look = 0.0  # _clock() time before which should_checkpoint() does not look at the files
 
 
@@ -129,6 +134,33 @@ def install() -> None:
         return
     _previous = None if prev is _on_signal else prev
     _installed, _installed_for = True, sig
+    _announce()
+
+
+def _announce() -> None:
+    """Tell the cluster, once per process, that this job checkpoints and resumes: from then on the
+    scheduler's time-slicing may preempt it (a job that never says so, and asked for none of
+    --requeue, --signal, --checkpoint-dir, is never preempted that way: its work would be lost).
+    Through the node's step socket, on a thread of its own: training never waits for it."""
+    global _announced
+    path, jid = os.environ.get("HAI_STEP_SOCKET"), os.environ.get("HAI_JOB_ID", "")
+    if _announced or not path or not jid.isdigit():
+        return
+    _announced = True
+    import threading
+    threading.Thread(target=_announce_now, args=(path, int(jid)), name="hai-announce", daemon=True).start()
+
+
+def _announce_now(path: str, jid: int) -> None:
+    from ..cli.client import ClientError, ControllerClient  # the step socket speaks the same protocol
+    from ..protocol import minipack
+    client = ControllerClient(path, timeout=10.0, wire=minipack)
+    try:
+        client.call("job_resumable", {"job_id": jid})
+    except (ClientError, OSError):
+        pass  # no step socket (an old agent): time-slicing leaves the job alone, nothing worse
+    finally:
+        client.close()
 
 
 # -- the notice ----------------------------------------------------------------------------------

@@ -294,8 +294,9 @@ class MlfqPass:
         placement = self.place_in(job, self.nodes, self.free_now)
         if placement is None:
             return False
-        if not job.preemptible and job.partition in waiting_ahead and waiting_ahead[job.partition] < level:
-            # A job that can never be preempted must not take GPUs a higher-level job waits for.
+        if not (job.preemptible and job.resumable) and job.partition in waiting_ahead \
+                and waiting_ahead[job.partition] < level:
+            # A job time-slicing can never preempt must not take GPUs a higher-level job waits for.
             self.actions.append(Wait(job.id, PRIORITY))
             return True
         # Where no run is leaving, the future copy is the very view of now: reserve once, share it.
@@ -404,7 +405,7 @@ class MlfqPass:
         held by runs below level 0 (which it, promoted to level 0, preempts once their quantum ends)."""
         below: dict[str, int] = {}
         for v in self.running:
-            if v.preemptible and self.level(v) > 0:
+            if v.preemptible and v.resumable and self.level(v) > 0:
                 for node, gpus in v.allocation:
                     below[node] = below.get(node, 0) + len(gpus)
         pool = [n for n in self.future.values() if n.name not in self.reserved and n.schedulable

@@ -152,10 +152,11 @@ def node_option(d: SearchContext, job: JobView, level: int, name: str, rank: int
 def may_take(c: Candidate, level: int, rank: int, taken) -> bool:
     """Whether a job of this level and class rank may take the candidate run: not one already
     taken; an urgent job takes a run of a lower class at once, whatever its level (the grace period
-    still applies); otherwise only a run of a strictly lower level, no more important class, that
-    is ripe (it has held its GPUs for its quantum, so a checkpoint is amortised)."""
+    still applies), even one that cannot resume; otherwise only a run that can resume (time-slicing
+    loses no work), of a strictly lower level, no more important class, that is ripe (it has held
+    its GPUs for its quantum, so a checkpoint is amortised)."""
     return c.run.id not in taken and ((rank == URGENT and c.rank > URGENT)
-                                      or (c.rank >= rank and c.level > level and c.ripe))
+                                      or (c.run.resumable and c.rank >= rank and c.level > level and c.ripe))
 
 
 def node_fits(job: JobView, node: NodeView) -> bool:

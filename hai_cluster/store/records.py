@@ -54,6 +54,7 @@ class JobRecord:
     gpu_compute: int | None
     gpu_qos: str | None
     tasks_per_node: int
+    resumes: str | None
     spec: JobSpec
 
     @classmethod

@@ -38,7 +38,7 @@ SNAPSHOT_COLUMNS = [jobs.c[name] for name in (
     "priority", "hold", "hold_admin", "version", "restart_count", "attained_gpu_seconds", "start_time", "nodelist",
     "preemptible", "pending_since", "last_run_end", "time_limit", "runtime", "begin_time", "array_job_id",
     "array_task_limit", "dependency", "name", "account", "gpu_fraction", "gpu_mem_mb", "gpu_compute", "gpu_qos",
-    "tasks_per_node")]
+    "tasks_per_node", "resumes")]
 # What job listings return: everything but the spec (script and environment can be large).
 LISTING_COLUMNS = [c for c in jobs.c if c.name not in ("spec", "spec_bytes")]
 
@@ -327,6 +327,15 @@ class Repository:
                 hold=hold, hold_admin=hold and admin, version=jobs.c.version + 1,
                 reason=held_reason(admin) if hold else "None"))
             return None
+
+    def announce_resumable(self, job_id: int, uid: int) -> str | None:
+        """A running job's processes said it can resume (hai_cluster.job): time-slicing may
+        preempt it from now on. Its `resumes` as it now is (None: --no-requeue, or not the uid's)."""
+        with self.engine.begin() as c:
+            c.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.uid == uid, jobs.c.preemptible.is_(True),
+                                         jobs.c.resumes.is_(None)).values(resumes="announced"))
+            row = c.execute(select(jobs.c.resumes, jobs.c.uid).where(jobs.c.id == job_id)).first()
+            return row.resumes if row is not None and row.uid == uid else None
 
     def hold_running(self, job_id: int, *, admin: bool) -> bool:
         """requeuehold: the running job is held now, so that it waits when its run has ended."""

@@ -76,6 +76,7 @@ jobs = Table(
     Index("ix_jobs_name", "name", "state", "id"),
     Index("ix_jobs_partition", "partition", "state", "id"),
     Index("ix_jobs_end_time", "end_time"),
+    Column("resumes", String(16)),  # 0019: how it resumes after a preemption (JobSpec.resumes); None: not
 )
 
 # 0013: an array's spec, stored once for all its tasks. A task's own `spec` holds only what was

@@ -49,6 +49,9 @@ def test_short_job_preempts_long_ones_which_resume_from_their_checkpoint(cluster
                              env=EXAMPLES) for i in range(2)]
     for j in a_jobs:
         cluster.wait_state(j, "RUNNING")
+    # train_loop.py uses hai_cluster.job, which tells the cluster that the job resumes: no option needed
+    wait_for(lambda: all("Preemptible=announced\n" in cluster.cli("scontrol", "show", "job", str(j)).stdout
+                         for j in a_jobs), 30, what="the jobs to say they resume")
     b = cluster.submit("--gpus-per-node=2", "--wrap", "echo short job done", user=OTHER_USER)
     # After A's runs sink to level 1 and their quantum is up, one of them makes way for B.
     done = cluster.wait_state(b, "COMPLETED", "FAILED", timeout=90)
@@ -78,6 +81,7 @@ def test_short_job_preempts_long_ones_which_resume_from_their_checkpoint(cluster
     assert f"event=preempted job={preempted[0]} for_job={b} by=scheduler" in first
     assert "past its quantum" in first and "event=checkpoint_notice" in first
     assert "state=PREEMPTED" in first and "event=requeued" in first
+    assert f"event=resumable job={preempted[0]}" in first and "how=announced" in first
     mine = cluster.cli("hcontrol", "show", "events", str(b), user=OTHER_USER).stdout
     assert "reason=WaitingForCheckpoint" in mine and "event=started" in mine
 
@@ -142,3 +146,50 @@ def test_owner_requeues_others_may_not(cluster):
     cluster.cli("hcancel", str(j))
     proc = cluster.cli("hcontrol", "preempt", str(j), check=False)
     assert proc.returncode != 0 and "only operators and administrators" in proc.stderr
+
+
+def test_a_job_that_never_said_it_resumes_is_not_time_sliced_but_an_urgent_one_takes_it(cluster):
+    legacy = cluster.submit("--gpus-per-node=2", "-N", "2", "-J", "legacy", "--wrap", "sleep 1000")
+    try:
+        cluster.wait_state(legacy, "RUNNING")
+        newcomer = cluster.submit("--gpus-per-node=2", "--wrap", "true", user=OTHER_USER)
+        # Long past its quantum at level 1 it keeps its GPUs: a preemption would lose its work
+        wait_for(lambda: cluster.job(legacy)["attained_now"] > 30, 30, what="the legacy job to sink")
+        assert cluster.job(newcomer)["state"] == "PENDING" and len(cluster.job(legacy)["runs"]) == 1
+        assert "Preemptible=no\n" in cluster.cli("scontrol", "show", "job", str(legacy)).stdout
+        assert cluster.cli("hqueue", "-h", "-j", str(legacy), "-o", "%i %Y").stdout.split() == [str(legacy), "no"]
+        # An urgent job may take it, and the run's record says that its work was lost
+        urgent = cluster.submit("--gpus-per-node=2", "-N", "2", "--priority=urgent", "--wrap", "true",
+                                user=OTHER_USER)
+        assert cluster.wait_state(urgent, "COMPLETED", timeout=60)["state"] == "COMPLETED"
+        first = cluster.job(legacy)["runs"][0]
+        assert first["state"] == "PREEMPTED"
+        assert "its work is lost: the job did not say it can resume" in first["reason"]
+        reason = cluster.cli("hacct", "-X", "-P", "-n", "-j", str(legacy), "-o", "State,Reason").stdout.splitlines()[0]
+        assert reason.startswith("PREEMPTED|") and "its work is lost" in reason
+    finally:
+        cluster.cli("hcancel", str(legacy))
+    assert cluster.wait_state(newcomer, "COMPLETED", timeout=60)["state"] == "COMPLETED"
+
+
+def test_a_signal_job_that_requeues_itself_is_time_sliced_as_submitit_s_are(cluster):
+    # submitit's contract: --signal=USR2@90, and on USR2 the job checkpoints and runs
+    # `scontrol requeue` on itself, which here arrives while it is being preempted: harmless
+    home = user_dir(cluster.workdir, TEST_USER)
+    (home / "requeuer.sh").write_text(
+        "#!/bin/bash\n#SBATCH --signal=USR2@90\n#SBATCH -o requeuer-%j.out\n"
+        "trap 'scontrol requeue $SLURM_JOB_ID; echo \"requeue rc=$? run=$SLURM_RESTART_COUNT\"; exit 0' USR2\n"
+        "echo \"start run=$SLURM_RESTART_COUNT\"\n"
+        "if [ \"$SLURM_RESTART_COUNT\" -gt 0 ]; then exit 0; fi\n"
+        "while :; do sleep 0.2; done\n")
+    j = cluster.submit("--gpus-per-node=2", "-N", "2", "--grace=10", "requeuer.sh")
+    cluster.wait_state(j, "RUNNING")
+    assert "Preemptible=signal\n" in cluster.cli("scontrol", "show", "job", str(j)).stdout
+    short = cluster.submit("--gpus-per-node=2", "--wrap", "true", user=OTHER_USER)
+    assert cluster.wait_state(short, "COMPLETED", timeout=90)["state"] == "COMPLETED"
+    assert cluster.wait_state(j, "COMPLETED", timeout=90)["state"] == "COMPLETED"
+    runs = cluster.job(j)["runs"]
+    assert [r["state"] for r in runs] == ["PREEMPTED", "COMPLETED"]
+    assert "its work is lost" not in runs[0]["reason"]
+    out = (home / f"requeuer-{j}.out").read_text().splitlines()  # bash also says its sleep died of USR2
+    assert [line for line in out if "run=" in line] == ["start run=0", "requeue rc=0 run=0", "start run=1"]

@@ -469,3 +469,15 @@ def test_array_bound_is_the_callers():
 
 def test_a_partition_list_longer_than_the_job_table_holds_is_refused():
     assert "the partition list is too long" in error(None, "--wrap=true", "-p", ",".join(f"p{i}" for i in range(30)))
+
+
+@pytest.mark.parametrize("options, resumes", [
+    ([], None),  # a script that said nothing: time-slicing never preempts it
+    (["--requeue"], "requeue"),
+    (["--checkpoint-dir=ckpt"], "checkpoint"),
+    (["--signal=USR2@90"], "signal"),  # submitit's contract: warned, it checkpoints and requeues itself
+    (["--signal=B:USR1@60", "--requeue"], "requeue"),
+    (["--no-requeue", "--checkpoint-dir=ckpt"], None),  # never preempted at all
+])
+def test_how_a_job_resumes(options, resumes):
+    assert parse(None, "--wrap", "run", *options).resumes == resumes

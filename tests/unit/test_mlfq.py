@@ -93,6 +93,19 @@ def test_non_preemptible_runs_are_never_victims():
     assert plan.preempts == () and plan.waits == (Wait(2, "Resources"),)
 
 
+def test_a_run_that_cannot_resume_is_never_time_sliced_only_an_urgent_job_takes_it():
+    # job 1 is long past its quantum at level 1, but it never said it can resume: time-slicing
+    # leaves it (its work would be lost); an urgent job still takes it, at once.
+    legacy = replace(running(1, [("a", [0, 1, 2, 3])], start=0.0), resumable=False)
+    plan = decide(snapshot(60.0, [node("a")], [legacy, pending(2, t=59)]))
+    assert plan.preempts == () and plan.waits == (Wait(2, "Resources"),)
+    plan = decide(snapshot(60.0, [node("a")], [legacy, pending(2, t=59, priority="urgent")]))
+    assert [p.job_id for p in plan.preempts] == [1]
+    # the same run, resumable, is taken at its quantum's end as usual
+    resumable = running(1, [("a", [0, 1, 2, 3])], start=0.0)
+    assert [p.job_id for p in decide(snapshot(60.0, [node("a")], [resumable, pending(2, t=59)])).preempts] == [1]
+
+
 def test_non_preemptible_job_does_not_take_gpus_a_higher_level_job_waits_for():
     # Job 2 (level 0, 2 nodes) cannot fit; job 3 (level 1, --no-requeue) could start on node a.
     jobs = [running(1, [("b", [0, 1, 2, 3])], start=0.0, attained=0.0, preemptible=False),
@@ -101,6 +114,10 @@ def test_non_preemptible_job_does_not_take_gpus_a_higher_level_job_waits_for():
     plan = decide(snapshot(5.0, [node("a"), node("b")], jobs))
     assert dict((w.job_id, w.reason) for w in plan.waits) == {2: "Resources", 3: "Priority"}
     assert [s.job_id for s in plan.starts] == [4]  # a preemptible one may use the idle GPUs
+    # one that cannot resume is held back the same way
+    jobs[3] = replace(jobs[3], resumable=False)
+    plan = decide(snapshot(5.0, [node("a"), node("b")], jobs))
+    assert dict((w.job_id, w.reason) for w in plan.waits) == {2: "Resources", 3: "Priority", 4: "Priority"}
 
 
 def test_preempting_runs_are_waited_for_not_preempted_again():

@@ -53,7 +53,7 @@ class TiresiasPolicy:
         lvl.update((j.id, self.level(j.attained_gpu_seconds)) for j in pending)
         pending.sort(key=lambda j: (lvl[j.id], j.submit_time, j.id))
         # Victims, least deserving first; PREEMPTING ones are already leaving (free to count on).
-        pool = sorted((j for j in running if j.state == JobState.PREEMPTING or j.preemptible),
+        pool = sorted((j for j in running if j.state == JobState.PREEMPTING or (j.preemptible and j.resumable)),
                       key=lambda j: (j.state != JobState.PREEMPTING, -lvl[j.id], -j.submit_time, -j.id))
         taken: set[int] = set()
         hopeless: set[tuple] = set()  # (shape, queue) that fails even with every victim gone
