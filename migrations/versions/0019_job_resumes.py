@@ -15,10 +15,11 @@ branch_labels = None
 depends_on = None
 
 
+# Plain ALTER TABLE, not a batch: a batch rebuilds jobs on SQLite, and dropping the old table
+# (foreign keys on) deletes through ON DELETE CASCADE every run and array spec that names a job.
 def upgrade() -> None:
     op.add_column("jobs", sa.Column("resumes", sa.String(16)))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:
-        batch.drop_column("resumes")
+    op.drop_column("jobs", "resumes")  # SQLite 3.35+ (Debian 12 has 3.40)
