@@ -93,8 +93,8 @@ def exec_job(spec: RunSpec, launch: Launch, groups: list[int], errw: int,
         if spec.checkpoint_dir is not None and not os.path.isdir(spec.checkpoint_dir):
             step = f"creating checkpoint dir {spec.checkpoint_dir}"
             os.makedirs(spec.checkpoint_dir, mode=0o700, exist_ok=True)
-        # a requeued job (attempt > 0) continues its output file instead of wiping it
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if spec.attempt == 0 else 0)
+        # a requeued job (attempt > 0) continues its output file instead of wiping it (--open-mode)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if spec.truncates_output else 0)
         step = f"opening stdout {spec.stdout}"
         out = os.open(spec.stdout, flags, 0o644)
         err = out
@@ -187,7 +187,7 @@ def _jobexec_options(spec: RunSpec, launch: Launch, groups: list[int], cgroup_pr
         argv.append("--as-user")
     if spec.checkpoint_dir is not None:
         argv += ["--checkpoint", spec.checkpoint_dir]
-    if spec.attempt == 0:
+    if spec.truncates_output:
         argv.append("--trunc")
     if spec.stderr is not None:
         argv += ["--stderr", spec.stderr]

@@ -18,6 +18,7 @@ from ..core.timefmt import parse_datetime
 from .common import call_pages, check_cluster, fail, split_list
 from .hacct import FIELDS as OURS, _charged, _elapsed, in_window, rows_for
 from .slurmfmt import Field, sacct_lines
+from .squeue import SLURM_STATE
 
 PROG = "sacct"
 DEFAULT_FORMAT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
@@ -80,7 +81,7 @@ FIELDS = {
     "NTasks": (8, True, _tasks),
     "AllocTRES": (10, False, _alloc_tres),
     "ReqMem": (10, False, lambda r: f"{_job(r)['mem_mb']}M" if _job(r).get("mem_mb") else "0"),
-    "State": (10, False, OURS["state"]),
+    "State": (10, False, lambda r: SLURM_STATE.get(r["state"], None) or OURS["state"](r)),
     "ExitCode": (8, False, OURS["exitcode"]),
     "DerivedExitCode": (15, False, lambda r: "" if r.get("step") is not None else OURS["exitcode"](r)),
     "Elapsed": (10, False, lambda r: secs(_elapsed(r))),
@@ -210,7 +211,7 @@ def main(allusers, users, me, job_ids, starttime, endtime, states, names, partit
     wanted_parts = set(split_list(partitions) or ())
     rows = [r for r in rows if (not wanted_names or r["job"].get("name") in wanted_names)
             and (not wanted_parts or r["job"].get("partition") in wanted_parts)
-            and (wanted_states is None or r["state"].split()[0] in wanted_states)
+            and (wanted_states is None or SLURM_STATE.get(r["state"], r["state"]).split()[0] in wanted_states)
             and (not steps_named or r.get("step") is None or FIELDS["JobID"][2](r) in steps_named)]
     cells = [[str(FIELDS[key][2](r)) for key, _f in fields] for r in rows]
     mode = "P" if parsable2 else "p" if parsable1 else None

@@ -46,6 +46,19 @@ def _ours(letter: str):
     return OURS[letter][1]
 
 
+# Our states Slurm does not have, as Slurm would show that moment: a run being preempted still runs
+# (its grace period), as a Slurm job does until its GraceTime ends
+SLURM_STATE = {"PREEMPTING": "RUNNING"}
+SLURM_CODE = {"PR": "R"}
+
+
+def slurm_states(wanted: list[str] | None) -> list[str] | None:
+    """squeue -t: RUNNING (R) takes in the runs being preempted too."""
+    if wanted and any(w.upper() in ("R", "RUNNING") for w in wanted):
+        return [*wanted, "PREEMPTING"]
+    return wanted
+
+
 # squeue's letter -> (header, getter(job, now), the job keys it reads). Letters Slurm has and we have
 # no data for print what Slurm prints for a job without it.
 LETTERS = {
@@ -59,8 +72,8 @@ LETTERS = {
     "U": ("UID", lambda j, now: str(j["uid"]), ("uid",)),
     "G": ("GROUP", lambda j, now: str(j["gid"]), ("gid",)),
     "a": ("ACCOUNT", _ours("a"), ("account",)),
-    "t": ("ST", _ours("t"), ("code",)),
-    "T": ("STATE", _ours("T"), ("state",)),
+    "t": ("ST", lambda j, now: SLURM_CODE.get(j["code"], j["code"]), ("code",)),
+    "T": ("STATE", lambda j, now: SLURM_STATE.get(j["state"], j["state"]), ("state",)),
     "M": ("TIME", _ours("M"), ("start_time", "end_time")),
     "l": ("TIME_LIMIT", _ours("l"), ("time_limit",)),
     "L": ("TIME_LEFT", _time_left, ("time_limit", "start_time", "end_time")),
@@ -170,7 +183,7 @@ def main(all_, accounts, users, me, job_ids, states, partitions, names, on_nodes
     states = states or split_list([os.environ["SQUEUE_STATES"]] if os.environ.get("SQUEUE_STATES") else None)
     partitions = partitions or split_list([os.environ["SQUEUE_PARTITION"]] if os.environ.get("SQUEUE_PARTITION") else None)
     names = names or split_list([os.environ["SQUEUE_NAMES"]] if os.environ.get("SQUEUE_NAMES") else None)
-    body, listing_all = filters(PROG, users, me, job_ids, states)
+    body, listing_all = filters(PROG, users, me, job_ids, slurm_states(split_list(states)))
     if partitions:
         body["partitions"] = split_list(partitions)
     if step_list is not None:

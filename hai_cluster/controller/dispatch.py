@@ -65,6 +65,7 @@ def rank_spec(job: JobRecord, attempt: int, rank: int, nodelist: Sequence[str], 
         runtime=spec.runtime, container_image=spec.container_image, mem_mb=spec.mem_mb,
         cpus=spec.cpus_per_node, gpus=tuple(gpus), gpu_share=_share(spec, mig),
         umask=0o022 if spec.umask is None else spec.umask, step_server=step_server,
+        truncate_output=None if spec.open_mode is None else spec.open_mode == "truncate",
     )
 
 

@@ -102,6 +102,7 @@ _OPTIONS = [
     _Option("clusters", "M", True, "clusters"),
     _Option("mem-per-cpu", None, True, "mem_per_cpu"),
     _Option("mem-per-gpu", None, True, "mem_per_gpu"),
+    _Option("open-mode", None, True, "open_mode"),
     # sbatch's, with nothing to do here (docs/SLURM.md says why): accepted as they are
     _Option("get-user-env", None, False, "ignored"),  # the job already gets the submitter's environment
     _Option("wait-all-nodes", None, True, "ignored"),  # every node of a job starts together
@@ -114,7 +115,7 @@ _FLAG_VALUE_OPTIONS = {"get-user-env"}  # --get-user-env[=TIMEOUT][S|L]: an opti
 # sbatch options this cluster does not honour (yet): refused by name, told apart from a typo.
 UNSUPPORTED = {
     "exclusive": False, "nodelist": True, "exclude": True, "constraint": True, "qos": True,
-    "mail-type": True, "mail-user": True, "reservation": True, "open-mode": True, "nice": False,
+    "mail-type": True, "mail-user": True, "reservation": True, "nice": False,
     "overcommit": False, "oversubscribe": False, "licenses": True, "deadline": True, "input": True,
     "export-file": True, "uid": True, "gid": True, "mincpus": True, "no-kill": False, "kill-on-invalid-dep": True,
     "propagate": False, "core-spec": True, "cores-per-socket": True, "sockets-per-node": True,
@@ -596,6 +597,7 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         wckey=values.get("wckey"),
         time_min=values.get("time_min"),
         resumes=_resumes(values, checkpoint_dir, signal_number),
+        open_mode=values.get("open_mode"),
         **share,
     )
     return Submission(spec=spec, parsable=values.get("parsable", False), wait=values.get("wait", False),

@@ -79,6 +79,9 @@ class JobSpec:
     # processes said so at run time, hai_cluster.job); None: it did not say, so time-slicing never
     # preempts it (its work would be lost).
     resumes: str | None = None
+    # --open-mode: "append" (never wipe the output files) or "truncate" (wipe them at every run);
+    # None: sbatch's default, a job's first run truncates and a requeued run appends
+    open_mode: str | None = None
 
     @property
     def tasks_per_node(self) -> int:

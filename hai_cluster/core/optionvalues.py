@@ -292,8 +292,14 @@ def value_parsers(env: Mapping[str, str], now: float | None = None,
         "container-image": _nonempty, "runtime": _runtime,
         "comment": _comment, "wckey": _word("a workload characterization key"), "time-min": _time,
         "clusters": lambda v: [c for c in _nonempty(v).split(",") if c] or [v],
-        "mem-per-cpu": _size, "mem-per-gpu": _size,
+        "mem-per-cpu": _size, "mem-per-gpu": _size, "open-mode": _open_mode,
     }
+
+
+def _open_mode(text: str) -> str:
+    if text not in ("append", "truncate"):
+        raise BadValue("expected append or truncate")
+    return text
 
 
 def _comment(text: str) -> str:

@@ -150,6 +150,13 @@ class StepServer:
             await tasks.wait()
 
 
+def _preempt_signal() -> int:
+    """The job's stop signal ($HAI_PREEMPT_SIGNAL, as hai_cluster.job reads it), else SIGTERM."""
+    raw = os.environ.get("HAI_PREEMPT_SIGNAL", "")
+    sig = int(raw) if raw.isdigit() else int(signal.SIGTERM)
+    return sig if sig in signal.valid_signals() and sig not in (signal.SIGKILL, signal.SIGSTOP) else int(signal.SIGTERM)
+
+
 async def amain() -> int:
     job = os.environ.get("SLURM_JOB_ID", "")
     path = os.environ.get("HAI_STEP_SOCKET", "")
@@ -159,8 +166,15 @@ async def amain() -> int:
     server = StepServer(int(job), path)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    # A stop reaches every process of the job with the job's signal (--signal, e.g. submitit's
+    # USR2), not only SIGTERM: it must not kill this server before its tasks' ends are reported
+    # (srun would wait for them until the grace period ran out). Other user signals sent to the
+    # whole job (hcancel -s USR1) are for the tasks: ignored here.
+    stops = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, _preempt_signal()}
+    for sig in stops:
         loop.add_signal_handler(sig, stop.set)
+    for sig in {signal.SIGUSR1, signal.SIGUSR2} - stops:
+        loop.add_signal_handler(sig, lambda: None)
     serving = asyncio.ensure_future(server.serve())
     await stop.wait()
     await server.stop()

@@ -110,6 +110,8 @@ class RunSpec:
     # tasks of srun's steps, not the batch shell), "batch" (B:, the batch shell alone) or "job"
     # (every process: a script that runs on every node is its own step)
     warn_to: str = "job"
+    # Open the output files with O_TRUNC (--open-mode); None: on the job's first run only
+    truncate_output: bool | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -155,6 +157,9 @@ class RunSpec:
         warn_to = d.get("warn_to", "job")
         if warn_to not in WARN_TO:
             raise SpecError(f"spec.warn_to must be one of {', '.join(WARN_TO)}, got {warn_to!r}")
+        truncate_output = d.get("truncate_output")
+        if truncate_output is not None and not isinstance(truncate_output, bool):
+            raise SpecError(f"spec.truncate_output must be a boolean or null, got {truncate_output!r}")
         umask = d.get("umask", 0o022)
         if not _is_int(umask) or not 0 <= umask <= 0o777:
             raise SpecError(f"spec.umask must be an integer between 0 and 0777, got {umask!r}")
@@ -168,7 +173,7 @@ class RunSpec:
             grace=d["grace"],
             checkpoint_dir=None if d["checkpoint_dir"] is None
             else _abs_path("spec.checkpoint_dir", d["checkpoint_dir"]),
-            umask=umask, step_server=step_server, warn_to=warn_to, **iso,
+            umask=umask, step_server=step_server, warn_to=warn_to, truncate_output=truncate_output, **iso,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -186,10 +191,18 @@ class RunSpec:
             del d["step_server"]
         if self.warn_to == "job":
             del d["warn_to"]
+        if self.truncate_output is None:
+            del d["truncate_output"]
         return d
 
+    @property
+    def truncates_output(self) -> bool:
+        """Whether this run wipes its output files: --open-mode's choice, else the first run only."""
+        return self.attempt == 0 if self.truncate_output is None else self.truncate_output
 
-OPTIONAL = ("runtime", "container_image", "mem_mb", "cpus", "gpus", "umask", "gpu_share", "step_server", "warn_to")
+
+OPTIONAL = ("runtime", "container_image", "mem_mb", "cpus", "gpus", "umask", "gpu_share", "step_server", "warn_to",
+            "truncate_output")
 WARN_TO = ("job", "steps", "batch")
 
 
