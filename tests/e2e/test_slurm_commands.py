@@ -3,6 +3,8 @@ as a lab's scripts and tools use them: Slurm's formats line for line (checked ag
 on this machine), its defaults, variables and exit codes."""
 from __future__ import annotations
 
+import os
+import pwd
 import re
 import time
 
@@ -158,3 +160,17 @@ def test_scancel_is_quiet_about_ended_jobs_and_refuses_others(cluster):
     assert res.returncode == 1 and "Access/permission denied" in res.stderr
     cluster.cli("scancel", str(theirs), user=OTHER_USER)
     cluster.wait_state(theirs, "CANCELLED")
+
+
+def test_open_mode_append_keeps_what_the_file_held(cluster):
+    home = user_dir(cluster.workdir, TEST_USER)
+    pw = pwd.getpwnam(TEST_USER)
+    for name, mode in (("kept.out", ["--open-mode=append"]), ("wiped.out", [])):
+        (home / name).write_text("old\n")
+        os.chown(home / name, pw.pw_uid, pw.pw_gid)
+        j = int(cluster.cli("sbatch", "--parsable", "-o", name, *mode, "--wrap", "echo new").stdout)
+        cluster.wait_state(j, "COMPLETED")
+    assert (home / "kept.out").read_text() == "old\nnew\n"
+    assert (home / "wiped.out").read_text() == "new\n"  # a first run truncates, as sbatch's default
+    res = cluster.cli("sbatch", "--open-mode=sometimes", "--wrap", "true", check=False)
+    assert res.returncode == 1 and "--open-mode=sometimes: expected append or truncate" in res.stderr
