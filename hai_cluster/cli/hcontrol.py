@@ -26,6 +26,12 @@ def _time(t) -> str:
     return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S") if t else "Unknown"
 
 
+def _names(listed: str | None) -> str:
+    """A -w/-x list as scontrol shows it: compressed, (null) when not given."""
+    from ..core.hostlist import compress
+    return compress(listed.split(",")) if listed else "(null)"
+
+
 def _stream(job: dict, pattern: str | None) -> str:
     """StdOut=/StdErr= as scontrol shows them: the pattern expanded, absolute (%N: the first node,
     once the job has one)."""
@@ -57,6 +63,8 @@ def job_lines(job: dict, now: float) -> list[str]:
          ("MinMemoryNode", f"{job['mem_mb'] or 0}M")],
         [("TresPerNode", f"gres/{gres(job)}" if job.get("gpu_fraction") or job.get("gpu_mem_mb")
           else f"gres/gpu:{job['gpus_per_node']}")],
+        [("ReqNodeList", _names(job.get("required_nodes"))), ("ExcNodeList", _names(job.get("excluded_nodes"))),
+         ("OverSubscribe", "NO" if job.get("exclusive") else "OK")],
         [("WorkDir", spec["workdir"])],
         [("Comment", spec.get("comment") or "(null)"), ("WCKey", spec.get("wckey") or "(null)")],
         [("Runtime", spec.get("runtime") or "default"), ("ContainerImage", spec.get("container_image") or "(null)")],

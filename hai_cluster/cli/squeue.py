@@ -10,6 +10,7 @@ import time
 
 import click
 
+from ..core.hostlist import compress
 from ..core.jobids import collapse_pending, job_label
 from ..core.timefmt import format_duration
 from .common import call_pages, check_cluster, fail, split_list
@@ -102,9 +103,11 @@ LETTERS = {
     "v": ("RESERVATION", lambda j, now: "(null)", ()),
     "f": ("FEATURES", lambda j, now: "(null)", ()),
     "W": ("LICENSES", lambda j, now: "(null)", ()),
-    "n": ("REQ_NODES", lambda j, now: "", ()),
-    "x": ("EXC_NODES", lambda j, now: "", ()),
-    "h": ("OVER_SUBSCRIBE", lambda j, now: "OK", ()),
+    "n": ("REQ_NODES", lambda j, now: compress((j.get("required_nodes") or "").split(",")) if j.get("required_nodes")
+          else "", ("required_nodes",)),
+    "x": ("EXC_NODES", lambda j, now: compress((j.get("excluded_nodes") or "").split(",")) if j.get("excluded_nodes")
+          else "", ("excluded_nodes",)),
+    "h": ("OVER_SUBSCRIBE", lambda j, now: "NO" if j.get("exclusive") else "OK", ("exclusive",)),
     "O": ("CONTIGUOUS", lambda j, now: "0", ()),
     "d": ("MIN_TMP_DISK", lambda j, now: "0", ()),
     "H": ("SOCKETS_PER_NODE", lambda j, now: "*", ()),

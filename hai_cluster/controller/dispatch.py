@@ -63,7 +63,8 @@ def rank_spec(job: JobRecord, attempt: int, rank: int, nodelist: Sequence[str], 
         # isolation: the agent picks the runtime's default when None, limits the rank to these
         # resources and shows a container only its own GPUs' device nodes
         runtime=spec.runtime, container_image=spec.container_image, mem_mb=spec.mem_mb,
-        cpus=spec.cpus_per_node, gpus=tuple(gpus), gpu_share=_share(spec, mig),
+        # --exclusive: the node is the job's, every CPU of it (no CPU limit)
+        cpus=None if spec.exclusive else spec.cpus_per_node, gpus=tuple(gpus), gpu_share=_share(spec, mig),
         umask=0o022 if spec.umask is None else spec.umask, step_server=step_server,
         truncate_output=None if spec.open_mode is None else spec.open_mode == "truncate",
     )

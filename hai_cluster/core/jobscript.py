@@ -103,6 +103,9 @@ _OPTIONS = [
     _Option("mem-per-cpu", None, True, "mem_per_cpu"),
     _Option("mem-per-gpu", None, True, "mem_per_gpu"),
     _Option("open-mode", None, True, "open_mode"),
+    _Option("exclusive", None, False, "exclusive"),
+    _Option("nodelist", "w", True, "required_nodes"),
+    _Option("exclude", "x", True, "excluded_nodes"),
     # sbatch's, with nothing to do here (docs/SLURM.md says why): accepted as they are
     _Option("get-user-env", None, False, "ignored"),  # the job already gets the submitter's environment
     _Option("wait-all-nodes", None, True, "ignored"),  # every node of a job starts together
@@ -111,10 +114,11 @@ _OPTIONS = [
     _Option("verbose", "v", False, "ignored"),
     _Option("ignore-pbs", None, False, "ignored"),  # #PBS lines are never read
 ]
-_FLAG_VALUE_OPTIONS = {"get-user-env"}  # --get-user-env[=TIMEOUT][S|L]: an optional value
+# --get-user-env[=TIMEOUT][S|L] and --exclusive[=user|mcs|topo]: an optional value
+_FLAG_VALUE_OPTIONS = {"get-user-env", "exclusive"}
 # sbatch options this cluster does not honour (yet): refused by name, told apart from a typo.
 UNSUPPORTED = {
-    "exclusive": False, "nodelist": True, "exclude": True, "constraint": True, "qos": True,
+    "constraint": True, "qos": True,
     "mail-type": True, "mail-user": True, "reservation": True, "nice": False,
     "overcommit": False, "oversubscribe": False, "licenses": True, "deadline": True, "input": True,
     "export-file": True, "uid": True, "gid": True, "mincpus": True, "no-kill": False, "kill-on-invalid-dep": True,
@@ -127,7 +131,7 @@ UNSUPPORTED = {
     "container": True, "batch": True, "extra-node-info": True, "spread-job": False, "thread-spec": True,
     "use-min-nodes": False, "nodefile": True, "uid": True,
 }
-_UNSUPPORTED_SHORT = {"w": "nodelist", "x": "exclude", "C": "constraint", "q": "qos", "i": "input",
+_UNSUPPORTED_SHORT = {"C": "constraint", "q": "qos", "i": "input",
                       "k": "no-kill", "F": "nodefile", "B": "extra-node-info", "S": "core-spec",
                       "m": "distribution", "O": "overcommit", "s": "oversubscribe", "L": "licenses"}
 _LONG = {o.long: o for o in _OPTIONS}
@@ -193,6 +197,9 @@ def _scan(tokens: Sequence[str], where: str = "",
             elif not opt.takes_value:
                 if eq and opt.long not in _FLAG_VALUE_OPTIONS:
                     errors.append(f"{where}--{opt.long}: option takes no value")
+                elif eq and opt.long == "exclusive":
+                    errors.append(f"{where}--exclusive={value}: only --exclusive (whole nodes, no other job on "
+                                  f"them) is supported")
                 else:
                     given.append(_Given(opt, None, f"--{opt.long}", where))
             else:
@@ -395,6 +402,19 @@ def _memory(values: Mapping[str, Any], origin: Mapping[str, _Given], cpus_per_no
     return values.get("mem")
 
 
+def _check_node_choice(values: dict[str, Any], origin: Mapping[str, _Given]) -> None:
+    """-w: the job has (at least) these nodes; -N defaults to their count and may not be fewer."""
+    named, g = values["required_nodes"], origin["required_nodes"]
+    if set(named) & set(values.get("excluded_nodes", ())):
+        both = ",".join(sorted(set(named) & set(values["excluded_nodes"])))
+        raise JobScriptError(f"{g.where}{g.spelled}: {both} both required (-w) and excluded (-x)")
+    if "nodes" not in values and "ntasks" not in values:
+        values["nodes"] = len(named)
+    elif values.get("nodes") is not None and values["nodes"] < len(named):
+        raise JobScriptError(f"{g.where}{g.spelled}: names {len(named)} nodes, more than the job's "
+                             f"-N {values['nodes']}")
+
+
 def _resumes(values: Mapping[str, Any], checkpoint_dir: str | None, signal: int | None) -> str | None:
     """How the job says it resumes after a preemption (JobSpec.resumes), or None."""
     if values.get("requeue") is False:
@@ -537,6 +557,8 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
     if wrap is not None and script_args:
         raise JobScriptError("script arguments are not permitted with --wrap")
 
+    if "required_nodes" in values:
+        _check_node_choice(values, origin)
     nodes, tasks_per_node = _tasks(values, origin)
     task_gpus = _gpus_per_task(values, origin, tasks_per_node)
     gpus, share = (task_gpus, {}) if task_gpus is not None else _whole_gpus_and_share(values, origin, nodes)
@@ -598,6 +620,9 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         time_min=values.get("time_min"),
         resumes=_resumes(values, checkpoint_dir, signal_number),
         open_mode=values.get("open_mode"),
+        exclusive=values.get("exclusive", False),
+        required_nodes=values.get("required_nodes", ()),
+        excluded_nodes=values.get("excluded_nodes", ()),
         **share,
     )
     return Submission(spec=spec, parsable=values.get("parsable", False), wait=values.get("wait", False),

@@ -82,6 +82,11 @@ class JobSpec:
     # --open-mode: "append" (never wipe the output files) or "truncate" (wipe them at every run);
     # None: sbatch's default, a job's first run truncates and a requeued run appends
     open_mode: str | None = None
+    # --exclusive: the job's nodes are its alone, every GPU and CPU of each (memory as asked);
+    # -w/--nodelist: nodes the job must have; -x/--exclude: nodes it must not have
+    exclusive: bool = False
+    required_nodes: tuple[str, ...] = ()
+    excluded_nodes: tuple[str, ...] = ()
 
     @property
     def tasks_per_node(self) -> int:
@@ -108,6 +113,7 @@ class JobSpec:
         d = asdict(self)
         d["script_args"] = list(self.script_args)
         d["environment"] = dict(self.environment)
+        d["required_nodes"], d["excluded_nodes"] = list(self.required_nodes), list(self.excluded_nodes)
         return d
 
     @classmethod
@@ -117,8 +123,9 @@ class JobSpec:
         if unknown:
             raise ValueError(f"unknown job spec fields: {sorted(unknown)}")
         kw = dict(d)
-        if "script_args" in kw:
-            kw["script_args"] = tuple(kw["script_args"])
+        for key in ("script_args", "required_nodes", "excluded_nodes"):
+            if key in kw:
+                kw[key] = tuple(kw[key])
         if "environment" in kw:
             kw["environment"] = dict(kw["environment"])
         return cls(**kw)
@@ -204,6 +211,9 @@ class JobView:
     # It can resume after a preemption (JobSpec.resumes): time-slicing takes only such runs; an
     # urgent job may take the others too (their work is lost, and their record says so).
     resumable: bool = True
+    exclusive: bool = False  # --exclusive: it takes idle nodes whole (every GPU and CPU of each)
+    required_nodes: tuple[str, ...] = ()  # -w: its nodes include these
+    excluded_nodes: tuple[str, ...] = ()  # -x: none of these
     pending_since: float | None = None  # when it last entered the queue (submit or requeue)
     last_run_end: float | None = None  # end of its previous run, for round-robin at low levels
     time_limit: int | None = None  # seconds; the simulator puts the true duration here for oracles
@@ -233,6 +243,15 @@ class JobView:
     def cpus_per_node(self) -> int:
         """What one rank (one node's share of the job) takes of the node's CPUs."""
         return self.tasks_per_node * self.cpus_per_task
+
+    def rank_cpus(self, node_cpus: int) -> int:
+        """CPUs one rank takes on a node with node_cpus: all of them for an --exclusive job."""
+        return node_cpus if self.exclusive else self.cpus_per_node
+
+    @property
+    def constrained(self) -> bool:
+        """It cannot take any node that has room: --exclusive, -w or -x."""
+        return self.exclusive or bool(self.required_nodes or self.excluded_nodes)
 
     @property
     def partitions(self) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ import signal as _signal
 from typing import Any, Callable, Mapping
 
 from .dependency import DependencyError, parse_dependency
+from .hostlist import expand
 from .jobids import DEFAULT_MAX_ARRAY_SIZE, ArrayError, parse_array
 from .model import MAX_GRACE_SECONDS, PRIORITY_CLASSES
 from .runtimes import RUNTIMES
@@ -17,6 +18,7 @@ from .usertext import MAX_NAME, has_control
 
 _MAX_INT = 2**31 - 1  # keeps every count well inside what the wire and the database hold
 MAX_TASKS_PER_NODE = 512  # Slurm's default MaxTasksPerNode
+MAX_NAMED_NODES = 1024  # -w/-x: the job table holds them as one comma list (1000 characters)
 MAX_COMMENT = 1000  # --comment: what scontrol show job prints on one line
 MAX_TASKS = 65536  # a job's tasks (-n): steps will start this many processes
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
@@ -293,7 +295,26 @@ def value_parsers(env: Mapping[str, str], now: float | None = None,
         "comment": _comment, "wckey": _word("a workload characterization key"), "time-min": _time,
         "clusters": lambda v: [c for c in _nonempty(v).split(",") if c] or [v],
         "mem-per-cpu": _size, "mem-per-gpu": _size, "open-mode": _open_mode,
+        "nodelist": _node_names, "exclude": _node_names,
     }
+
+
+def _node_names(text: str) -> tuple[str, ...]:
+    """-w/-x: a hostlist (n[1-4],gpu7), sorted and without repeats."""
+    if "/" in text:
+        raise BadValue("a file of node names is not supported: give the names (n[1-4],n7)")
+    try:
+        names = expand(text)
+    except ValueError as exc:
+        raise BadValue(str(exc)) from None
+    if not names or len(names) > MAX_NAMED_NODES:
+        raise BadValue(f"expected 1 to {MAX_NAMED_NODES} node names")
+    for name in names:
+        if not _WORD.fullmatch(name) or len(name) > 64:
+            raise BadValue(f"invalid node name {name[:64]!r}")
+    if len(",".join(sorted(set(names)))) > 1000:
+        raise BadValue("the node names are more than 1000 characters together")
+    return tuple(sorted(set(names)))
 
 
 def _open_mode(text: str) -> str:

@@ -25,6 +25,8 @@ def fits(job: JobView, node: NodeView, *, ignore_usage: bool = False) -> Fit:
     """Whether one rank of `job` fits on `node` now (or on an empty node with ignore_usage)."""
     if job.partition and node.partitions and not any(p in node.partitions for p in job.partitions):
         return Fit(False, f"{node.name} is not in partition {job.partition}")
+    if job.constrained and (why := _node_choice_misfit(job, node)):
+        return Fit(False, why)
     if len(node.gpus) < job.gpus_per_node:
         return Fit(False, f"{node.name} has {len(node.gpus)} GPUs, job needs {job.gpus_per_node}")
     if node.cpus < job.cpus_per_node:
@@ -51,11 +53,26 @@ def fits(job: JobView, node: NodeView, *, ignore_usage: bool = False) -> Fit:
         return Fit(False, f"{node.name} has {node.mem_mb - node.used_mem_mb} MiB free memory")
     if job.gpu_share is not None and (why := share_misfit(job.gpu_share, node)):
         return Fit(False, why)
+    if job.exclusive and (node.used_gpus or node.used_cpus or node.used_mem_mb or node.shared):
+        return Fit(False, f"{node.name} is in use (--exclusive takes only idle nodes)")
     return _FITS
+
+
+def _node_choice_misfit(job: JobView, node: NodeView) -> str | None:
+    """-x names the node, or -w names all the job's nodes and not this one."""
+    if node.name in job.excluded_nodes:
+        return f"{node.name} is excluded (-x)"
+    if job.required_nodes and len(job.required_nodes) >= job.nodes and node.name not in job.required_nodes:
+        return f"{node.name} is not in the job's -w list"
+    return None
 
 
 def could_ever_fit(job: JobView, nodes: tuple[NodeView, ...]) -> Fit:
     """Whether the cluster, empty, could run the job at all (else the submission is refused)."""
+    missing = sorted(set(job.required_nodes) - {n.name for n in nodes})
+    if missing and nodes:
+        return Fit(False, f"Invalid node name specified: -w names {', '.join(missing[:8])}, which this cluster "
+                          f"does not have")
     candidates = [n for n in nodes if fits(job, n, ignore_usage=True)]
     if len(candidates) >= job.nodes:
         return Fit(True)
@@ -146,8 +163,9 @@ def take(job: JobView, placement: Placement, nodes: dict[str, NodeView]) -> None
 def _gpus_misfit(job: JobView, node: NodeView, gpu_ids) -> str | None:
     if job.gpu_share is not None:
         return f"job {job.id} shares a GPU; the placement gives it whole GPUs"
-    if len(gpu_ids) != job.gpus_per_node or len(set(gpu_ids)) != len(gpu_ids):
-        return f"{node.name}: GPUs {list(gpu_ids)} given, job {job.id} needs {job.gpus_per_node} distinct ones"
+    want = len(node.gpus) if job.exclusive else job.gpus_per_node  # --exclusive: every GPU of the node
+    if len(gpu_ids) != want or len(set(gpu_ids)) != len(gpu_ids):
+        return f"{node.name}: GPUs {list(gpu_ids)} given, job {job.id} needs {want} distinct ones"
     known = {g.index for g in node.gpus}
     if not known.issuperset(gpu_ids):
         return f"{node.name} has no GPU {sorted(set(gpu_ids) - known)[0]}"
@@ -182,7 +200,8 @@ def _share_misfit(job: JobView, node: NodeView, gpu_ids, share: tuple[int, int],
 
 def _with_rank(job: JobView, node: NodeView, gpu_ids, share: tuple[int, int] | None, mig: str) -> NodeView:
     """`node` with one more rank of `job` on it."""
-    node = replace(node, used_cpus=node.used_cpus + job.cpus_per_node, used_mem_mb=node.used_mem_mb + (job.mem_mb or 0))
+    node = replace(node, used_cpus=node.used_cpus + job.rank_cpus(node.cpus),
+                   used_mem_mb=node.used_mem_mb + (job.mem_mb or 0))
     if share is None:
         return replace(node, used_gpus=node.used_gpus | frozenset(gpu_ids))
     node = add_share(node, gpu_ids[0], *share)

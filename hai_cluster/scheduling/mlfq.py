@@ -283,7 +283,8 @@ class MlfqPass:
         """place() on the nodes this job may use (not those reserved for a starving job), looking
         at them in place()'s order through the free-GPU index and stopping at the first that fit."""
         pack = self.cfg.gpu_pack
-        if self.victim_search == "scan" or job.gpu_share is not None or len(job.partitions) > 1 or job.nodes < 1:
+        if (self.victim_search == "scan" or job.gpu_share is not None or len(job.partitions) > 1 or job.nodes < 1
+                or job.constrained):  # -w, -x, --exclusive: the free-GPU index knows none of them
             # The reference, card shares (their room is not a free-GPU count) and jobs that may use
             # several partitions (place() tries them one by one): every node that is not reserved.
             return place(job, nodes, self.cfg.placement, only=[n for n in nodes if n not in self.reserved], pack=pack)

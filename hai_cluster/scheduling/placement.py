@@ -42,8 +42,15 @@ def place(job: JobView, nodes: dict[str, NodeView], mode: str = "binpack",
     if len(candidates) < job.nodes:
         return None
     sign = 1 if mode == "binpack" else -1
+    key = lambda n: (sign * len(n.free_gpus), sign * (n.cpus - n.used_cpus), n.name)  # noqa: E731
+    if job.required_nodes:  # -w: those first, the rest of -N as usual
+        named = [n for n in candidates if n.name in job.required_nodes]
+        if len(named) < len(job.required_nodes):
+            return None
+        others = [n for n in candidates if n.name not in job.required_nodes]
+        return placement_on(job, named + nsmallest(job.nodes - len(named), others, key=key))
     # The first job.nodes in sorted order (the key is total: ties end on the name).
-    best = nsmallest(job.nodes, candidates, key=lambda n: (sign * len(n.free_gpus), sign * (n.cpus - n.used_cpus), n.name))
+    best = nsmallest(job.nodes, candidates, key=key)
     return placement_on(job, best)
 
 
@@ -53,6 +60,8 @@ def place_on_each(job: JobView, nodes: list[NodeView]) -> Placement | None:
     g = job.gpus_per_node
     if len(nodes) != job.nodes or not all(len(n.free_gpus) >= g and fits(job, n) for n in nodes):
         return None
+    if job.required_nodes and not set(job.required_nodes) <= {n.name for n in nodes}:
+        return None
     return placement_on(job, nodes)
 
 
@@ -61,7 +70,9 @@ def placement_on(job: JobView, nodes: list[NodeView]) -> Placement:
     chosen = sorted(nodes, key=_NAME)
     return Placement(
         nodes=tuple(n.name for n in chosen),
-        gpus=tuple(choose_cards(n, job.gpus_per_node) for n in chosen),
+        # --exclusive: the node's every GPU, as Slurm allocates an exclusive job all its GRES
+        gpus=tuple(tuple(g.index for g in n.gpus) if job.exclusive else choose_cards(n, job.gpus_per_node)
+                   for n in chosen),
     )
 
 
@@ -72,7 +83,7 @@ def reserve(job: JobView, placement: Placement, nodes: dict[str, NodeView]) -> N
         placement = replace(placement, gpus=tuple(() for _ in placement.gpus))  # cards counted above
     for name, gpus in zip(placement.nodes, placement.gpus):
         n = nodes[name]
-        nodes[name] = with_usage(n, n.used_gpus | frozenset(gpus), n.used_cpus + job.cpus_per_node,
+        nodes[name] = with_usage(n, n.used_gpus | frozenset(gpus), n.used_cpus + job.rank_cpus(n.cpus),
                                  n.used_mem_mb + (job.mem_mb or 0))
 
 
@@ -82,7 +93,7 @@ def release(job: JobView, node_name: str, gpus: Iterable[int], nodes: dict[str, 
         release_share(job, node_name, gpus, nodes)
         gpus = ()
     n = nodes[node_name]
-    nodes[node_name] = with_usage(n, n.used_gpus - frozenset(gpus), max(0, n.used_cpus - job.cpus_per_node),
+    nodes[node_name] = with_usage(n, n.used_gpus - frozenset(gpus), max(0, n.used_cpus - job.rank_cpus(n.cpus)),
                                   max(0, n.used_mem_mb - (job.mem_mb or 0)))
 
 

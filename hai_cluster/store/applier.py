@@ -82,7 +82,7 @@ def start_run(c, start: StartRequest, now: float, views: dict[str, NodeView]) ->
         gpu_charge=_share_charge(job, placement, views) if placement.shares else None,
     )).inserted_primary_key[0]
     c.execute(st.RANK_INSERT, [dict(
-        run_id=run_id, rank=rank, node=name, gpus=list(gpu_ids), cpus=view.cpus_per_node,
+        run_id=run_id, rank=rank, node=name, gpus=list(gpu_ids), cpus=view.rank_cpus(views[name].cpus),
         mem_mb=job.mem_mb or 0, state="starting", killed=False,
         gpu_mem_mb=placement.shares[rank][0] if placement.shares else None,
         gpu_compute=placement.shares[rank][1] if placement.shares else None,

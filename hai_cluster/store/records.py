@@ -55,6 +55,9 @@ class JobRecord:
     gpu_qos: str | None
     tasks_per_node: int
     resumes: str | None
+    exclusive: bool
+    required_nodes: str | None
+    excluded_nodes: str | None
     spec: JobSpec
 
     @classmethod

@@ -77,6 +77,10 @@ jobs = Table(
     Index("ix_jobs_partition", "partition", "state", "id"),
     Index("ix_jobs_end_time", "end_time"),
     Column("resumes", String(16)),  # 0019: how it resumes after a preemption (JobSpec.resumes); None: not
+    # 0020: --exclusive, -w and -x (comma lists of node names; None: not given)
+    Column("exclusive", Boolean, nullable=False, default=False, server_default=false()),
+    Column("required_nodes", String(1000)),
+    Column("excluded_nodes", String(1000)),
 )
 
 # 0013: an array's spec, stored once for all its tasks. A task's own `spec` holds only what was

@@ -31,7 +31,9 @@ def spec_columns(spec: JobSpec) -> dict:
         name=spec.name, priority=spec.priority, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
         cpus_per_task=spec.cpus_per_task, tasks_per_node=spec.tasks_per_node, mem_mb=spec.mem_mb,
         time_limit=spec.time_limit,
-        preemptible=spec.requeue, resumes=spec.resumes, runtime=required_runtime(spec), begin_time=spec.begin_time,
+        preemptible=spec.requeue, resumes=spec.resumes, runtime=required_runtime(spec),
+        exclusive=spec.exclusive, required_nodes=",".join(spec.required_nodes) or None,
+        excluded_nodes=",".join(spec.excluded_nodes) or None, begin_time=spec.begin_time,
         dependency=spec.dependency, gpu_fraction=spec.gpu_fraction, gpu_mem_mb=spec.gpu_mem_mb,
         gpu_compute=spec.gpu_compute, gpu_qos=spec.gpu_qos)
 
@@ -125,7 +127,10 @@ def job_view(j, ranks=(), dependency: str | None = None) -> JobView:
         attained_gpu_seconds=j.attained_gpu_seconds, run_start=j.start_time,
         nodelist=tuple(x for x in j.nodelist.split(",") if x),
         allocation=tuple((r.node, tuple(r.gpus)) for r in ranks),
-        preemptible=j.preemptible, resumable=j.resumes is not None, pending_since=j.pending_since, last_run_end=j.last_run_end,
+        preemptible=j.preemptible, resumable=j.resumes is not None, exclusive=bool(j.exclusive),
+        required_nodes=tuple(j.required_nodes.split(",")) if j.required_nodes else (),
+        excluded_nodes=tuple(j.excluded_nodes.split(",")) if j.excluded_nodes else (),
+        pending_since=j.pending_since, last_run_end=j.last_run_end,
         time_limit=j.time_limit, runtime=j.runtime, begin_time=j.begin_time, array_job_id=j.array_job_id,
         array_task_limit=j.array_task_limit, dependency=dependency, account=j.account or "default",
         gpu_share=share_of(j.gpu_fraction, j.gpu_mem_mb, j.gpu_compute, j.gpu_qos),

@@ -174,3 +174,24 @@ def test_open_mode_append_keeps_what_the_file_held(cluster):
     assert (home / "wiped.out").read_text() == "new\n"  # a first run truncates, as sbatch's default
     res = cluster.cli("sbatch", "--open-mode=sometimes", "--wrap", "true", check=False)
     assert res.returncode == 1 and "--open-mode=sometimes: expected append or truncate" in res.stderr
+
+
+def test_exclusive_gets_the_whole_node_and_node_lists_are_checked(cluster):
+    home = user_dir(cluster.workdir, TEST_USER)
+    mark = home / "whole.started"
+    j = int(cluster.cli("sbatch", "--parsable", "--exclusive", "--gres=gpu:1", "-w", NODE, "-o", "whole.out",
+                        "--wrap", f'echo "$CUDA_VISIBLE_DEVICES $SLURM_GPUS_ON_NODE"; touch {mark}; exec sleep 1000'
+                        ).stdout)
+    wait_for(mark.exists, 30, what="the exclusive job to run")
+    assert (home / "whole.out").read_text() == "0,1,2,3 4\n"  # every GPU, as Slurm gives an exclusive job
+    show = cluster.cli("scontrol", "show", "job", str(j)).stdout
+    assert f"ReqNodeList={NODE} ExcNodeList=(null) OverSubscribe=NO" in show
+    other = int(cluster.cli("sbatch", "--parsable", "-o", "/dev/null", "--wrap", "true").stdout)  # no GPU, 1 CPU
+    time.sleep(1.5)  # a few passes: it must not join the exclusive job's node
+    assert cluster.job(other)["state"] == "PENDING"
+    cluster.cli("scancel", str(j))
+    assert cluster.wait_state(other, "COMPLETED", timeout=30)["state"] == "COMPLETED"
+    res = cluster.cli("sbatch", "-w", "nothere", "--wrap", "true", check=False)
+    assert res.returncode == 1 and "Invalid node name specified: -w names nothere" in res.stderr
+    res = cluster.cli("sbatch", "-x", NODE, "--wrap", "true", check=False)
+    assert res.returncode == 1 and "Requested node configuration is not available" in res.stderr

@@ -316,9 +316,14 @@ def test_export_is_the_last_one_given():
     (["--no-such-option"], "--no-such-option: unrecognized option"),
     (["--pa=x"], "--pa: ambiguous option (could be --partition --parsable)"),
     (["--pri=x"], "--priority=x: expected one of"),  # a unique prefix is the option
-    (["-x", "n1"], "-x/--exclude: sbatch's option is not supported by this cluster"),
+    (["-L", "matlab"], "-L/--licenses: sbatch's option is not supported by this cluster"),
     (["-Z"], "-Z: unrecognized option"),
-    (["--exclusiv"], "--exclusive: sbatch's option is not supported"),  # a prefix of a known one
+    (["--reserv=x"], "--reservation: sbatch's option is not supported"),  # a prefix of a known one
+    (["--exclusive=user"], "--exclusive=user: only --exclusive (whole nodes"),
+    (["-w", "n[1-2]", "-N", "1"], "-w n[1-2]: names 2 nodes, more than the job's -N 1"),
+    (["-w", "n1", "-x", "n[1-3]"], "-w n1: n1 both required (-w) and excluded (-x)"),
+    (["-w", "/etc/nodes"], "-w /etc/nodes: a file of node names is not supported"),
+    (["-x", "n[1-"], "-x n[1-: hostlist"),
     (["--partiton=gpu"], "--partiton: unrecognized option (did you mean --partition?)"),
     (["-J"], "-J: option requires a value"),
     (["--time"], "--time: option requires a value"),
@@ -387,7 +392,7 @@ def test_split_command_line(argv, expected):
 @pytest.mark.parametrize("argv, expected", [
     (["--bogus", "s.sh"], (["--bogus"], "s.sh", [])),
     (["--qos", "high", "s.sh", "a"], (["--qos", "high"], "s.sh", ["a"])),  # sbatch's: its value skipped
-    (["-w", "n1", "s.sh"], (["-w", "n1"], "s.sh", [])),
+    (["-L", "lic", "s.sh"], (["-L", "lic"], "s.sh", [])),
     (["-J"], (["-J"], None, [])),
 ])
 def test_split_command_line_leaves_refusals_to_the_parse(argv, expected):
@@ -396,13 +401,13 @@ def test_split_command_line_leaves_refusals_to_the_parse(argv, expected):
 
 
 def test_every_refusal_is_reported_at_once():
-    text = script("#SBATCH --exclusive --qos=high  # two on one line, and a comment\n"
+    text = script("#SBATCH --reservation=maint --qos=high  # two on one line, and a comment\n"
                   "#SBATCH --mail-type=END -N 0\nrun\n")
     message = error(text, "--bogus", "-C", "a100", "--time=forever")
     assert message.splitlines() == [
         "--bogus: unrecognized option",
         "-C/--constraint: sbatch's option is not supported by this cluster (docs/SLURM.md)",
-        "line 2: --exclusive: sbatch's option is not supported by this cluster (docs/SLURM.md)",
+        "line 2: --reservation: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "line 2: --qos: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "line 3: --mail-type: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "line 3: -N 0: expected a positive integer",
@@ -481,3 +486,11 @@ def test_a_partition_list_longer_than_the_job_table_holds_is_refused():
 ])
 def test_how_a_job_resumes(options, resumes):
     assert parse(None, "--wrap", "run", *options).resumes == resumes
+
+
+def test_node_choice():
+    spec = parse(None, "--wrap", "run", "--exclusive", "-w", "gpu[02-03],gpu01", "-x", "gpu09")
+    assert (spec.exclusive, spec.required_nodes, spec.excluded_nodes, spec.nodes) == (
+        True, ("gpu01", "gpu02", "gpu03"), ("gpu09",), 3)  # -N defaults to -w's count
+    assert parse(None, "--wrap", "run", "-w", "a", "-N", "3").nodes == 3  # a, and two more
+    assert parse(None, "--wrap", "run").exclusive is False
