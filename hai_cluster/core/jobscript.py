@@ -129,7 +129,7 @@ UNSUPPORTED = {
     "network": True, "reboot": False, "delay-boot": True, "acctg-freq": True, "profile": True, "tmp": True,
     "bb": True, "bbf": True, "mcs-label": True, "power": True, "prefer": True, "cluster-constraint": True,
     "container": True, "batch": True, "extra-node-info": True, "spread-job": False, "thread-spec": True,
-    "use-min-nodes": False, "nodefile": True, "uid": True,
+    "use-min-nodes": False, "nodefile": True,
 }
 _UNSUPPORTED_SHORT = {"C": "constraint", "q": "qos", "i": "input",
                       "k": "no-kill", "F": "nodefile", "B": "extra-node-info", "S": "core-spec",
@@ -313,6 +313,7 @@ def _check_script(script: str) -> None:
 # shlex splits a line in time quadratic in its length (4 KiB: 1.4 ms, 1 MiB: 9 s, on the
 # controller's event loop): bounds on one directive line and on all of them together.
 MAX_DIRECTIVE_LINE = 4096
+MAX_MEM_MB = 2**31 - 1  # what the job table's memory column holds
 MAX_DIRECTIVE_BYTES = 64 * 1024
 
 
@@ -392,13 +393,14 @@ def _memory(values: Mapping[str, Any], origin: Mapping[str, _Given], cpus_per_no
     if len(given) > 1:
         raise JobScriptError(f"{given[-1].where}{given[-1].spelled}: --mem, --mem-per-cpu and --mem-per-gpu "
                              f"are mutually exclusive (also given: {given[0].spelled})")
-    if "mem_per_cpu" in values:
-        return values["mem_per_cpu"] * cpus_per_node
-    if "mem_per_gpu" in values:
-        if not gpus_per_node:
-            g = origin["mem_per_gpu"]
+    if "mem_per_cpu" in values or "mem_per_gpu" in values:
+        key, count = ("mem_per_cpu", cpus_per_node) if "mem_per_cpu" in values else ("mem_per_gpu", gpus_per_node)
+        g = origin[key]
+        if not count:
             raise JobScriptError(f"{g.where}{g.spelled}: the job asks for no whole GPUs")
-        return values["mem_per_gpu"] * gpus_per_node
+        if values[key] * count > MAX_MEM_MB:
+            raise JobScriptError(f"{g.where}{g.spelled}: {values[key] * count} MiB per node is too large")
+        return values[key] * count
     return values.get("mem")
 
 

@@ -184,11 +184,11 @@ def test_latency(c: DevCluster, count: int, idle_count: int, gap: float) -> dict
     return res
 
 
-def _time_hqueue(c: DevCluster, reps: int) -> list[float]:
+def _time_hqueue(c: DevCluster, reps: int, command: str = "hqueue") -> list[float]:
     times = []
     for _ in range(reps):
         t = time.monotonic()
-        c.cli("hqueue")
+        c.cli(command)
         times.append(time.monotonic() - t)
     return times
 
@@ -200,6 +200,7 @@ def test_pending(c: DevCluster, m: int, squeue_reps: int = 5) -> dict:
     t_sub = time.time() - t0
     pending = len(c.cli("hqueue", "-h", "-t", "PD", "-o", "%i").split())
     times = _time_hqueue(c, squeue_reps)
+    ours = _time_hqueue(c, squeue_reps, "squeue")  # the Slurm-named front end, Slurm's default columns
     t = time.time()
     c.cli("hcancel", *ids)
     t_cancel = time.time() - t
@@ -207,7 +208,7 @@ def test_pending(c: DevCluster, m: int, squeue_reps: int = 5) -> dict:
     log(f"pending {pending}: hqueue {statistics.median(times) * 1000:.0f} ms, hcancel {t_cancel:.2f} s, "
         f"queue empty after {t_empty:.2f} s")
     return {"held_submit_jobs_per_s": m / t_sub, "pending_seen": pending, "squeue_s": times,
-            "scancel_cmd_s": t_cancel, "scancel_until_empty_s": t_empty}
+            "squeue_ours_s": ours, "scancel_cmd_s": t_cancel, "scancel_until_empty_s": t_empty}
 
 
 def seed_held_jobs(c: DevCluster, m: int) -> float:
@@ -239,8 +240,10 @@ def test_pending_large(c: DevCluster, m: int, squeue_reps: int = 5) -> dict:
     seconds = seed_held_jobs(c, m)
     pending = len(c.cli("hqueue", "-h", "-t", "PD", "-o", "%i").split())
     times = _time_hqueue(c, squeue_reps)
-    log(f"pending {pending} (seeded in {seconds:.1f} s): hqueue {statistics.median(times) * 1000:.0f} ms")
-    return {"pending_seen": pending, "squeue_s": times, "seed_s": seconds}
+    ours = _time_hqueue(c, squeue_reps, "squeue")
+    log(f"pending {pending} (seeded in {seconds:.1f} s): hqueue {statistics.median(times) * 1000:.0f} ms, "
+        f"squeue (ours) {statistics.median(ours) * 1000:.0f} ms")
+    return {"pending_seen": pending, "squeue_s": times, "squeue_ours_s": ours, "seed_s": seconds}
 
 
 def measure(jobs: int = 500, submitters: int = 4, reps: int = 1, latency_jobs: int = 20,

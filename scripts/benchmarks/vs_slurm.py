@@ -68,6 +68,9 @@ def rows(ours: dict, slurm: dict | None, a) -> list[tuple]:
             sp.get("held_submit_jobs_per_s"), True)
         add(f"d. `hqueue` / `squeue` with {p['pending_seen']} pending jobs, median of 5", "s", _med(p["squeue_s"]),
             _med(sp.get("squeue_s", [])), False)
+        if p.get("squeue_ours_s"):
+            add(f"d. our `squeue` / `squeue` with {p['pending_seen']} pending jobs, median of 5", "s",
+                _med(p["squeue_ours_s"]), _med(sp.get("squeue_s", [])), False)
         add(f"d. `hcancel` / `scancel` of {a.pending} pending jobs (ids as arguments)", "s", p["scancel_cmd_s"],
             sp.get("scancel_cmd_s"), False)
         add("d. … until the queue is empty", "s", p["scancel_until_empty_s"], sp.get("scancel_until_empty_s"), False)
@@ -78,6 +81,9 @@ def rows(ours: dict, slurm: dict | None, a) -> list[tuple]:
             if spl.get("pending_seen") not in (None, pl["pending_seen"]) else ""
         add(f"d. `hqueue` / `squeue` with {pl['pending_seen']} pending jobs{slurm_n}, median of 5", "s", mine,
             _med(spl.get("squeue_s", [])), False, GOALS["hqueue_large"], mine < 0.3)
+        if pl.get("squeue_ours_s"):
+            add(f"d. our `squeue` / `squeue` with {pl['pending_seen']} pending jobs{slurm_n}, median of 5", "s",
+                _med(pl["squeue_ours_s"]), _med(spl.get("squeue_s", [])), False)
     return out
 
 
