@@ -54,7 +54,8 @@ class Dispatcher:
             return
         self.in_flight.add(key)
         try:
-            spec = rank_spec(job, attempt, rank, list(nodelist), list(gpus), self.ctl.addresses, mig)
+            spec = rank_spec(job, attempt, rank, list(nodelist), list(gpus), self.ctl.addresses, mig,
+                             cluster_name=self.ctl.cfg.cluster_name)
             reply = await self.ctl.links[node].call("start_run", {"spec": spec.to_wire()})
             status = RunStatus.from_wire(reply.get("status") if isinstance(reply, dict) else reply)
             if status.ended:

@@ -134,10 +134,10 @@ def test_a_job_parses_squeue_and_sacct_with_cut(cluster):
         "#!/bin/bash\n#SBATCH -o watch.out\n"
         "state=$(squeue -h -j $SLURM_JOB_ID -o '%i|%T' | cut -d'|' -f2)\n"
         "acct=$(sacct -X -n -P -j $SLURM_JOB_ID -o JobID,JobName,State | cut -d'|' -f2,3)\n"
-        "echo \"$state $acct\"\n")
+        "echo \"$state $acct $SLURM_CLUSTER_NAME\"\n")
     j = int(cluster.cli("sbatch", "--parsable", "-J", "watcher", "watch.sh").stdout)
     cluster.wait_state(j, "COMPLETED")
-    assert (home / "watch.out").read_text() == "RUNNING watcher|RUNNING\n"
+    assert (home / "watch.out").read_text() == "RUNNING watcher|RUNNING lab\n"
 
 
 def test_sinfo_default_and_node_views(cluster):
