@@ -77,11 +77,32 @@ def split_list(values: Sequence[str] | None) -> list[str] | None:
 RICH_MAX_ROWS = 500  # rich lays out a table in Python: beyond this, plain columns print far faster
 
 
-def _terminal_columns() -> int:
+def terminal_columns() -> int:
     try:
         return os.get_terminal_size(sys.stdout.fileno()).columns
     except (OSError, ValueError):  # not a terminal after all (a test's stand-in): the usual 80
         return 80
+
+
+def fit_columns(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int],
+                droppable: Sequence[str], width: int) -> tuple[list[str], list[list[str]], list[int], list[str]]:
+    """The table narrowed to `width` columns of text by leaving out whole columns, the first of
+    `droppable` first (a value is never cut): (headers, rows, right, the headers left out)."""
+    keep = list(range(len(headers)))
+    cells = [[str(c) for c in row] for row in rows]
+
+    def wide(cols: list[int]) -> int:
+        return sum(max([len(headers[i])] + [len(r[i]) for r in cells]) for i in cols) + len(cols) - 1
+
+    dropped = []
+    for name in droppable:
+        if wide(keep) <= width:
+            break
+        if name in headers and headers.index(name) in keep:
+            keep.remove(headers.index(name))
+            dropped.append(name)
+    return ([headers[i] for i in keep], [[r[i] for i in keep] for r in cells],
+            [n for n, i in enumerate(keep) if i in right], dropped)
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, header: bool = True,
@@ -91,12 +112,12 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, header
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     # rich cuts a value that does not fit the terminal ("1234_[3-..."): then plain lines, which
     # the terminal wraps, so no value is ever shown cut
-    fits = sum(widths) + len(widths) - 1 <= _terminal_columns()
+    fits = sum(widths) + len(widths) - 1 <= terminal_columns()
     if sys.stdout.isatty() and len(cells) <= RICH_MAX_ROWS and fits:
         from rich.console import Console
         from rich.table import Table
         from rich.text import Text
-        table = Table(box=None, show_header=header, header_style="bold", pad_edge=False)
+        table = Table(box=None, show_header=header, header_style="bold", pad_edge=False, padding=(0, 1, 0, 0))
         for i, h in enumerate(headers):
             table.add_column(h, justify="right" if i in right else "left", no_wrap=True)
         for row in cells:

@@ -14,6 +14,11 @@ JOB_HEADERS = ["JOBID", "USER", "NAME", "ST", "NODELIST", "GPUS", "GPU_UTIL", "G
 JOB_RIGHT = [0, 5, 6, 7, 8, 9]
 NODE_HEADERS = ["NODE", "STATE", "GPUS(A/T)", "GPU_UTIL", "POWER", "SAMPLE_AGE", "SAMPLE_COST"]
 NODE_RIGHT = [2, 3, 4, 5, 6]
+# What a narrow terminal (80 columns) leaves out first, per table: `hinfo -N --gpus` and
+# `hstat JOB` show the rest
+GPU_DROPPABLE = ["SM_MHZ", "ECC(C/U)", "NAME", "MEM_TOTAL", "TEMP"]
+JOB_DROPPABLE = ["ENERGY", "CPU", "IDLE", "NAME", "GPU_MEM"]
+NODE_DROPPABLE = ["SAMPLE_COST", "SAMPLE_AGE"]
 
 
 def _ecc(g: dict) -> str:

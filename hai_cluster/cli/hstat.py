@@ -11,23 +11,41 @@ import time
 import click
 
 from .client import ClientError, ControllerClient
-from .common import call, fail, print_table, shown
-from .gpuview import (GPU_HEADERS, GPU_RIGHT, JOB_HEADERS, JOB_RIGHT, NODE_HEADERS, NODE_RIGHT, clock, gpu_rows,
-                      job_rows, node_rows)
+from .common import call, fail, fit_columns, print_table, shown, terminal_columns
+from .gpuview import (GPU_DROPPABLE, GPU_HEADERS, GPU_RIGHT, JOB_DROPPABLE, JOB_HEADERS, JOB_RIGHT, NODE_DROPPABLE,
+                      NODE_HEADERS, NODE_RIGHT, clock, gpu_rows, job_rows, node_rows)
 from .telemetry_fmt import energy, mib, num, pct, sparkline, used_of_share
 
 HISTORY_ROWS = 10
 
 
+def tables(reply: dict, width: int) -> list[tuple[str, list[str], list[list[str]], list[int], list[str]]]:
+    """The three tables of the cluster view, each narrowed to the terminal's width by leaving out
+    its least needed columns: (title, headers, rows, right-aligned, left out)."""
+    out = []
+    for title, headers, rows, right, droppable in (
+            ("nodes", NODE_HEADERS, node_rows(reply), NODE_RIGHT, NODE_DROPPABLE),
+            ("GPUs", GPU_HEADERS, gpu_rows(reply), GPU_RIGHT, GPU_DROPPABLE),
+            ("running jobs", JOB_HEADERS, job_rows(reply), JOB_RIGHT, JOB_DROPPABLE)):
+        out.append((title, *fit_columns(headers, rows, right, droppable, width)))
+    return out
+
+
+def _left_out(dropped: list[str]) -> str:
+    return f"({', '.join(dropped)} left out to fit the terminal; wider shows them)" if dropped else ""
+
+
 def print_cluster(reply: dict) -> None:
-    print_table(NODE_HEADERS, node_rows(reply), right=NODE_RIGHT)
-    print()
-    print_table(GPU_HEADERS, gpu_rows(reply), right=GPU_RIGHT)
-    print()
-    if reply["jobs"]:
-        print_table(JOB_HEADERS, job_rows(reply), right=JOB_RIGHT)
-    else:
-        print("no running jobs")
+    width = terminal_columns() if sys.stdout.isatty() else 10**6  # piped: every column
+    for title, headers, rows, right, dropped in tables(reply, width):
+        if title == "running jobs" and not rows:
+            print("no running jobs")
+            continue
+        print_table(headers, rows, right=right)
+        if dropped:
+            print(_left_out(dropped))
+        if title != "running jobs":
+            print()
     for e in reply["events"][-5:]:
         print(f"{clock(e['t'])} node {e['node']} GPU {e['gpu']}: {e['kind']} ({e['value']})")
 
@@ -35,7 +53,8 @@ def print_cluster(reply: dict) -> None:
 def _table(title: str, headers, rows, right):
     from rich.table import Table
     from rich.text import Text
-    table = Table(title=title, title_justify="left", box=None, header_style="bold", pad_edge=False)
+    table = Table(title=title, title_justify="left", box=None, header_style="bold", pad_edge=False,
+                  padding=(0, 1, 0, 0))  # one space between columns, as fit_columns counts
     for i, h in enumerate(headers):
         table.add_column(h, justify="right" if i in right else "left", no_wrap=True)
     for row in rows:
@@ -60,10 +79,11 @@ def live(interval: float) -> None:
         except ClientError as exc:
             client.close()
             return Text(f"hstat: {exc} (retrying)", style="red")
-        parts = [Text(f"hstat  {clock(reply['now'])}  every {interval:g}s  (^C to quit)", style="bold"),
-                 _table("nodes", NODE_HEADERS, node_rows(reply), NODE_RIGHT),
-                 _table("GPUs", GPU_HEADERS, gpu_rows(reply), GPU_RIGHT),
-                 _table("running jobs", JOB_HEADERS, job_rows(reply), JOB_RIGHT)]
+        parts = [Text(f"hstat  {clock(reply['now'])}  every {interval:g}s  (^C to quit)", style="bold")]
+        for title, headers, rows, right, dropped in tables(reply, terminal_columns()):
+            parts.append(_table(title, headers, rows, right))
+            if dropped:
+                parts.append(Text(_left_out(dropped), style="dim"))
         parts += [Text(f"{clock(e['t'])} node {e['node']} GPU {e['gpu']}: {e['kind']} ({e['value']})", style="yellow")
                   for e in reply["events"][-5:]]
         return Group(*parts)

@@ -58,7 +58,7 @@ def test_a_table_wider_than_the_terminal_is_printed_whole_not_cut(monkeypatch):
             return True
     out = Tty()
     monkeypatch.setattr(sys, "stdout", out)
-    monkeypatch.setattr(common, "_terminal_columns", lambda: 80)
+    monkeypatch.setattr(common, "terminal_columns", lambda: 80)
     long_id, name = "1234_[3-999%10]", "x" * 70
     print_table(["JOBID", "NAME", "TIME"], [[long_id, name, "10-00:00:00"]])
     text = out.getvalue()
