@@ -231,7 +231,8 @@ async def run(args: argparse.Namespace, job_id: int, socket_path: str) -> int:
         runner.cancel()
         return 1
     try:
-        step.sinks.route(layout, args.output, args.error, args.open_mode, args.chdir or os.getcwd(), os.environ)
+        step.sinks.route(layout, args.output, args.error, args.open_mode or job_open_mode(),
+                         args.chdir or os.getcwd(), os.environ)
     except SinkError as exc:  # the other nodes' tasks have started: they go, the step failed
         error(str(exc))
         step.layout = layout
@@ -245,7 +246,7 @@ async def run(args: argparse.Namespace, job_id: int, socket_path: str) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda s=sig: step.interrupt(s))
     for sig in (signal.SIGUSR1, signal.SIGUSR2):  # passed on as well, as Slurm's: `kill -USR1 $srun_pid`
-        loop.add_signal_handler(sig, lambda s=sig: asyncio.ensure_future(step.signal(s)))
+        loop.add_signal_handler(sig, lambda s=sig: None if stopped_by_agent() else asyncio.ensure_future(step.signal(s)))
     mine = layout.on(step.node)
     step.local = NodeTasks(step.on_local_output, step.on_local_exit)
     await step.local.start(args.command, cwd, [(t.procid, task_environment(env, os.environ, layout, t, master))
@@ -264,6 +265,21 @@ async def run(args: argparse.Namespace, job_id: int, socket_path: str) -> int:
     await conn.close()
     runner.cancel()
     return report(step)
+
+
+def job_open_mode() -> str | None:
+    """The job's --open-mode (SLURM_OPEN_MODE, `a` or `t`, as slurmctld sets it): a step's files
+    follow it unless srun is given its own."""
+    return {"a": "append", "t": "truncate"}.get(os.environ.get("SLURM_OPEN_MODE", ""))
+
+
+def stopped_by_agent() -> bool:
+    """The job is being stopped (preempted, cancelled, out of time): its node's agent wrote the
+    notice into $HAI_CONTROL_DIR and then signals every process of the job, srun's tasks too. A
+    signal passed on by srun as well would reach them twice (submitit's handler, run again while it
+    pickles its checkpoint, failed)."""
+    control = os.environ.get("HAI_CONTROL_DIR")
+    return bool(control) and any(os.path.exists(os.path.join(control, name)) for name in ("preempt", "terminate"))
 
 
 async def _done(conn: RpcConnection, job_id: int, step_id: int, code: int, sig: int | None, cancelled: bool) -> None:

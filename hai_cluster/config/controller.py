@@ -141,6 +141,8 @@ class ControllerConfig:
     admins: tuple[str, ...] = ("root",)
     # Slurm's ClusterName: -M/--clusters accepts it (and only it); jobs see SLURM_CLUSTER_NAME
     cluster_name: str = "cluster"
+    # Slurm's MailProg: run as `PROG -s SUBJECT USER` for --mail-type notices (controller/mail.py)
+    mail_program: str = "/usr/bin/mail"
     partitions: tuple[str, ...] = ("gpu",)
     default_partition: str = "gpu"
     partition_limits: tuple[PartitionConfig, ...] = ()  # from [[partitions]] tables
@@ -242,6 +244,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         max_env_bytes=c.get("max_env_bytes", int, 2**20),
         max_grace=c.get("max_grace", int, 600),
         cluster_name=c.get("cluster_name", str, "cluster"),
+        mail_program=c.get("mail_program", str, "/usr/bin/mail"),
         kill_invalid_depend=c.get("kill_invalid_depend", bool, False),
         log_level=c.get("log_level", str, "INFO"),
         events_max_age_days=c.get("events_max_age_days", float, 30.0),
@@ -317,6 +320,8 @@ def _check_controller(path: str, cfg: ControllerConfig) -> None:
     if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,39}", cfg.cluster_name):
         raise ConfigError(f"{path}: controller.cluster_name must be 1-40 lowercase letters, digits, '-' or '_' "
                           f"(Slurm's ClusterName), got {cfg.cluster_name!r}")
+    if not os.path.isabs(cfg.mail_program):
+        raise ConfigError(f"{path}: controller.mail_program must be an absolute path, got {cfg.mail_program!r}")
     if not 0 <= cfg.max_grace <= MAX_GRACE_SECONDS:
         raise ConfigError(f"{path}: controller.max_grace must be between 0 and {MAX_GRACE_SECONDS} seconds, "
                           f"got {cfg.max_grace}")

@@ -36,6 +36,7 @@ from .batching import GroupWriter
 from .errors import StoreUnavailable
 from .events import EventLog
 from .health import on_health
+from .mail import Mailer
 from .nodes import AGENT_ERRORS, NodeLink
 from .steps import StepHub
 from .telemetry import TelemetryHub
@@ -76,6 +77,7 @@ class Controller:
         self._last_retry = 0.0
         self._agent_epoch: Callable[[], int] | None = None
         self.telemetry = TelemetryHub(cfg.telemetry)
+        self.mail = Mailer(cfg.mail_program, cfg.cluster_name)  # --mail-type notices
         self.events = EventLog()
         # Group commit (batching.py) for the two writes every job makes once per rank.
         self.mark_running = GroupWriter(self.db, lambda ranks: self.repo.mark_ranks_running(ranks))
@@ -129,6 +131,7 @@ class Controller:
         await membership.resume(self)  # nodes added with hcontrol node add, and removals under way
         self._tasks.append(asyncio.create_task(self._loop(), name="scheduler"))
         self._tasks.append(asyncio.create_task(self._persist_telemetry(), name="telemetry"))
+        self.mail.start()
 
     def open_link(self, node: NodeConfig, ssh: SshConfig) -> None:
         self.links[node.name] = link = NodeLink(node, ssh, self.cfg.ping_interval, on_hello=self._on_hello,
@@ -150,6 +153,7 @@ class Controller:
                 self._tasks.remove(task)
 
     async def stop(self) -> None:
+        await self.mail.stop()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -233,6 +237,8 @@ class Controller:
                                gpus=" ".join(f"{n}:{','.join(map(str, g))}" for n, g in
                                              zip(start.placement.nodes, start.placement.gpus) if g) or None,
                                reason=start.reason)
+            if run.job.spec.mail_type:
+                self.mail.notice(run.job, "BEGIN", start=run.job.start_time)
             for rank, node in enumerate(start.placement.nodes):
                 self.dispatch.start(run.job, run.attempt, rank, start.placement.nodes, start.placement.gpus[rank],
                                     run.mig[rank] if rank < len(run.mig) else None)
@@ -278,6 +284,7 @@ class Controller:
                                exit_code=status.exit_code, signal=status.signal, reason=status.reason)
             if result.job_state == JobState.PENDING:
                 self.events.record("requeued", job_id, attempt=attempt, after=result.run_state.value)
+            await self._mail_end(job_id, attempt, result.job_state)
             rollup = self.telemetry.finish((job_id, attempt))
             if rollup is not None:
                 try:
@@ -294,6 +301,20 @@ class Controller:
                 await link.call("forget_run", {"job_id": job_id, "attempt": attempt})
             except (RpcError, *AGENT_ERRORS) as exc:
                 log.info("job %d: forget_run on %s failed (%s); the agent will report it again", job_id, node, exc)
+
+    async def _mail_end(self, job_id: int, attempt: int, state: JobState | None) -> None:
+        """--mail-type END/FAIL when the job has ended, REQUEUE when it went back to the queue."""
+        if state is None or not (state.is_final or state == JobState.PENDING):
+            return
+        job = await self.db(self.repo.job_record, job_id)
+        if job is None or not job.spec.mail_type:
+            return
+        run = next((r for r in await self.db(self.repo.runs, of_jobs=[job_id]) if r["attempt"] == attempt), None)
+        times = dict(start=run["start_time"], end=run["end_time"]) if run else {}
+        if state == JobState.PENDING:
+            self.mail.notice(job, "REQUEUE", **times)
+        else:
+            self.mail.notice(job, "END", state=state.value, exit_code=job.exit_code, **times)
 
     async def _mark_silent_nodes_down(self) -> None:
         """A node silent for longer than node_down_after is down: its runs end as NODE_FAIL (and

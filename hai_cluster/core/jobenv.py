@@ -17,7 +17,7 @@ PORT_SPAN = 20000  # ports 10000-29999: below Linux's default ephemeral range (3
 
 _MANAGED = frozenset({
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HAI_PARTITION", "HAI_TIME_LIMIT",
-    "SLURM_JOB_PARTITION", "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_CLUSTER_NAME",
+    "SLURM_JOB_PARTITION", "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_CLUSTER_NAME", "SLURM_OPEN_MODE",
     "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_GPUS_PER_TASK",
     *(f"{prefix}_ARRAY_{what}" for prefix in ("HAI", "SLURM")
       for what in ("JOB_ID", "TASK_ID", "TASK_COUNT", "TASK_MIN", "TASK_MAX", "TASK_STEP")),
@@ -52,7 +52,8 @@ def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, 
                     array_job_id: int | None = None, array_task_id: int | None = None,
                     array_indices: Sequence[int] = (), tasks_per_node: int = 1,
                     ntasks: int | None = None, ntasks_per_node: int | None = None,
-                    gpus_per_task: int | None = None, cluster_name: str | None = None) -> dict[str, str]:
+                    gpus_per_task: int | None = None, cluster_name: str | None = None,
+                    open_mode: str | None = None) -> dict[str, str]:
     """Environment for the script instance of rank `rank`, running on `node` with `gpus`.
 
     WORLD_SIZE is nnodes * max(1, GPUs on the node): the number of processes `torchrun
@@ -128,6 +129,8 @@ def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, 
         env["SLURM_NTASKS_PER_NODE"] = str(ntasks_per_node)
     if gpus_per_task is not None:
         env["SLURM_GPUS_PER_TASK"] = str(gpus_per_task)
+    if open_mode is not None:  # --open-mode, as slurmctld passes it on to the job's sruns
+        env["SLURM_OPEN_MODE"] = "a" if open_mode == "append" else "t"
     if cluster_name is not None:  # Slurm's ClusterName (the controller's cluster_name)
         env["SLURM_CLUSTER_NAME"] = cluster_name
     if partition is not None:

@@ -106,6 +106,8 @@ _OPTIONS = [
     _Option("exclusive", None, False, "exclusive"),
     _Option("nodelist", "w", True, "required_nodes"),
     _Option("exclude", "x", True, "excluded_nodes"),
+    _Option("mail-type", None, True, "mail_type"),
+    _Option("mail-user", None, True, "mail_user"),
     # sbatch's, with nothing to do here (docs/SLURM.md says why): accepted as they are
     _Option("get-user-env", None, False, "ignored"),  # the job already gets the submitter's environment
     _Option("wait-all-nodes", None, True, "ignored"),  # every node of a job starts together
@@ -119,7 +121,7 @@ _FLAG_VALUE_OPTIONS = {"get-user-env", "exclusive"}
 # sbatch options this cluster does not honour (yet): refused by name, told apart from a typo.
 UNSUPPORTED = {
     "constraint": True, "qos": True,
-    "mail-type": True, "mail-user": True, "reservation": True, "nice": False,
+    "reservation": True, "nice": False,
     "overcommit": False, "oversubscribe": False, "licenses": True, "deadline": True, "input": True,
     "export-file": True, "uid": True, "gid": True, "mincpus": True, "no-kill": False, "kill-on-invalid-dep": True,
     "propagate": False, "core-spec": True, "cores-per-socket": True, "sockets-per-node": True,
@@ -625,6 +627,8 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         exclusive=values.get("exclusive", False),
         required_nodes=values.get("required_nodes", ()),
         excluded_nodes=values.get("excluded_nodes", ()),
+        mail_type=values.get("mail_type", ()),
+        mail_user=values.get("mail_user"),
         **share,
     )
     return Submission(spec=spec, parsable=values.get("parsable", False), wait=values.get("wait", False),

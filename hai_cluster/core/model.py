@@ -87,6 +87,9 @@ class JobSpec:
     exclusive: bool = False
     required_nodes: tuple[str, ...] = ()
     excluded_nodes: tuple[str, ...] = ()
+    # --mail-type (BEGIN END FAIL REQUEUE ALL ARRAY_TASKS) and --mail-user (default: the job's user)
+    mail_type: tuple[str, ...] = ()
+    mail_user: str | None = None
 
     @property
     def tasks_per_node(self) -> int:
@@ -114,6 +117,7 @@ class JobSpec:
         d["script_args"] = list(self.script_args)
         d["environment"] = dict(self.environment)
         d["required_nodes"], d["excluded_nodes"] = list(self.required_nodes), list(self.excluded_nodes)
+        d["mail_type"] = list(self.mail_type)
         return d
 
     @classmethod
@@ -123,7 +127,7 @@ class JobSpec:
         if unknown:
             raise ValueError(f"unknown job spec fields: {sorted(unknown)}")
         kw = dict(d)
-        for key in ("script_args", "required_nodes", "excluded_nodes"):
+        for key in ("script_args", "required_nodes", "excluded_nodes", "mail_type"):
             if key in kw:
                 kw[key] = tuple(kw[key])
         if "environment" in kw:

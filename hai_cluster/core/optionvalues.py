@@ -295,8 +295,31 @@ def value_parsers(env: Mapping[str, str], now: float | None = None,
         "comment": _comment, "wckey": _word("a workload characterization key"), "time-min": _time,
         "clusters": lambda v: [c for c in _nonempty(v).split(",") if c] or [v],
         "mem-per-cpu": _size, "mem-per-gpu": _size, "open-mode": _open_mode,
-        "nodelist": _node_names, "exclude": _node_names,
+        "nodelist": _node_names, "exclude": _node_names, "mail-type": _mail_types, "mail-user": _mail_user,
     }
+
+
+MAIL_TYPES = ("BEGIN", "END", "FAIL", "REQUEUE", "ALL", "NONE", "ARRAY_TASKS")
+MAIL_NOT_YET = ("TIME_LIMIT", "TIME_LIMIT_50", "TIME_LIMIT_80", "TIME_LIMIT_90", "INVALID_DEPEND", "STAGE_OUT")
+_MAIL_USER = re.compile(r"[A-Za-z0-9._%+=-]+(@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*)?")
+
+
+def _mail_types(text: str) -> tuple[str, ...]:
+    """--mail-type=END,FAIL: sbatch's names (ALL: BEGIN, END, FAIL, REQUEUE here); NONE: none."""
+    names = [t.strip().upper() for t in text.split(",") if t.strip()]
+    for name in names:
+        if name in MAIL_NOT_YET:
+            raise BadValue(f"{name} mails are not supported yet (BEGIN, END, FAIL, REQUEUE, ALL, ARRAY_TASKS are)")
+        if name not in MAIL_TYPES:
+            raise BadValue(f"invalid mail type {name!r}; expected some of {', '.join(MAIL_TYPES)}")
+    return () if "NONE" in names or not names else tuple(dict.fromkeys(names))
+
+
+def _mail_user(text: str) -> str:
+    """A user name or an address, never anything a mail program could take for an option."""
+    if len(text) > 254 or not _MAIL_USER.fullmatch(text) or text.startswith("-"):
+        raise BadValue("expected a user name or an e-mail address (user@example.org)")
+    return text
 
 
 def _node_names(text: str) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ import os
 import pwd
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,8 +17,20 @@ NODE = "local1"
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    c = start_local_cluster(node=NODE, gpus=4, agent_toml="cpus = 8", controller_toml='cluster_name = "lab"')
+def mails(tmp_path_factory) -> Path:
+    """The file a recording mail program (the controller's mail_program) appends each mail to."""
+    d = tmp_path_factory.mktemp("mail")
+    prog = d / "record-mail"
+    prog.write_text(f'#!/bin/sh\nprintf "%s|%s|%s|%s|%s\\n" "$1" "$2" "$3" "$SLURM_JOB_ID" "$SLURM_JOB_MAIL_TYPE" '
+                    f'>> {d}/mails\n')
+    prog.chmod(0o755)
+    return d / "mails"
+
+
+@pytest.fixture(scope="module")
+def cluster(mails):
+    c = start_local_cluster(node=NODE, gpus=4, agent_toml="cpus = 8",
+                            controller_toml=f'cluster_name = "lab"\nmail_program = "{mails.parent / "record-mail"}"')
     yield c
     c.close()
 
@@ -46,14 +59,14 @@ def test_sbatch_says_submitted_and_writes_slurm_jobid_out(cluster):
 
 def test_sbatch_reports_every_refusal_at_once_and_tells_unsupported_from_typos(cluster):
     home = user_dir(cluster.workdir, TEST_USER)
-    (home / "lab.sh").write_text("#!/bin/bash\n#SBATCH --qos=high --mail-type=END\n#SBATCH -N 0\nrun\n")
+    (home / "lab.sh").write_text("#!/bin/bash\n#SBATCH --qos=high --reservation=maint\n#SBATCH -N 0\nrun\n")
     res = cluster.cli("sbatch", "--partiton=gpu", "-C", "a100", "lab.sh", check=False)
     assert res.returncode == 1 and res.stdout == ""
     assert res.stderr.splitlines() == [
         "sbatch: error: --partiton: unrecognized option (did you mean --partition?)",
         "sbatch: error: -C/--constraint: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "sbatch: error: line 2: --qos: sbatch's option is not supported by this cluster (docs/SLURM.md)",
-        "sbatch: error: line 2: --mail-type: sbatch's option is not supported by this cluster (docs/SLURM.md)",
+        "sbatch: error: line 2: --reservation: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "sbatch: error: line 3: -N 0: expected a positive integer",
     ]
     assert cluster.call("jobs", {"names": ["lab.sh"], "all": True})["jobs"] == []  # nothing submitted
@@ -195,3 +208,28 @@ def test_exclusive_gets_the_whole_node_and_node_lists_are_checked(cluster):
     assert res.returncode == 1 and "Invalid node name specified: -w names nothere" in res.stderr
     res = cluster.cli("sbatch", "-x", NODE, "--wrap", "true", check=False)
     assert res.returncode == 1 and "Requested node configuration is not available" in res.stderr
+
+
+def test_mail_type_runs_the_mail_program_with_slurm_s_subjects(cluster, mails):
+    ok = int(cluster.cli("sbatch", "--parsable", "-J", "mailed", "-o", "/dev/null", "--mail-type=BEGIN,END",
+                         "--mail-user=ann@lab.example", "--wrap", "true").stdout)
+    bad = int(cluster.cli("sbatch", "--parsable", "-J", "broken", "-o", "/dev/null", "--mail-type=END,FAIL",
+                          "--wrap", "exit 3").stdout)
+    cluster.wait_state(ok, "COMPLETED")
+    cluster.wait_state(bad, "FAILED")
+    wait_for(lambda: mails.exists() and len(mails.read_text().splitlines()) >= 3, 30, what="three mails")
+    # the mail program runs for each at once (up to four): by job and kind, not in order
+    got = {(int(line.split("|")[3]), line.split("|")[4]): line for line in mails.read_text().splitlines()}
+    t = r"\d\d:\d\d:\d\d"
+    assert re.fullmatch(rf"-s\|Slurm Job_id={ok} Name=mailed Began, Queued time {t}\|ann@lab.example\|{ok}\|Began",
+                        got[ok, "Began"]), got
+    assert re.fullmatch(rf"-s\|Slurm Job_id={ok} Name=mailed Ended, Run time {t}, COMPLETED, ExitCode 0\|"
+                        rf"ann@lab.example\|{ok}\|Ended", got[ok, "Ended"]), got
+    # a failure, to the job's own user by default: one mail, Slurm's "Failed"
+    assert re.fullmatch(rf"-s\|Slurm Job_id={bad} Name=broken Failed, Run time {t}, FAILED, ExitCode 3\|"
+                        rf"{TEST_USER}\|{bad}\|Failed", got[bad, "Failed"]), got
+    assert len(got) == 3
+    res = cluster.cli("sbatch", "--mail-type=TIME_LIMIT_80", "--mail-user=-oProxyCommand=x", "--wrap", "true",
+                      check=False)
+    assert res.returncode == 1 and "TIME_LIMIT_80 mails are not supported yet" in res.stderr
+    assert "--mail-user=-oProxyCommand=x: expected a user name or an e-mail address" in res.stderr

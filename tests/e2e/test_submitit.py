@@ -60,3 +60,7 @@ def test_checkpointable_job_is_preempted_and_resumes_from_its_checkpoint(cluster
     assert drive(cluster, "count-result", job) == "count (150, [0, 1])"
     runs = cluster.job(int(job))["runs"]
     assert [r["state"] for r in runs] == ["PREEMPTED", "COMPLETED"]
+    # the stop signal reached the task once (the agent signals every process; srun does not pass
+    # it on again: a second USR2 while submitit pickled the checkpoint failed the job)
+    log = (user_dir(cluster.workdir, TEST_USER) / "sublogs" / f"{job}_0_log.err").read_text()
+    assert log.count("Caught signal SIGUSR2") == 1, log

@@ -1,0 +1,121 @@
+"""--mail-type/--mail-user: the controller runs a mail program, as slurmctld runs MailProg:
+`PROG -s SUBJECT RECIPIENT` with Slurm's subject (`Slurm Job_id=12 Name=train Ended, Run time
+00:05:00, COMPLETED, ExitCode 0`), an empty body and Slurm's SLURM_JOB_* variables, as the
+controller's user, with a time limit. Mails wait in a bounded queue and at most a few programs
+run at once: a burst of job ends never holds the controller, and a hung mail program costs
+MAIL_TIMEOUT at most."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ..core.states import JobState
+from ..store.records import JobRecord
+
+log = logging.getLogger(__name__)
+
+MAIL_TIMEOUT = 30.0  # seconds a mail program may take (Slurm's MAIL_PROG_TIMEOUT is 120)
+MAIL_QUEUE = 1000  # mails waiting; more are dropped, with a warning
+MAIL_AT_ONCE = 4
+# Slurm's words for each notice, and the end states that make an end a failure (JOB_FAILED and after)
+WORDS = {"BEGIN": "Began", "END": "Ended", "FAIL": "Failed", "REQUEUE": "Requeued"}
+FAILED = {JobState.FAILED.value, JobState.TIMEOUT.value, JobState.NODE_FAIL.value, JobState.OUT_OF_MEMORY.value}
+
+
+def duration(seconds: float) -> str:
+    """Slurm's secs2time_str: HH:MM:SS, D-HH:MM:SS past a day."""
+    days, rest = divmod(max(0, int(seconds)), 86400)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text
+
+
+def subject(job: JobRecord, kind: str, state: str | None = None, exit_code: int | None = None,
+            start: float | None = None, end: float | None = None) -> str:
+    """The mail's subject line, as slurmctld's mail_job_info writes it."""
+    if job.array_job_id is not None:
+        head = f"Slurm Array Task Job_id={job.array_job_id}_{job.array_task_id} ({job.id}) Name={job.name}"
+    else:
+        head = f"Slurm Job_id={job.id} Name={job.name}"
+    text = f"{head} {WORDS[kind]}"
+    if kind == "BEGIN" and start is not None:
+        text += f", Queued time {duration(start - job.submit_time)}"
+    elif start is not None and end is not None:
+        text += f", Run time {duration(end - start)}"
+    if kind in ("END", "FAIL") and state is not None:
+        text += f", {state}" + (f", ExitCode {exit_code}" if exit_code is not None else "")
+    return text
+
+
+class Mailer:
+    def __init__(self, program: str, cluster: str) -> None:
+        self.program, self.cluster = program, cluster
+        self.queue: asyncio.Queue | None = None
+        self.workers: list[asyncio.Task] = []
+        self._warned = False
+
+    def start(self) -> None:
+        self.queue = asyncio.Queue(MAIL_QUEUE)
+        self.workers = [asyncio.ensure_future(self._work()) for _ in range(MAIL_AT_ONCE)]
+
+    async def stop(self) -> None:
+        for w in self.workers:
+            w.cancel()
+        await asyncio.gather(*self.workers, return_exceptions=True)
+
+    def notice(self, job: JobRecord, kind: str, *, state: str | None = None, exit_code: int | None = None,
+               start: float | None = None, end: float | None = None) -> None:
+        """Mail the job's user about this, if the job asked for it (--mail-type)."""
+        wanted = set(job.spec.mail_type)
+        if "ALL" in wanted:
+            wanted |= set(WORDS)
+        if kind == "END" and state in FAILED and "FAIL" in wanted:
+            kind = "FAIL"  # one mail for a failed end, with Slurm's "Failed"
+        elif kind == "END" and "END" not in wanted:
+            return
+        if kind not in wanted or self.queue is None:
+            return
+        if job.array_job_id is not None and "ARRAY_TASKS" not in wanted and kind in ("BEGIN", "REQUEUE"):
+            return  # an array's tasks say it only with ARRAY_TASKS (their ends still do)
+        mail = ([self.program, "-s", subject(job, kind, state, exit_code, start, end),
+                 job.spec.mail_user or job.user], self._env(job, kind, state))
+        try:
+            self.queue.put_nowait(mail)
+        except asyncio.QueueFull:
+            log.warning("job %d: %s mail dropped: %d mails are waiting", job.id, kind, MAIL_QUEUE)
+
+    def _env(self, job: JobRecord, kind: str, state: str | None) -> dict[str, str]:
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SLURM_JOB_ID": str(job.id), "SLURM_JOBID": str(job.id),
+               "SLURM_JOB_NAME": job.name, "SLURM_JOB_USER": job.user, "SLURM_JOB_UID": str(job.uid),
+               "SLURM_JOB_PARTITION": job.partition, "SLURM_JOB_STATE": state or job.state,
+               "SLURM_JOB_MAIL_TYPE": WORDS[kind], "SLURM_CLUSTER_NAME": self.cluster}
+        if job.array_job_id is not None:
+            env["SLURM_ARRAY_JOB_ID"], env["SLURM_ARRAY_TASK_ID"] = str(job.array_job_id), str(job.array_task_id)
+        return env
+
+    async def _work(self) -> None:
+        assert self.queue is not None
+        while True:
+            argv, env = await self.queue.get()
+            await self._send(argv, env)
+
+    async def _send(self, argv: list[str], env: dict[str, str]) -> None:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, cwd="/", start_new_session=True)
+        except OSError as exc:
+            if not self._warned:  # once: a cluster without a mail program says so, not at every job
+                log.warning("mail_program %s cannot run (%s): --mail-type mails are not sent", argv[0],
+                            exc.strerror or exc)
+                self._warned = True
+            return
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), MAIL_TIMEOUT)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            log.warning("mail_program %s took more than %g s; killed (%s)", argv[0], MAIL_TIMEOUT, argv[2])
+            return
+        if proc.returncode:
+            log.warning("mail_program %s exited %d: %s", argv[0], proc.returncode,
+                        out[:200].decode("utf-8", "replace").strip())
