@@ -7,8 +7,9 @@ It asks its node's agent ($HAI_STEP_SOCKET) for the step; the controller lays th
 ones of its own node. Every task's stdout and stderr come out of srun's, in whole lines (`-l`
 puts the task's rank before each); srun exits with the highest exit code of its tasks (128+N for
 one killed by signal N); -o/-e send it to files instead (cli/srun_output.py). SIGINT, SIGTERM,
-SIGUSR1 and SIGUSR2 are passed to every task. As Slurm's srun, it takes its defaults from the
-job: SLURM_NNODES, SLURM_NTASKS, SLURM_NTASKS_PER_NODE, SLURM_CPUS_PER_TASK.
+SIGUSR1 and SIGUSR2 are passed to every task (USR1/USR2 not while the agent stops the job: it
+signals the tasks itself). As Slurm's srun, it takes its defaults from the job: SLURM_NNODES,
+SLURM_NTASKS, SLURM_NTASKS_PER_NODE, SLURM_CPUS_PER_TASK, SLURM_OPEN_MODE.
 """
 from __future__ import annotations
 
