@@ -13,6 +13,12 @@ from ..core.usertext import printable
 from .client import ClientError, ControllerClient
 
 
+def iso_time(t: float | None, missing: str = "Unknown") -> str:
+    """A time as Slurm's tools print one (2026-12-03T14:05:00, local time), `missing` without one."""
+    import time
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)) if t else missing
+
+
 def fail(prog: str, message: str, code: int = 1) -> NoReturn:
     """Print `message` (each of its lines: a refused submission lists every refusal) and exit."""
     for line in message.split("\n"):

@@ -7,7 +7,6 @@ are AllocGPUS, GPUHours, Restarts and Reason, and the GPU telemetry rollups GPUU
 MaxGPUMem and Energy (sacct's ConsumedEnergy), with AveCPU."""
 from __future__ import annotations
 
-import datetime
 import json
 import re
 import sys
@@ -19,16 +18,13 @@ import click
 from ..core.hostlist import compress
 from ..core.jobids import ArrayError, job_label, parse_job_refs, refs_to_wire
 from ..core.timefmt import format_duration, parse_datetime
-from .common import call_pages, fail, print_table, split_list
+from .common import call_pages, fail, iso_time, print_table, split_list
 from .jobfields import cpus
 from .telemetry_fmt import energy, mib
 
 DEFAULT_FIELDS = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
 LONG_FIELDS = "JobID,JobName,Partition,State,ExitCode,Elapsed,Restarts,NodeList,AllocGPUS,GPUHours,Reason"
 
-
-def _time(t) -> str:
-    return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S") if t else "Unknown"
 
 
 def _state(row: dict) -> str:
@@ -65,9 +61,9 @@ FIELDS: dict[str, Callable[[dict], object]] = {
     "state": _state,
     "exitcode": lambda r: f"{r['exit_code'] if r['exit_code'] is not None else 0}:{r['exit_signal'] or 0}",
     "elapsed": lambda r: format_duration(_elapsed(r)),
-    "submit": lambda r: _time(r["submit_time"]),
-    "start": lambda r: _time(r.get("start_time")),
-    "end": lambda r: _time(r.get("end_time")),
+    "submit": lambda r: iso_time(r["submit_time"]),
+    "start": lambda r: iso_time(r.get("start_time")),
+    "end": lambda r: iso_time(r.get("end_time")),
     "restarts": lambda r: r["attempt"],
     "nodelist": lambda r: compress([n for n in (r.get("nodelist") or "").split(",") if n]) or "None assigned",
     "gpuhours": lambda r: f"{_charged(r) * _elapsed(r) / 3600:.2f}",

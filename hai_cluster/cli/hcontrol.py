@@ -1,7 +1,6 @@
 """hcontrol: look at and act on single jobs and nodes, like scontrol."""
 from __future__ import annotations
 
-import datetime
 import os
 import sys
 import time
@@ -13,7 +12,7 @@ from ..core.timefmt import format_duration, format_limit
 from ..core.jobids import ArrayError, job_label, parse_job_ref
 from .client import ClientError, ControllerClient
 from ..core.usertext import printable
-from .common import call, call_pages, fail
+from .common import call, call_pages, fail, iso_time
 from .hinfo import node_state
 from .hostnames import print_hostlist, print_hostnames
 from .jobfields import cpus, elapsed, gres, nodelist, preemption, tasks
@@ -21,9 +20,6 @@ from .jobfields import cpus, elapsed, gres, nodelist, preemption, tasks
 
 PROG = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "hcontrol"  # scontrol too
 
-
-def _time(t) -> str:
-    return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S") if t else "Unknown"
 
 
 def _names(listed: str | None) -> str:
@@ -56,8 +52,8 @@ def job_lines(job: dict, now: float) -> list[str]:
         [("Restarts", job["restart_count"]), ("ExitCode", f"{job['exit_code'] or 0}:{job['exit_signal'] or 0}")],
         [("RunTime", format_duration(elapsed(job, now))), ("TimeLimit", format_limit(job["time_limit"])),
          ("TimeMin", "N/A" if spec.get("time_min") is None else format_limit(spec["time_min"]))],
-        [("SubmitTime", _time(job["submit_time"])), ("StartTime", _time(job["start_time"])),
-         ("EndTime", _time(job["end_time"]))],
+        [("SubmitTime", iso_time(job["submit_time"])), ("StartTime", iso_time(job["start_time"])),
+         ("EndTime", iso_time(job["end_time"]))],
         [("NodeList", nodelist(job) or "(null)"), ("NumNodes", job["nodes"]), ("NumCPUs", cpus(job)),
          ("NumTasks", tasks(job)), ("CPUsPerTask", job["cpus_per_task"]),
          ("MinMemoryNode", f"{job['mem_mb'] or 0}M")],
@@ -181,7 +177,7 @@ def show_events(job_id, node, last):
 
 
 def event_line(e: dict) -> str:
-    return f"{_time(e['time'])} " + format_line(e["kind"], e["job_id"], e["node"], e["detail"])
+    return f"{iso_time(e['time'])} " + format_line(e["kind"], e["job_id"], e["node"], e["detail"])
 
 
 def _job_id(job_id: str) -> int:

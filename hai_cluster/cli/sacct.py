@@ -4,7 +4,6 @@ have no data for (MaxRSS before the job cgroup's figures exist) are empty, as sa
 field a job did not record."""
 from __future__ import annotations
 
-import datetime
 import getpass
 import os
 import sys
@@ -14,8 +13,8 @@ import click
 
 from ..core.jobids import ArrayError, parse_job_refs, refs_to_wire
 from ..core.states import parse_state
-from ..core.timefmt import parse_datetime
-from .common import call_pages, check_cluster, fail, split_list
+from ..core.timefmt import parse_datetime, slurm_duration
+from .common import call_pages, check_cluster, fail, iso_time, split_list
 from .hacct import FIELDS as OURS, _charged, _elapsed, in_window, rows_for
 from .slurmfmt import Field, sacct_lines
 from .squeue import SLURM_STATE
@@ -25,19 +24,6 @@ DEFAULT_FORMAT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
 # sacct -l's fields that we have (the rest of Slurm's long list are per-task I/O and VM figures)
 LONG_FORMAT = ("JobID,JobIDRaw,JobName,Partition,MaxRSS,AveRSS,AveCPU,NTasks,AllocCPUS,Elapsed,State,ExitCode,"
                "ReqMem,ConsumedEnergy,AllocTRES")
-
-
-def secs(seconds: float | None) -> str:
-    """sacct's times: HH:MM:SS, D-HH:MM:SS past a day."""
-    if seconds is None:
-        return ""
-    days, rest = divmod(int(seconds), 86400)
-    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
-    return f"{days}-{text}" if days else text
-
-
-def _date(t) -> str:
-    return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S") if t else "Unknown"
 
 
 def _job(r: dict) -> dict:
@@ -84,16 +70,16 @@ FIELDS = {
     "State": (10, False, lambda r: SLURM_STATE.get(r["state"], None) or OURS["state"](r)),
     "ExitCode": (8, False, OURS["exitcode"]),
     "DerivedExitCode": (15, False, lambda r: "" if r.get("step") is not None else OURS["exitcode"](r)),
-    "Elapsed": (10, False, lambda r: secs(_elapsed(r))),
+    "Elapsed": (10, False, lambda r: slurm_duration(_elapsed(r))),
     "ElapsedRaw": (10, True, lambda r: str(_elapsed(r))),
     "Timelimit": (10, False, lambda r: "" if r.get("step") is not None else
-                  ("UNLIMITED" if _job(r).get("time_limit") is None else secs(_job(r)["time_limit"]))),
+                  ("UNLIMITED" if _job(r).get("time_limit") is None else slurm_duration(_job(r)["time_limit"]))),
     "TimelimitRaw": (10, False, lambda r: "" if r.get("step") is not None else
                      ("UNLIMITED" if _job(r).get("time_limit") is None else str(_job(r)["time_limit"] // 60))),
-    "Submit": (19, False, lambda r: _date(r["submit_time"])),
-    "Eligible": (19, False, lambda r: _date(r["submit_time"])),
-    "Start": (19, False, lambda r: _date(r.get("start_time"))),
-    "End": (19, False, lambda r: _date(r.get("end_time"))),
+    "Submit": (19, False, lambda r: iso_time(r["submit_time"])),
+    "Eligible": (19, False, lambda r: iso_time(r["submit_time"])),
+    "Start": (19, False, lambda r: iso_time(r.get("start_time"))),
+    "End": (19, False, lambda r: iso_time(r.get("end_time"))),
     "NodeList": (15, False, OURS["nodelist"]),
     "Reason": (22, False, lambda r: r.get("reason") or "None"),
     "Priority": (10, False, lambda r: _job(r).get("priority", "")),
@@ -102,7 +88,7 @@ FIELDS = {
     "AveRSS": (10, False, lambda r: ""),
     "AveCPU": (10, False, OURS["avecpu"]),
     "ConsumedEnergy": (14, False, OURS["consumedenergy"]),
-    "CPUTime": (10, False, lambda r: secs(_elapsed(r) * r["cpus"])),
+    "CPUTime": (10, False, lambda r: slurm_duration(_elapsed(r) * r["cpus"])),
     "CPUTimeRAW": (10, True, lambda r: str(_elapsed(r) * r["cpus"])),
     "QOS": (10, False, lambda r: ""),
     "Comment": (14, False, lambda r: ""),

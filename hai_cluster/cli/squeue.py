@@ -3,7 +3,6 @@
 Our extras (level, GPU telemetry) are -O names squeue does not have; hqueue keeps its own columns."""
 from __future__ import annotations
 
-import datetime
 import os
 import sys
 import time
@@ -13,7 +12,7 @@ import click
 from ..core.hostlist import compress
 from ..core.jobids import collapse_pending, job_label
 from ..core.timefmt import format_duration
-from .common import call_pages, check_cluster, fail, split_list
+from .common import call_pages, check_cluster, fail, iso_time, split_list
 from .hqueue import STEP_FIELDS, filters, step_rows, parse_steps
 from .jobfields import FIELDS as OURS, elapsed, nodelist, nodelist_reason
 from .slurmfmt import Column, FormatError, parse_letters, parse_names, render
@@ -23,10 +22,6 @@ DEFAULT_FORMAT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
 LONG_FORMAT = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
 START_FORMAT = "%.18i %.9P %.8j %.8u %.2t %.19S %.6D %20Y %R"
 STEP_FORMAT = "%.15i %.8j %.9P %.8u %.9M %N"
-
-
-def _when(t) -> str:
-    return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S") if t else "N/A"
 
 
 def _time_left(j: dict, now: float) -> str:
@@ -89,9 +84,9 @@ LETTERS = {
     "N": ("NODELIST", lambda j, now: nodelist(j), ("nodelist",)),
     "B": ("EXEC_HOST", lambda j, now: (j.get("nodelist") or "").split(",")[0] or "n/a", ("nodelist",)),
     "r": ("REASON", _ours("r"), ("reason",)),
-    "S": ("START_TIME", lambda j, now: _when(j.get("start_time")), ("start_time",)),
-    "V": ("SUBMIT_TIME", lambda j, now: _when(j.get("submit_time")), ("submit_time",)),
-    "e": ("END_TIME", lambda j, now: _when(j.get("end_time")), ("end_time",)),
+    "S": ("START_TIME", lambda j, now: iso_time(j.get("start_time"), "N/A"), ("start_time",)),
+    "V": ("SUBMIT_TIME", lambda j, now: iso_time(j.get("submit_time"), "N/A"), ("submit_time",)),
+    "e": ("END_TIME", lambda j, now: iso_time(j.get("end_time"), "N/A"), ("end_time",)),
     "E": ("DEPENDENCY", lambda j, now: j.get("dependency") or "(null)", ("dependency",)),
     "p": ("PRIORITY", _ours("p"), ("priority",)),
     "Q": ("PRIORITY", _ours("Q"), ("priority",)),

@@ -10,6 +10,7 @@ import asyncio
 import logging
 
 from ..core.states import JobState
+from ..core.timefmt import slurm_duration as duration
 from ..store.records import JobRecord
 
 log = logging.getLogger(__name__)
@@ -20,13 +21,6 @@ MAIL_AT_ONCE = 4
 # Slurm's words for each notice, and the end states that make an end a failure (JOB_FAILED and after)
 WORDS = {"BEGIN": "Began", "END": "Ended", "FAIL": "Failed", "REQUEUE": "Requeued"}
 FAILED = {JobState.FAILED.value, JobState.TIMEOUT.value, JobState.NODE_FAIL.value, JobState.OUT_OF_MEMORY.value}
-
-
-def duration(seconds: float) -> str:
-    """Slurm's secs2time_str: HH:MM:SS, D-HH:MM:SS past a day."""
-    days, rest = divmod(max(0, int(seconds)), 86400)
-    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
-    return f"{days}-{text}" if days else text
 
 
 def subject(job: JobRecord, kind: str, state: str | None = None, exit_code: int | None = None,

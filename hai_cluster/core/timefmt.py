@@ -61,6 +61,13 @@ def format_duration(seconds: int | float) -> str:
     return f"{minutes}:{secs:02d}"
 
 
+def slurm_duration(seconds: float) -> str:
+    """Slurm's secs2time_str (sacct's Elapsed, MailProg's run times): HH:MM:SS, D-HH:MM:SS past a day."""
+    days, rest = divmod(max(0, int(seconds)), 86400)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text
+
+
 def format_limit(seconds: int | None) -> str:
     """squeue's TIME_LIMIT column: "UNLIMITED" for no limit, else like format_duration."""
     return "UNLIMITED" if seconds is None else format_duration(seconds)

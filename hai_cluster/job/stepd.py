@@ -22,6 +22,7 @@ from ..core.steps import layout_from_wire, task_environment
 from ..protocol import steps as wire
 from ..protocol.runspec import SpecError, check_keys, nonneg_int, valid_signal
 from ..transport.rpc import ConnectionLost, RequestError, RpcConnection, RpcError, RpcTable
+from . import preempt_signal
 from .tasks import NodeTasks
 
 RECONNECT = 0.5  # seconds between attempts to reach the agent
@@ -150,13 +151,6 @@ class StepServer:
             await tasks.wait()
 
 
-def _preempt_signal() -> int:
-    """The job's stop signal ($HAI_PREEMPT_SIGNAL, as hai_cluster.job reads it), else SIGTERM."""
-    raw = os.environ.get("HAI_PREEMPT_SIGNAL", "")
-    sig = int(raw) if raw.isdigit() else int(signal.SIGTERM)
-    return sig if sig in signal.valid_signals() and sig not in (signal.SIGKILL, signal.SIGSTOP) else int(signal.SIGTERM)
-
-
 async def amain() -> int:
     job = os.environ.get("SLURM_JOB_ID", "")
     path = os.environ.get("HAI_STEP_SOCKET", "")
@@ -170,7 +164,8 @@ async def amain() -> int:
     # USR2), not only SIGTERM: it must not kill this server before its tasks' ends are reported
     # (srun would wait for them until the grace period ran out). Other user signals sent to the
     # whole job (hcancel -s USR1) are for the tasks: ignored here.
-    stops = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, _preempt_signal()}
+    own = ({preempt_signal()} & signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
+    stops = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP} | own
     for sig in stops:
         loop.add_signal_handler(sig, stop.set)
     for sig in {signal.SIGUSR1, signal.SIGUSR2} - stops:
