@@ -125,8 +125,8 @@ class Cluster:
         for a in self.agents.values():
             a.stop()
 
-    def close(self) -> None:
-        """Cancel what is left, stop the daemons, remove the directory."""
+    def cancel_left(self) -> None:
+        """Cancel every job still alive, so that one failed test does not hold the nodes for the next."""
         if self.controller.proc is not None and self.controller.proc.poll() is None:
             try:
                 self.call("cancel", {"states": ["PENDING", "RUNNING", "COMPLETING", "PREEMPTING"]})
@@ -134,6 +134,10 @@ class Cluster:
                          30, what="jobs to end")
             except (ClientError, AssertionError):
                 pass
+
+    def close(self) -> None:
+        """Cancel what is left, stop the daemons, remove the directory."""
+        self.cancel_left()
         self.stop()
         if not os.environ.get("HAI_KEEP_TEST_DIRS"):  # keep the logs to debug a failure
             shutil.rmtree(self.workdir, ignore_errors=True)

@@ -24,6 +24,12 @@ def cluster(ssh_nodes):
     c.close()
 
 
+@pytest.fixture(autouse=True)
+def nothing_left_running(cluster):
+    yield
+    cluster.cancel_left()
+
+
 @pytest.fixture(scope="module")
 def names(ssh_nodes):
     return sorted(n.name for n in ssh_nodes)
@@ -123,8 +129,10 @@ echo done
 """)
     out = d / "acct.out"
     job_id = cluster.submit("-o", str(out), str(d / "acct.sh"))
+    # step 0 may still be listed for a moment after its output is in: wait for exactly the sleep and the batch
     steps = wait_for(lambda: (text := cluster.cli("hqueue", "-s", "-j", str(job_id), "-h").stdout).count("\n") == 2
-                     and text, 60, what="the sleep step and the batch step in hqueue -s")
+                     and f"{job_id}.1 " in text and f"{job_id}.0 " not in text and text,
+                     60, what="the sleep step and the batch step in hqueue -s")
     assert [line.split()[:2] + line.split()[-1:] for line in steps.splitlines()] == [
         [f"{job_id}.1", "sleep", b], [f"{job_id}.batch", "batch", a]]
     assert cluster.cli("hqueue", "-s", f"{job_id}.1", "-o", "%i %N", "-h").stdout.split() == [f"{job_id}.1", b]
