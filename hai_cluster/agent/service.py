@@ -59,6 +59,7 @@ def build_table(agent: "Agent") -> RpcTable:
         agent.hello_from(ctx)
         return {"node": agent.cfg.name, "hostname": socket.gethostname(), "protocol": PROTOCOL,
                 "cpus": agent.cpus, "mem_mb": agent.mem_mb, "gpu_backend": agent.gpu_backend,
+                "features": list(agent.cfg.features),
                 "gpus": [asdict(g) for g in agent.gpus], "runs": runs.statuses(),
                 "health": agent.health.current.to_wire() if agent.health.current else None,
                 **agent.isolation.hello()}

@@ -59,6 +59,7 @@ def job_lines(job: dict, now: float) -> list[str]:
          ("MinMemoryNode", f"{job['mem_mb'] or 0}M")],
         [("TresPerNode", f"gres/{gres(job)}" if job.get("gpu_fraction") or job.get("gpu_mem_mb")
           else f"gres/gpu:{job['gpus_per_node']}")],
+        [("Features", job.get("constraint") or "(null)")],
         [("ReqNodeList", _names(job.get("required_nodes"))), ("ExcNodeList", _names(job.get("excluded_nodes"))),
          ("OverSubscribe", "NO" if job.get("exclusive") else "OK")],
         [("WorkDir", spec["workdir"])],
@@ -327,6 +328,8 @@ def show_node(name):
     for n in nodes:
         print(f"NodeName={n['name']} Arch=x86_64 State={node_state(n).upper()} Partitions={','.join(n['partitions'])}")
         print(f"   CPUTot={n['cpus']} CPUAlloc={n['cpus_alloc']} RealMemory={n['mem_mb']}")
+        features = ",".join(n.get("features") or ()) or "(null)"
+        print(f"   AvailableFeatures={features} ActiveFeatures={features}")
         print(f"   Gres=gpu:{n['gpus_total']} GresUsed=gpu:{n['gpus_alloc']} GpuBackend={n['gpu_backend'] or '-'}")
         if n.get("isolation"):  # fractional GPUs: how shares are enforced, and how many cards take them
             print(f"   Isolation={n['isolation']} SharedGpus={n.get('gpus_shared', 0)}")

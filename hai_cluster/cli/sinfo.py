@@ -72,13 +72,15 @@ LETTERS = {
     "z": ("S:C:T", lambda g: f"{g['members'][0]['cpus']}:1:1"),
     "d": ("TMP_DISK", lambda g: "0"),
     "w": ("WEIGHT", lambda g: "1"),
-    "f": ("AVAIL_FEATURES", lambda g: "(null)"),
+    "f": ("AVAIL_FEATURES", lambda g: ",".join(g["members"][0].get("features") or ()) or "(null)"),
+    "b": ("ACTIVE_FEATURES", lambda g: ",".join(g["members"][0].get("features") or ()) or "(null)"),
     "E": ("REASON", lambda g: g["members"][0]["reason"] or "none"),
 }
 NAMES = {"partition": "P", "partitionname": "R", "available": "a", "time": "l", "defaulttime": "L",
          "size": "s", "root": "r", "oversubscribe": "h", "groups": "g", "nodes": "D", "statecompact": "t",
          "statelong": "T", "nodelist": "N", "nodehost": "n", "cpus": "c", "cpusstate": "C", "nodeaiot": "F",
          "gres": "G", "memory": "m", "socketcorethread": "z", "disk": "d", "weight": "w", "features": "f",
+         "featuresact": "b",
          "reason": "E"}
 NODE_WISE = {"N", "n", "D", "F", "C"}  # letters that describe a line's nodes together: not what splits lines
 

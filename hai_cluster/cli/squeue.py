@@ -96,7 +96,7 @@ LETTERS = {
     "k": ("COMMENT", lambda j, now: "(null)", ()),
     "w": ("WCKEY", lambda j, now: "(null)", ()),
     "v": ("RESERVATION", lambda j, now: "(null)", ()),
-    "f": ("FEATURES", lambda j, now: "(null)", ()),
+    "f": ("FEATURES", lambda j, now: j.get("constraint") or "(null)", ("constraint",)),
     "W": ("LICENSES", lambda j, now: "(null)", ()),
     "n": ("REQ_NODES", lambda j, now: compress((j.get("required_nodes") or "").split(",")) if j.get("required_nodes")
           else "", ("required_nodes",)),

@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..core.constraint import feature_list
 from ..core.runtimes import RUNTIMES
 from ..paths import DEFAULT_AGENT_SOCKET
 from .common import ConfigError, positive, read_toml, Section, resolve
@@ -95,6 +96,7 @@ class AgentConfig:
     poll_interval: float = 0.2  # how often the spool is checked for runs that ended
     launch_timeout: float = 30.0  # how long start_run waits for the shepherd to report the launch
     cpus: int = 0  # CPUs the node offers to jobs (Slurm's CPUs=); 0 = the machine's count
+    features: tuple[str, ...] = ()  # what -C/--constraint matches (Slurm's Features= of a node line)
     log_level: str = "INFO"
     isolation: IsolationConfig = field(default_factory=IsolationConfig)
     telemetry: AgentTelemetryConfig = field(default_factory=AgentTelemetryConfig)
@@ -138,6 +140,7 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
         poll_interval=a.get("poll_interval", float, 0.2),
         launch_timeout=a.get("launch_timeout", float, 30.0),
         cpus=a.get("cpus", int, 0),
+        features=_features(a),
         log_level=a.get("log_level", str, "INFO"),
         gpu_backend=g.get("backend", str, "auto"),
         simulated=SimulatedGpus(
@@ -208,6 +211,13 @@ def _agent_telemetry(path: str, raw: Any) -> AgentTelemetryConfig:
     if cfg.simulated_process_memory_mb < 0:
         raise ConfigError(f"{path}: telemetry.simulated_process_memory_mb must be >= 0")
     return cfg
+
+
+def _features(sec: Section) -> tuple[str, ...]:
+    try:
+        return feature_list(sec.strings("features", ()), f"{sec.path}: {sec.where}.features")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _indices(sec: Section, key: str) -> tuple[int, ...]:

@@ -12,7 +12,7 @@ from ..core.envfilter import submitted_env
 from ..core.jobids import parse_array
 from ..core.jobscript import JobScriptError, parse_submission, split_command_line
 from ..core.reasons import PRIORITY
-from ..core.resources import could_ever_fit
+from ..core.resources import could_ever_fit, unknown_features
 from ..store.repository import spec_size
 from ..store.views import probe_view
 from ..transport.rpc import RequestError
@@ -82,9 +82,13 @@ async def submit(ctx: ApiContext, body, caller: Caller):
     # against the store before it refuses (a node may have joined since that pass).
     if not ctx.ctl.inventory or not could_ever_fit(view, ctx.ctl.inventory):
         known = ctx.ctl.note_inventory(await ctx.ctl.db(ctx.repo.load_nodes))
+        if known and (unknown := unknown_features(view, known)):
+            raise RequestError(f"Batch job submission failed: Invalid feature specification: no node has the "
+                               f"feature(s) {', '.join(unknown)}")
         fit = could_ever_fit(view, known)
         if known and not fit:
-            raise RequestError(f"Requested node configuration is not available: {fit.reason}")
+            raise RequestError(f"Batch job submission failed: Requested node configuration is not available: "
+                               f"{fit.reason}")
     if spec.dependency:
         await ctx.checked_dependency(spec.dependency)
     account = ctx.ctl.tenancy.account_for(caller, spec.account)

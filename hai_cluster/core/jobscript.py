@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 from .jobids import DEFAULT_MAX_ARRAY_SIZE
 from .model import DEFAULT_GRACE_SECONDS, JobSpec
 from .optionvalues import BadValue, value_parsers
+from .constraint import parse_constraint
 from .runtimes import REFERENCE_RUNTIMES, needs_image
 from .sharing import GpuShare
 from .usertext import MAX_ARG, MAX_NAME, MAX_PATH, TextError, checked
@@ -108,6 +109,7 @@ _OPTIONS = [
     _Option("exclude", "x", True, "excluded_nodes"),
     _Option("mail-type", None, True, "mail_type"),
     _Option("mail-user", None, True, "mail_user"),
+    _Option("constraint", "C", True, "constraint"),
     # sbatch's, with nothing to do here (docs/SLURM.md says why): accepted as they are
     _Option("get-user-env", None, False, "ignored"),  # the job already gets the submitter's environment
     _Option("wait-all-nodes", None, True, "ignored"),  # every node of a job starts together
@@ -120,7 +122,7 @@ _OPTIONS = [
 _FLAG_VALUE_OPTIONS = {"get-user-env", "exclusive"}
 # sbatch options this cluster does not honour (yet): refused by name, told apart from a typo.
 UNSUPPORTED = {
-    "constraint": True, "qos": True,
+    "qos": True,
     "reservation": True, "nice": False,
     "overcommit": False, "oversubscribe": False, "licenses": True, "deadline": True, "input": True,
     "export-file": True, "uid": True, "gid": True, "mincpus": True, "no-kill": False, "kill-on-invalid-dep": True,
@@ -133,7 +135,7 @@ UNSUPPORTED = {
     "container": True, "batch": True, "extra-node-info": True, "spread-job": False, "thread-spec": True,
     "use-min-nodes": False, "nodefile": True,
 }
-_UNSUPPORTED_SHORT = {"C": "constraint", "q": "qos", "i": "input",
+_UNSUPPORTED_SHORT = {"q": "qos", "i": "input",
                       "k": "no-kill", "F": "nodefile", "B": "extra-node-info", "S": "core-spec",
                       "m": "distribution", "O": "overcommit", "s": "oversubscribe", "L": "licenses"}
 _LONG = {o.long: o for o in _OPTIONS}
@@ -412,11 +414,22 @@ def _check_node_choice(values: dict[str, Any], origin: Mapping[str, _Given]) -> 
     if set(named) & set(values.get("excluded_nodes", ())):
         both = ",".join(sorted(set(named) & set(values["excluded_nodes"])))
         raise JobScriptError(f"{g.where}{g.spelled}: {both} both required (-w) and excluded (-x)")
+    _at_least_nodes(values, len(named), g, "names")
+
+
+def _check_constraint_counts(values: dict[str, Any], origin: Mapping[str, _Given]) -> None:
+    """-C's counts ([a*2&b*1], a*2) ask for that many nodes: -N defaults to them and may not be fewer."""
+    need, g = parse_constraint(values["constraint"]).min_nodes, origin["constraint"]
+    if need:
+        _at_least_nodes(values, need, g, "its counts ask for")
+
+
+def _at_least_nodes(values: dict[str, Any], need: int, g: _Given, what: str) -> None:
+    """An option that asks for `need` nodes: -N defaults to that and may not be fewer."""
     if "nodes" not in values and "ntasks" not in values:
-        values["nodes"] = len(named)
-    elif values.get("nodes") is not None and values["nodes"] < len(named):
-        raise JobScriptError(f"{g.where}{g.spelled}: names {len(named)} nodes, more than the job's "
-                             f"-N {values['nodes']}")
+        values["nodes"] = need
+    elif values.get("nodes") is not None and values["nodes"] < need:
+        raise JobScriptError(f"{g.where}{g.spelled}: {what} {need} nodes, more than the job's -N {values['nodes']}")
 
 
 def _resumes(values: Mapping[str, Any], checkpoint_dir: str | None, signal: int | None) -> str | None:
@@ -563,6 +576,8 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
 
     if "required_nodes" in values:
         _check_node_choice(values, origin)
+    if "constraint" in values:
+        _check_constraint_counts(values, origin)
     nodes, tasks_per_node = _tasks(values, origin)
     task_gpus = _gpus_per_task(values, origin, tasks_per_node)
     gpus, share = (task_gpus, {}) if task_gpus is not None else _whole_gpus_and_share(values, origin, nodes)
@@ -627,6 +642,7 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         exclusive=values.get("exclusive", False),
         required_nodes=values.get("required_nodes", ()),
         excluded_nodes=values.get("excluded_nodes", ()),
+        constraint=values.get("constraint"),
         mail_type=values.get("mail_type", ()),
         mail_user=values.get("mail_user"),
         **share,

@@ -13,6 +13,7 @@ from .reasons import BEGIN_TIME, HELD_ADMIN, HELD_USER
 from .states import JobState
 
 if TYPE_CHECKING:
+    from .constraint import Constraint
     from .quota import Quotas
     from .sharing import GpuShare
 
@@ -87,6 +88,7 @@ class JobSpec:
     exclusive: bool = False
     required_nodes: tuple[str, ...] = ()
     excluded_nodes: tuple[str, ...] = ()
+    constraint: str | None = None  # -C/--constraint over the nodes' features (core.constraint), as Slurm shows it
     # --mail-type (BEGIN END FAIL REQUEUE ALL ARRAY_TASKS) and --mail-user (default: the job's user)
     mail_type: tuple[str, ...] = ()
     mail_user: str | None = None
@@ -166,6 +168,7 @@ class NodeView:
     # Cards holding shares of sharing jobs: (index, MiB, reserved compute %, jobs); they are in used_gpus too.
     shared: tuple[tuple[int, int, int, int], ...] = ()
     mig_used: frozenset[str] = frozenset()  # MIG instances (UUIDs) held by sharing runs
+    features: frozenset[str] = frozenset()  # what -C/--constraint matches (agent.toml's agent.features)
 
     @property
     def schedulable(self) -> bool:
@@ -218,6 +221,7 @@ class JobView:
     exclusive: bool = False  # --exclusive: it takes idle nodes whole (every GPU and CPU of each)
     required_nodes: tuple[str, ...] = ()  # -w: its nodes include these
     excluded_nodes: tuple[str, ...] = ()  # -x: none of these
+    constraint: Constraint | None = None  # -C: the features its nodes must have
     pending_since: float | None = None  # when it last entered the queue (submit or requeue)
     last_run_end: float | None = None  # end of its previous run, for round-robin at low levels
     time_limit: int | None = None  # seconds; the simulator puts the true duration here for oracles
@@ -254,8 +258,8 @@ class JobView:
 
     @property
     def constrained(self) -> bool:
-        """It cannot take any node that has room: --exclusive, -w or -x."""
-        return self.exclusive or bool(self.required_nodes or self.excluded_nodes)
+        """It cannot take any node that has room: --exclusive, -w, -x or -C."""
+        return self.exclusive or bool(self.required_nodes or self.excluded_nodes) or self.constraint is not None
 
     @property
     def partitions(self) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from .dependency import DependencyError, parse_dependency
 from .hostlist import expand
 from .jobids import DEFAULT_MAX_ARRAY_SIZE, ArrayError, parse_array
 from .model import MAX_GRACE_SECONDS, PRIORITY_CLASSES
+from .constraint import ConstraintError, parse_constraint
 from .runtimes import RUNTIMES
 from .sharing import QOS_CLASSES
 from .timefmt import parse_datetime, parse_size_mb, parse_time_limit
@@ -296,6 +297,7 @@ def value_parsers(env: Mapping[str, str], now: float | None = None,
         "clusters": lambda v: [c for c in _nonempty(v).split(",") if c] or [v],
         "mem-per-cpu": _size, "mem-per-gpu": _size, "open-mode": _open_mode,
         "nodelist": _node_names, "exclude": _node_names, "mail-type": _mail_types, "mail-user": _mail_user,
+        "constraint": _constraint,
     }
 
 
@@ -338,6 +340,14 @@ def _node_names(text: str) -> tuple[str, ...]:
     if len(",".join(sorted(set(names)))) > 1000:
         raise BadValue("the node names are more than 1000 characters together")
     return tuple(sorted(set(names)))
+
+
+def _constraint(text: str) -> str:
+    """-C: Slurm's feature expression, checked here and kept as Slurm shows it ("," as "&")."""
+    try:
+        return parse_constraint(text).text
+    except ConstraintError as exc:
+        raise BadValue(f"Invalid feature specification: {exc}") from None
 
 
 def _open_mode(text: str) -> str:

@@ -59,12 +59,40 @@ def fits(job: JobView, node: NodeView, *, ignore_usage: bool = False) -> Fit:
 
 
 def _node_choice_misfit(job: JobView, node: NodeView) -> str | None:
-    """-x names the node, or -w names all the job's nodes and not this one."""
+    """-x names the node, -w names all the job's nodes and not this one, or -C asks features it lacks."""
     if node.name in job.excluded_nodes:
         return f"{node.name} is excluded (-x)"
     if job.required_nodes and len(job.required_nodes) >= job.nodes and node.name not in job.required_nodes:
         return f"{node.name} is not in the job's -w list"
+    if job.constraint is not None and not job.constraint.node_ok(node.features):
+        return f"{node.name} does not have the features {job.constraint.text}"
     return None
+
+
+def unknown_features(job: JobView, nodes: Sequence[NodeView]) -> list[str]:
+    """The features -C names that no node declares (Slurm: "Invalid feature specification")."""
+    if job.constraint is None:
+        return []
+    have = frozenset().union(*(n.features for n in nodes))
+    return sorted(job.constraint.names - have)
+
+
+def node_set_ok(job: JobView, nodes: Sequence[NodeView]) -> bool:
+    """Whether these nodes, each fitting one rank, meet -C's set-wide parts ([a|b], counts)."""
+    c = job.constraint
+    return c is None or not c.set_wide or c.choose(nodes, len(nodes), _features) is not None
+
+
+def choose_nodes(job: JobView, ordered: Sequence[NodeView]) -> list[NodeView] | None:
+    """The first job.nodes of `ordered` (each fitting one rank) that meet -C's set-wide parts."""
+    c = job.constraint
+    if c is None or not c.set_wide:
+        return list(ordered[:job.nodes]) if len(ordered) >= job.nodes else None
+    return c.choose(ordered, job.nodes, _features)
+
+
+def _features(node: NodeView) -> frozenset[str]:
+    return node.features
 
 
 def could_ever_fit(job: JobView, nodes: tuple[NodeView, ...]) -> Fit:
@@ -74,8 +102,10 @@ def could_ever_fit(job: JobView, nodes: tuple[NodeView, ...]) -> Fit:
         return Fit(False, f"Invalid node name specified: -w names {', '.join(missing[:8])}, which this cluster "
                           f"does not have")
     candidates = [n for n in nodes if fits(job, n, ignore_usage=True)]
-    if len(candidates) >= job.nodes:
+    if len(candidates) >= job.nodes and choose_nodes(job, candidates) is not None:
         return Fit(True)
+    if job.constraint is not None and len(candidates) >= job.nodes:
+        return Fit(False, f"no {job.nodes} node(s) meet --constraint={job.constraint.text} together")
     if not nodes:
         return Fit(False, "the cluster has no nodes")
     best = max(len(n.gpus) for n in nodes)
@@ -88,7 +118,8 @@ def could_ever_fit(job: JobView, nodes: tuple[NodeView, ...]) -> Fit:
                           f"needed; {len(candidates)} node(s) qualify")
     return Fit(False, f"{job.nodes} node(s) with {job.gpus_per_node} GPUs, {job.cpus_per_node} CPUs"
                       f"{f', {job.mem_mb} MiB' if job.mem_mb else ''}"
-                      f"{f', the {job.runtime} runtime' if job.runtime else ''} each are needed; "
+                      f"{f', the {job.runtime} runtime' if job.runtime else ''}"
+                      f"{f', the features {job.constraint.text}' if job.constraint else ''} each are needed; "
                       f"{len(candidates)} node(s) qualify (largest node has {best} GPUs)")
 
 
@@ -150,6 +181,8 @@ def placement_misfit(job: JobView, placement: Placement, nodes: Mapping[str, Nod
         if why:
             return why
         views[name] = _with_rank(job, node, gpu_ids, placement.shares[rank] if placement.shares else None, mig)
+    if job.constraint is not None and not node_set_ok(job, [nodes[n] for n in placement.nodes]):
+        return f"the nodes {','.join(placement.nodes)} do not meet --constraint={job.constraint.text} together"
     return None
 
 

@@ -15,7 +15,7 @@ from operator import attrgetter
 from typing import Iterable
 
 from ..core.model import JobView, NodeView, Placement
-from ..core.resources import fits
+from ..core.resources import choose_nodes, fits, node_set_ok
 from ..core.sharing import release_share, reserve_shares
 from ..core.topology import choose_cards
 from .shares import place_shared
@@ -48,7 +48,11 @@ def place(job: JobView, nodes: dict[str, NodeView], mode: str = "binpack",
         if len(named) < len(job.required_nodes):
             return None
         others = [n for n in candidates if n.name not in job.required_nodes]
-        return placement_on(job, named + nsmallest(job.nodes - len(named), others, key=key))
+        chosen = named + nsmallest(job.nodes - len(named), others, key=key)
+        return placement_on(job, chosen) if node_set_ok(job, chosen) else None
+    if job.constraint is not None and job.constraint.set_wide:  # [a|b], counts: the first nodes in order that meet them
+        chosen = choose_nodes(job, sorted(candidates, key=key))
+        return None if chosen is None else placement_on(job, chosen)
     # The first job.nodes in sorted order (the key is total: ties end on the name).
     best = nsmallest(job.nodes, candidates, key=key)
     return placement_on(job, best)
@@ -62,7 +66,7 @@ def place_on_each(job: JobView, nodes: list[NodeView]) -> Placement | None:
         return None
     if job.required_nodes and not set(job.required_nodes) <= {n.name for n in nodes}:
         return None
-    return placement_on(job, nodes)
+    return placement_on(job, nodes) if node_set_ok(job, nodes) else None
 
 
 def placement_on(job: JobView, nodes: list[NodeView]) -> Placement:

@@ -58,6 +58,7 @@ class JobRecord:
     exclusive: bool
     required_nodes: str | None
     excluded_nodes: str | None
+    constraint: str | None
     spec: JobSpec
 
     @classmethod

@@ -11,6 +11,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from sqlalchemy import ColumnElement, Engine, and_, bindparam, delete, func, insert, or_, select, update
 
+from ..core.constraint import FEATURE_NAME
 from ..core.dependency import Target, Targets, summarize
 from ..core.jobids import parse_array
 from ..core.model import JobSpec, JobView, NodeView, Placement, Snapshot, held_reason
@@ -38,7 +39,7 @@ SNAPSHOT_COLUMNS = [jobs.c[name] for name in (
     "priority", "hold", "hold_admin", "version", "restart_count", "attained_gpu_seconds", "start_time", "nodelist",
     "preemptible", "pending_since", "last_run_end", "time_limit", "runtime", "begin_time", "array_job_id",
     "array_task_limit", "dependency", "name", "account", "gpu_fraction", "gpu_mem_mb", "gpu_compute", "gpu_qos",
-    "tasks_per_node", "resumes", "exclusive", "required_nodes", "excluded_nodes")]
+    "tasks_per_node", "resumes", "exclusive", "required_nodes", "excluded_nodes", "constraint")]
 # What job listings return: everything but the spec (script and environment can be large).
 LISTING_COLUMNS = [c for c in jobs.c if c.name not in ("spec", "spec_bytes")]
 
@@ -544,7 +545,8 @@ class Repository:
             c.execute(update(nodes).where(nodes.c.name == name).values(
                 cpus=int(hello["cpus"]), mem_mb=int(hello["mem_mb"]), gpu_backend=str(hello["gpu_backend"]),
                 last_seen=now, runtimes=[str(r) for r in hello.get("runtimes") or ["none"]],
-                container_runtime=hello.get("default_container_runtime")))
+                container_runtime=hello.get("default_container_runtime"),
+                features=declared_features(hello.get("features"))))
             c.execute(delete(gpus).where(gpus.c.node == name))
             for g in hello["gpus"]:
                 c.execute(insert(gpus).values(node=name, index=int(g["index"]), uuid=str(g["uuid"]),
@@ -715,6 +717,13 @@ class Repository:
         with self.engine.connect() as c:
             return [_row(r) for r in c.execute(select(jobs.c.id, jobs.c.end_request).where(
                 jobs.c.end_request.is_not(None), jobs.c.state.in_(ACTIVE)))]
+
+
+def declared_features(raw: Any) -> list[str]:
+    """An agent's features as the store keeps them: valid names only, at most 256."""
+    if not isinstance(raw, list):
+        return []
+    return [f for f in raw if isinstance(f, str) and FEATURE_NAME.fullmatch(f)][:256]
 
 
 __all__ = ["Repository", "RankRef", "RankEnd"]

@@ -81,6 +81,7 @@ jobs = Table(
     Column("exclusive", Boolean, nullable=False, default=False, server_default=false()),
     Column("required_nodes", String(1000)),
     Column("excluded_nodes", String(1000)),
+    Column("constraint", String(1024)),  # 0021: -C, as Slurm shows it (core.constraint); None: not given
 )
 
 # 0013: an array's spec, stored once for all its tasks. A task's own `spec` holds only what was
@@ -182,6 +183,7 @@ nodes = Table(
     Column("port", Integer),
     Column("ssh_user", String(64)),
     Column("agent_socket", String(255)),
+    Column("features", JSON),  # 0021: what the agent declares (agent.features), for -C
 )
 
 gpus = Table(

@@ -10,6 +10,7 @@ from typing import Sequence
 
 from sqlalchemy import select
 
+from ..core.constraint import parse_constraint
 from ..core.model import GpuInfo, JobSpec, JobView, NodeView
 from ..core.sharing import share_of
 from ..core.states import JobState
@@ -33,7 +34,8 @@ def spec_columns(spec: JobSpec) -> dict:
         time_limit=spec.time_limit,
         preemptible=spec.requeue, resumes=spec.resumes, runtime=required_runtime(spec),
         exclusive=spec.exclusive, required_nodes=",".join(spec.required_nodes) or None,
-        excluded_nodes=",".join(spec.excluded_nodes) or None, begin_time=spec.begin_time,
+        excluded_nodes=",".join(spec.excluded_nodes) or None, constraint=spec.constraint,
+        begin_time=spec.begin_time,
         dependency=spec.dependency, gpu_fraction=spec.gpu_fraction, gpu_mem_mb=spec.gpu_mem_mb,
         gpu_compute=spec.gpu_compute, gpu_qos=spec.gpu_qos)
 
@@ -111,6 +113,7 @@ def node_views(c, live, names: Sequence[str] | None = None) -> tuple[NodeView, .
             runtimes=tuple(n.runtimes or ("none",)), container_runtime=n.container_runtime,
             shared=shared_use(used.get(n.name, ())),
             mig_used=frozenset(r.mig_uuid for r in used.get(n.name, ()) if r.mig_uuid),
+            features=frozenset(n.features or ()),
         )
         for n in node_rows
     )
@@ -130,6 +133,7 @@ def job_view(j, ranks=(), dependency: str | None = None) -> JobView:
         preemptible=j.preemptible, resumable=j.resumes is not None, exclusive=bool(j.exclusive),
         required_nodes=tuple(j.required_nodes.split(",")) if j.required_nodes else (),
         excluded_nodes=tuple(j.excluded_nodes.split(",")) if j.excluded_nodes else (),
+        constraint=parse_constraint(j.constraint) if j.constraint else None,
         pending_since=j.pending_since, last_run_end=j.last_run_end,
         time_limit=j.time_limit, runtime=j.runtime, begin_time=j.begin_time, array_job_id=j.array_job_id,
         array_task_limit=j.array_task_limit, dependency=dependency, account=j.account or "default",

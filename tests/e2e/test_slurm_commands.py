@@ -29,7 +29,7 @@ def mails(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(mails):
-    c = start_local_cluster(node=NODE, gpus=4, agent_toml="cpus = 8",
+    c = start_local_cluster(node=NODE, gpus=4, agent_toml='cpus = 8\nfeatures = ["a100", "ib", "rack1"]',
                             controller_toml=f'cluster_name = "lab"\nmail_program = "{mails.parent / "record-mail"}"')
     yield c
     c.close()
@@ -60,16 +60,40 @@ def test_sbatch_says_submitted_and_writes_slurm_jobid_out(cluster):
 def test_sbatch_reports_every_refusal_at_once_and_tells_unsupported_from_typos(cluster):
     home = user_dir(cluster.workdir, TEST_USER)
     (home / "lab.sh").write_text("#!/bin/bash\n#SBATCH --qos=high --reservation=maint\n#SBATCH -N 0\nrun\n")
-    res = cluster.cli("sbatch", "--partiton=gpu", "-C", "a100", "lab.sh", check=False)
+    res = cluster.cli("sbatch", "--partiton=gpu", "-L", "lic", "lab.sh", check=False)
     assert res.returncode == 1 and res.stdout == ""
     assert res.stderr.splitlines() == [
         "sbatch: error: --partiton: unrecognized option (did you mean --partition?)",
-        "sbatch: error: -C/--constraint: sbatch's option is not supported by this cluster (docs/SLURM.md)",
+        "sbatch: error: -L/--licenses: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "sbatch: error: line 2: --qos: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "sbatch: error: line 2: --reservation: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "sbatch: error: line 3: -N 0: expected a positive integer",
     ]
     assert cluster.call("jobs", {"names": ["lab.sh"], "all": True})["jobs"] == []  # nothing submitted
+
+
+def test_constraint_over_the_features_agent_toml_declares(cluster):
+    home = user_dir(cluster.workdir, TEST_USER)
+    (home / "feat.sh").write_text("#!/bin/bash\n#SBATCH -C a100,ib  # Slurm's AND\n"
+                                  "scontrol show job $SLURM_JOB_ID | grep -o 'Features=[^ ]*'\n")
+    j = int(cluster.cli("sbatch", "--parsable", "-o", "feat.out", "feat.sh").stdout)
+    assert cluster.wait_state(j, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    assert (home / "feat.out").read_text() == "Features=a100&ib\n"
+    held = int(cluster.cli("sbatch", "--parsable", "-H", "-C", "[rack1|rack2]", "--wrap", "true").stdout)
+    assert cluster.cli("squeue", "-h", "-j", str(held), "-o", "%i|%f").stdout == f"{held}|[rack1|rack2]\n"
+    cluster.cli("scancel", str(held))
+    refused = cluster.cli("sbatch", "-C", "a100&(tpu|ipu)", "--wrap", "true", check=False)
+    assert refused.returncode == 1 and refused.stderr == (
+        "sbatch: error: Batch job submission failed: Invalid feature specification: no node has the feature(s) "
+        "ipu, tpu\n")
+    two = cluster.cli("sbatch", "-C", "a100*2", "--wrap", "true", check=False)  # -N 2 from the count; one node here
+    assert two.returncode == 1 and "Requested node configuration is not available" in two.stderr, two.stderr
+    bad = cluster.cli("sbatch", "-C", "a100 | h100", "--wrap", "true", check=False)
+    assert bad.stderr == ("sbatch: error: -C a100 | h100: Invalid feature specification: a space at position 5 "
+                          "(features are letters, digits and _.:+-; operators & | , * ( ) [ ])\n")
+    node = cluster.cli("scontrol", "show", "node", NODE).stdout
+    assert "   AvailableFeatures=a100,ib,rack1 ActiveFeatures=a100,ib,rack1" in node.splitlines()
+    assert cluster.cli("sinfo", "-h", "-N", "-o", "%N %f").stdout == f"{NODE} a100,ib,rack1\n"
 
 
 def test_sbatch_variables_sit_between_directives_and_command_line(cluster):

@@ -403,10 +403,10 @@ def test_split_command_line_leaves_refusals_to_the_parse(argv, expected):
 def test_every_refusal_is_reported_at_once():
     text = script("#SBATCH --reservation=maint --qos=high  # two on one line, and a comment\n"
                   "#SBATCH --deadline=now+1hour -N 0\nrun\n")
-    message = error(text, "--bogus", "-C", "a100", "--time=forever")
+    message = error(text, "--bogus", "-L", "lic", "--time=forever")
     assert message.splitlines() == [
         "--bogus: unrecognized option",
-        "-C/--constraint: sbatch's option is not supported by this cluster (docs/SLURM.md)",
+        "-L/--licenses: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "line 2: --reservation: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "line 2: --qos: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "line 3: --deadline: sbatch's option is not supported by this cluster (docs/SLURM.md)",
