@@ -45,7 +45,8 @@ def job_lines(job: dict, now: float) -> list[str]:
         [("JobId", job["id"])] + ([("ArrayJobId", job["array_job_id"]), ("ArrayTaskId", job["array_task_id"])]
                                   if job.get("array_job_id") is not None else []) + [("JobName", job["name"])],
         [("UserId", f"{job['user']}({job['uid']})"), ("GroupId", job["gid"]), ("Account", job.get("account") or "default")],
-        [("Priority", job["priority"]), ("Partition", job["partition"]), ("Level", job["level"]),
+        [("Priority", job["priority"]), ("Partition", job["partition"]), ("QOS", job.get("qos") or "normal"),
+         ("Level", job["level"]),
          ("Preemptible", preemption(job))],
         [("JobState", job["state"]), ("Reason", job["reason"] or "None"), ("Hold", job["hold"]),
          ("Dependency", job.get("dependency") or "(null)")],
@@ -316,6 +317,23 @@ def show_accounts():
             print(f"Priority={a['name']} MaxGPUsPerUser={a['max_gpus']}")
         else:
             print(f"User={a['name']} MaxGPUs={a['max_gpus']} MaxPending={a['max_pending']} MaxJobs={a['max_jobs']}")
+
+
+@show.command("qos")
+@click.argument("name", required=False)
+def show_qos(name):
+    """The QOS sbatch --qos may name ([[qos]] in the controller config): class, limits, who may use it."""
+    reply = call("hcontrol", "qos", {})
+    rows = [q for q in reply["qos"] if name is None or q["name"] == name]
+    if name and not rows:
+        fail("hcontrol", f"QOS {name} not found")
+    for q in rows:
+        allowed = [f"{k}={','.join(q[f'allowed_{k.lower()}'])}" for k in ("Users", "Accounts", "Groups")
+                   if q[f"allowed_{k.lower()}"] is not None]
+        print(f"QOS={q['name']}{' (default)' if q['name'] == reply['default'] else ''} Priority={q['priority']} "
+              f"MaxWall={format_limit(q['max_time'])} MaxTRESPerUser=gres/gpu={q['max_gpus_per_user']} "
+              f"MaxJobsPerUser={q['max_jobs_per_user']} " + (" ".join(allowed) or "Allowed=all")
+              + (f" Description={q['description']}" if q["description"] else ""))
 
 
 @show.command("node")

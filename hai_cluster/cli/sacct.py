@@ -90,11 +90,11 @@ FIELDS = {
     "ConsumedEnergy": (14, False, OURS["consumedenergy"]),
     "CPUTime": (10, False, lambda r: slurm_duration(_elapsed(r) * r["cpus"])),
     "CPUTimeRAW": (10, True, lambda r: str(_elapsed(r) * r["cpus"])),
-    "QOS": (10, False, lambda r: ""),
+    "QOS": (10, False, lambda r: "" if r.get("step") is not None else _job(r).get("qos") or "normal"),
     "Comment": (14, False, lambda r: ""),
     "WCKey": (10, False, lambda r: ""),
     "Reservation": (20, False, lambda r: ""),
-    "Constraints": (19, False, lambda r: ""),
+    "Constraints": (19, False, lambda r: "" if r.get("step") is not None else _job(r).get("constraint") or ""),
     "Cluster": (10, False, lambda r: r.get("cluster", "")),
     # ours (sacct has none of these)
     "AllocGPUS": (9, True, OURS["allocgpus"]),

@@ -92,7 +92,7 @@ LETTERS = {
     "Q": ("PRIORITY", _ours("Q"), ("priority",)),
     "y": ("NICE", lambda j, now: "0", ()),
     "Y": ("SCHEDNODES", lambda j, now: "(null)", ()),
-    "q": ("QOS", lambda j, now: "(null)", ()),
+    "q": ("QOS", lambda j, now: j.get("qos") or "normal", ("qos",)),
     "k": ("COMMENT", lambda j, now: "(null)", ()),
     "w": ("WCKEY", lambda j, now: "(null)", ()),
     "v": ("RESERVATION", lambda j, now: "(null)", ()),

@@ -13,6 +13,7 @@ from ..paths import DEFAULT_AGENT_SOCKET, DEFAULT_CONTROLLER_SOCKET
 from ..scheduling.mlfq import MlfqConfig
 from ..scheduling.registry import CONTROLLER_POLICIES
 from .common import ConfigError, positive, read_toml, Section
+from .qos import NORMAL, QosConfig, parse_qos_tables
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,12 @@ class ControllerConfig:
 
     def partition(self, name: str) -> PartitionConfig:
         return next((p for p in self.partition_limits if p.name == name), PartitionConfig(name))
+
+    def qos_named(self, name: str) -> QosConfig | None:
+        return next((q for q in self.qos if q.name == name), None)
+    # [[qos]] tables (config/qos.py; "normal" always exists) and the QOS of a job without --qos
+    qos: tuple[QosConfig, ...] = (NORMAL,)
+    default_qos: str = "normal"
     access: AccessConfig = field(default_factory=AccessConfig)
     user_limits: LimitsConfig = USER_LIMIT_DEFAULTS  # [limits]: for every user
     accounts: tuple[AccountConfig, ...] = ()
@@ -207,6 +214,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     raw_nodes = doc.get("nodes", list, [])
     telemetry = _controller_telemetry(path, doc.get("telemetry", dict, {}), doc.get("metrics", dict, {}))
     raw_partitions = doc.get("partitions", list, None)
+    qos = parse_qos_tables(path, doc.get("qos", list, []))
     access, user_limits, accounts, fairshare, class_limits = _tenancy(path, doc)
     doc.done()
     tables: tuple[PartitionConfig, ...] = ()
@@ -262,6 +270,8 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         accounts=accounts,
         fairshare=fairshare,
         class_limits=class_limits,
+        qos=qos,
+        default_qos=c.get("default_qos", str, "normal"),
     )
     c.done()
     s.done()
@@ -311,6 +321,8 @@ def _check_controller(path: str, cfg: ControllerConfig) -> None:
     """The controller's values that must be positive or in range, and that fit together."""
     if cfg.default_partition not in cfg.partitions:
         raise ConfigError(f"{path}: controller.default_partition {cfg.default_partition!r} is not in partitions")
+    if cfg.qos_named(cfg.default_qos) is None:
+        raise ConfigError(f"{path}: controller.default_qos {cfg.default_qos!r} is not a [[qos]] table's name")
     positive(path, "controller.tick_seconds", cfg.tick_seconds)
     if cfg.min_pass_interval < 0:
         raise ConfigError(f"{path}: controller.min_pass_interval must be >= 0, got {cfg.min_pass_interval:g}")

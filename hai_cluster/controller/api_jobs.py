@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 
 from ..core.states import JobState, parse_state
 from ..store.events import read_events
@@ -176,6 +177,11 @@ async def events(ctx: ApiContext, body, caller: Caller):
 async def accounts(ctx: ApiContext, body, caller: Caller):
     return {"accounts": await ctx.ctl.db(ctx.ctl.tenancy.listing, ctx.repo.engine),
             "mine": ctx.ctl.tenancy.accounts_of(caller)}
+
+
+async def qos(ctx: ApiContext, body, caller: Caller):
+    """hcontrol show qos: the [[qos]] tables (sacctmgr show qos), the default marked."""
+    return {"default": ctx.ctl.cfg.default_qos, "qos": [asdict(q) for q in ctx.ctl.cfg.qos]}
 
 
 async def shares(ctx: ApiContext, body, caller: Caller):

@@ -19,7 +19,7 @@ from ..transport.rpc import RequestError
 from .access import Caller, deny
 from .apicontext import PARSE_ON_LOOP, ApiContext
 from .outputcheck import outputs_problem
-from .partitions import PartitionRefused, admit, groups_of
+from .partitions import PartitionRefused, admit, admit_qos, groups_of
 from .requests import expect, str_list
 
 
@@ -62,15 +62,18 @@ async def submit(ctx: ApiContext, body, caller: Caller):
     if spec.grace > ctx.ctl.cfg.max_grace:  # its end would wait that long after a cancel or preemption
         raise RequestError(f"Batch job submission failed: --grace={spec.grace} is above this cluster's "
                            f"max_grace ({ctx.ctl.cfg.max_grace} s)")
-    allowed = PRIORITY_CLASSES.index(ctx.ctl.cfg.scheduler.max_user_priority)
-    if not caller.admin and PRIORITY_CLASSES.index(spec.priority) < allowed:
-        raise deny(caller, f"--priority={spec.priority} is above what users may ask for "
-                           f"({ctx.ctl.cfg.scheduler.max_user_priority})")
+    groups = groups_of(caller.user, caller.gid)
+    account = ctx.ctl.tenancy.account_for(caller, spec.account)
     try:
-        partition, spec = admit(spec, ctx.ctl.cfg, user=caller.user, groups=groups_of(caller.user, caller.gid),
-                                admin=caller.admin)
+        spec, granted = admit_qos(spec, ctx.ctl.cfg, user=caller.user, account=account, groups=groups,
+                                  admin=caller.admin)
+        partition, spec = admit(spec, ctx.ctl.cfg, user=caller.user, groups=groups, admin=caller.admin)
     except PartitionRefused as exc:
-        raise RequestError(str(exc)) from None
+        raise RequestError(f"Batch job submission failed: {exc}") from None
+    allowed = PRIORITY_CLASSES.index(ctx.ctl.cfg.scheduler.max_user_priority)
+    if not caller.admin and not granted and PRIORITY_CLASSES.index(spec.priority) < allowed:
+        raise deny(caller, f"--priority={spec.priority} is above what users may ask for "
+                           f"({ctx.ctl.cfg.scheduler.max_user_priority}); a QOS may give more: hcontrol show qos")
     outputs = (spec.stdout, spec.stderr, spec.workdir, caller.user, caller.uid, caller.gid)
     if not ctx.writable.fresh(outputs, time.monotonic()):
         problem = await asyncio.to_thread(outputs_problem, *outputs)  # a hung mount must not stall the loop
@@ -91,7 +94,6 @@ async def submit(ctx: ApiContext, body, caller: Caller):
                                f"{fit.reason}")
     if spec.dependency:
         await ctx.checked_dependency(spec.dependency)
-    account = ctx.ctl.tenancy.account_for(caller, spec.account)
     spec = replace(spec, account=account)
     if sub.test_only:
         return {"test_only": await would_start(ctx, spec, partition, caller)}

@@ -48,3 +48,26 @@ def admit(spec: JobSpec, cfg: ControllerConfig, *, user: str, groups: set[str], 
     limits = [p.max_time for p in accepted if p.max_time is not None]
     time_limit = spec.time_limit if spec.time_limit is not None or not limits else min(limits)
     return column, replace(spec, partition=column if spec.partition else None, time_limit=time_limit)
+
+
+def admit_qos(spec: JobSpec, cfg: ControllerConfig, *, user: str, account: str, groups: set[str],
+              admin: bool) -> tuple[JobSpec, bool]:
+    """The spec with its QOS (--qos, else the default) and what the QOS gives it: its priority
+    class when the user named it (--priority then has no say; the default QOS leaves --priority
+    be) and its max_time as the limit of a job without -t. The bool: the class came from a QOS
+    the user named (max_user_priority does not apply to it).
+    PartitionRefused, in Slurm's words, for a QOS unknown, not open to the user, or too short."""
+    name = spec.qos or cfg.default_qos
+    qos = cfg.qos_named(name)
+    if qos is None:
+        raise PartitionRefused(f"Invalid qos specification: no QOS named {name} (hcontrol show qos lists them)")
+    if not admin and not qos.allows(user, account, groups):
+        raise PartitionRefused(f"Invalid qos specification: QOS {name} is not open to user {user} or account {account}")
+    if qos.max_time is not None and spec.time_limit is not None and spec.time_limit > qos.max_time:
+        raise PartitionRefused(f"Job violates accounting/QOS policy (job submit limit, user's size and/or time "
+                               f"limits): {format_limit(spec.time_limit)} is more than MaxWall="
+                               f"{format_limit(qos.max_time)} of QOS {name}")
+    granted = spec.qos is not None
+    priority = qos.priority if granted else spec.priority
+    time_limit = spec.time_limit if spec.time_limit is not None else qos.max_time
+    return replace(spec, qos=name, priority=priority, time_limit=time_limit), granted

@@ -157,7 +157,9 @@ class Tenancy:
         users = {name: self._limits("user", name, over).max_gpus for kind, name in over if kind == "user"}
         quotas = Quotas(user_gpus=users, default_user_gpus=self.cfg.user_limits.max_gpus,
                         account_gpus={a: self._limits("account", a, over).max_gpus for a in self.account_names},
-                        class_user_gpus=dict(self.cfg.class_limits))
+                        class_user_gpus=dict(self.cfg.class_limits),
+                        qos_user_gpus={q.name: q.max_gpus_per_user for q in self.cfg.qos if q.max_gpus_per_user},
+                        qos_user_jobs={q.name: q.max_jobs_per_user for q in self.cfg.qos if q.max_jobs_per_user})
         if self.cfg.fairshare.enabled and (now - self._computed_at >= FAIRSHARE_REFRESH or self._catching_up(engine)):
             self._refresh_rows(engine, now, over)
         return quotas, (self._factors if self.cfg.fairshare.enabled else {})

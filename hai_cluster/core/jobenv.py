@@ -18,6 +18,7 @@ PORT_SPAN = 20000  # ports 10000-29999: below Linux's default ephemeral range (3
 _MANAGED = frozenset({
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HAI_PARTITION", "HAI_TIME_LIMIT",
     "SLURM_JOB_PARTITION", "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_CLUSTER_NAME", "SLURM_OPEN_MODE",
+    "SLURM_JOB_QOS",
     "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_GPUS_PER_TASK",
     *(f"{prefix}_ARRAY_{what}" for prefix in ("HAI", "SLURM")
       for what in ("JOB_ID", "TASK_ID", "TASK_COUNT", "TASK_MIN", "TASK_MAX", "TASK_STEP")),
@@ -53,7 +54,7 @@ def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, 
                     array_indices: Sequence[int] = (), tasks_per_node: int = 1,
                     ntasks: int | None = None, ntasks_per_node: int | None = None,
                     gpus_per_task: int | None = None, cluster_name: str | None = None,
-                    open_mode: str | None = None) -> dict[str, str]:
+                    open_mode: str | None = None, qos: str | None = None) -> dict[str, str]:
     """Environment for the script instance of rank `rank`, running on `node` with `gpus`.
 
     WORLD_SIZE is nnodes * max(1, GPUs on the node): the number of processes `torchrun
@@ -133,6 +134,8 @@ def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, 
         env["SLURM_OPEN_MODE"] = "a" if open_mode == "append" else "t"
     if cluster_name is not None:  # Slurm's ClusterName (the controller's cluster_name)
         env["SLURM_CLUSTER_NAME"] = cluster_name
+    if qos is not None:
+        env["SLURM_JOB_QOS"] = qos
     if partition is not None:
         env["HAI_PARTITION"] = partition
         env["SLURM_JOB_PARTITION"] = partition

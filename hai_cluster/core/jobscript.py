@@ -110,6 +110,7 @@ _OPTIONS = [
     _Option("mail-type", None, True, "mail_type"),
     _Option("mail-user", None, True, "mail_user"),
     _Option("constraint", "C", True, "constraint"),
+    _Option("qos", "q", True, "qos"),
     # sbatch's, with nothing to do here (docs/SLURM.md says why): accepted as they are
     _Option("get-user-env", None, False, "ignored"),  # the job already gets the submitter's environment
     _Option("wait-all-nodes", None, True, "ignored"),  # every node of a job starts together
@@ -122,7 +123,6 @@ _OPTIONS = [
 _FLAG_VALUE_OPTIONS = {"get-user-env", "exclusive"}
 # sbatch options this cluster does not honour (yet): refused by name, told apart from a typo.
 UNSUPPORTED = {
-    "qos": True,
     "reservation": True, "nice": False,
     "overcommit": False, "oversubscribe": False, "licenses": True, "deadline": True, "input": True,
     "export-file": True, "uid": True, "gid": True, "mincpus": True, "no-kill": False, "kill-on-invalid-dep": True,
@@ -135,7 +135,7 @@ UNSUPPORTED = {
     "container": True, "batch": True, "extra-node-info": True, "spread-job": False, "thread-spec": True,
     "use-min-nodes": False, "nodefile": True,
 }
-_UNSUPPORTED_SHORT = {"q": "qos", "i": "input",
+_UNSUPPORTED_SHORT = {"i": "input",
                       "k": "no-kill", "F": "nodefile", "B": "extra-node-info", "S": "core-spec",
                       "m": "distribution", "O": "overcommit", "s": "oversubscribe", "L": "licenses"}
 _LONG = {o.long: o for o in _OPTIONS}
@@ -643,6 +643,7 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         required_nodes=values.get("required_nodes", ()),
         excluded_nodes=values.get("excluded_nodes", ()),
         constraint=values.get("constraint"),
+        qos=values.get("qos"),
         mail_type=values.get("mail_type", ()),
         mail_user=values.get("mail_user"),
         **share,

@@ -89,6 +89,7 @@ class JobSpec:
     required_nodes: tuple[str, ...] = ()
     excluded_nodes: tuple[str, ...] = ()
     constraint: str | None = None  # -C/--constraint over the nodes' features (core.constraint), as Slurm shows it
+    qos: str | None = None  # --qos: a [[qos]] table's name; the controller sets the default's
     # --mail-type (BEGIN END FAIL REQUEUE ALL ARRAY_TASKS) and --mail-user (default: the job's user)
     mail_type: tuple[str, ...] = ()
     mail_user: str | None = None
@@ -222,6 +223,7 @@ class JobView:
     required_nodes: tuple[str, ...] = ()  # -w: its nodes include these
     excluded_nodes: tuple[str, ...] = ()  # -x: none of these
     constraint: Constraint | None = None  # -C: the features its nodes must have
+    qos: str = "normal"  # whose per-user limits apply (core.quota)
     pending_since: float | None = None  # when it last entered the queue (submit or requeue)
     last_run_end: float | None = None  # end of its previous run, for round-robin at low levels
     time_limit: int | None = None  # seconds; the simulator puts the true duration here for oracles

@@ -297,7 +297,7 @@ def value_parsers(env: Mapping[str, str], now: float | None = None,
         "clusters": lambda v: [c for c in _nonempty(v).split(",") if c] or [v],
         "mem-per-cpu": _size, "mem-per-gpu": _size, "open-mode": _open_mode,
         "nodelist": _node_names, "exclude": _node_names, "mail-type": _mail_types, "mail-user": _mail_user,
-        "constraint": _constraint,
+        "constraint": _constraint, "qos": _word("a QOS name"),
     }
 
 

@@ -5,7 +5,7 @@ Jobs that cannot start within their limits are taken out of the snapshot before 
 """
 from __future__ import annotations
 
-from ..core.quota import QUOTA_REASON, admit, gate
+from ..core.quota import admit, gate
 from ..core.model import Snapshot
 from .plan import Plan, Policy, Start, Wait
 
@@ -23,7 +23,7 @@ class WithinQuotas:
         inner, held = gate(snapshot)
         plan = self.policy.decide(inner)
         over = admit(snapshot, [a.job_id for a in plan.actions if isinstance(a, Start)])
-        actions = tuple(Wait(a.job_id, QUOTA_REASON) if a.job_id in over and isinstance(a, Start) else a
+        actions = tuple(Wait(a.job_id, over[a.job_id]) if a.job_id in over and isinstance(a, Start) else a
                         for a in plan.actions)
         return Plan(actions + tuple(Wait(job_id, reason) for job_id, reason in sorted(held.items())),
                     wake_at=plan.wake_at)

@@ -59,6 +59,7 @@ class JobRecord:
     required_nodes: str | None
     excluded_nodes: str | None
     constraint: str | None
+    qos: str | None
     spec: JobSpec
 
     @classmethod

@@ -14,6 +14,18 @@ import pytest
 from .harness import OTHER_USER, TEST_USER, start_local_cluster, user_dir, wait_for
 
 NODE = "local1"
+# A lab's QOS: a short debug one, one job at a time, at the top class; a long one few may use.
+QOS_TABLES = f"""
+[[qos]]
+name = "debug"
+priority = "urgent"
+max_time = "10:00"
+max_jobs_per_user = 1
+[[qos]]
+name = "long"
+priority = "low"
+allowed_users = ["{OTHER_USER}"]
+"""
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +42,8 @@ def mails(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def cluster(mails):
     c = start_local_cluster(node=NODE, gpus=4, agent_toml='cpus = 8\nfeatures = ["a100", "ib", "rack1"]',
-                            controller_toml=f'cluster_name = "lab"\nmail_program = "{mails.parent / "record-mail"}"')
+                            controller_toml=f'cluster_name = "lab"\nmail_program = "{mails.parent / "record-mail"}"\n'
+                                            + QOS_TABLES)
     yield c
     c.close()
 
@@ -59,13 +72,13 @@ def test_sbatch_says_submitted_and_writes_slurm_jobid_out(cluster):
 
 def test_sbatch_reports_every_refusal_at_once_and_tells_unsupported_from_typos(cluster):
     home = user_dir(cluster.workdir, TEST_USER)
-    (home / "lab.sh").write_text("#!/bin/bash\n#SBATCH --qos=high --reservation=maint\n#SBATCH -N 0\nrun\n")
+    (home / "lab.sh").write_text("#!/bin/bash\n#SBATCH --deadline=now --reservation=maint\n#SBATCH -N 0\nrun\n")
     res = cluster.cli("sbatch", "--partiton=gpu", "-L", "lic", "lab.sh", check=False)
     assert res.returncode == 1 and res.stdout == ""
     assert res.stderr.splitlines() == [
         "sbatch: error: --partiton: unrecognized option (did you mean --partition?)",
         "sbatch: error: -L/--licenses: sbatch's option is not supported by this cluster (docs/SLURM.md)",
-        "sbatch: error: line 2: --qos: sbatch's option is not supported by this cluster (docs/SLURM.md)",
+        "sbatch: error: line 2: --deadline: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "sbatch: error: line 2: --reservation: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "sbatch: error: line 3: -N 0: expected a positive integer",
     ]
@@ -94,6 +107,38 @@ def test_constraint_over_the_features_agent_toml_declares(cluster):
     node = cluster.cli("scontrol", "show", "node", NODE).stdout
     assert "   AvailableFeatures=a100,ib,rack1 ActiveFeatures=a100,ib,rack1" in node.splitlines()
     assert cluster.cli("sinfo", "-h", "-N", "-o", "%N %f").stdout == f"{NODE} a100,ib,rack1\n"
+
+
+def test_qos_sets_class_and_limits_and_refuses_in_slurms_words(cluster):
+    home = user_dir(cluster.workdir, TEST_USER)
+    (home / "dbg.sh").write_text("#!/bin/bash\n#SBATCH --qos=debug\necho qos=$SLURM_JOB_QOS\n")
+    j = int(cluster.cli("sbatch", "--parsable", "-o", "dbg.out", "dbg.sh").stdout)
+    assert cluster.wait_state(j, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    assert (home / "dbg.out").read_text() == "qos=debug\n"
+    show = cluster.cli("scontrol", "show", "job", str(j)).stdout
+    assert "Priority=urgent Partition=gpu QOS=debug" in show and "TimeLimit=10:00" in show, show
+    first = sleeper(cluster, "dbg1", "-q", "debug")
+    second = int(cluster.cli("sbatch", "--parsable", "-q", "debug", "-o", "/dev/null", "--wrap", "true").stdout)
+    wait_for(lambda: cluster.job(second)["reason"] == "QOSMaxJobsPerUserLimit", 30, what="the QOS job limit")
+    listed = cluster.cli("squeue", "-h", "-j", f"{first},{second}", "-o", "%i|%q|%r").stdout
+    cluster.cli("scancel", str(first))
+    assert listed == f"{second}|debug|QOSMaxJobsPerUserLimit\n{first}|debug|None\n"  # pending first, as Slurm
+    assert cluster.wait_state(second, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    rows = cluster.cli("sacct", "-X", "-n", "-P", "-j", f"{j},{second}", "-o", "JobID,QOS").stdout
+    assert rows == f"{j}|debug\n{second}|debug\n"
+    for argv, says in [(["--qos=gold"], "Invalid qos specification: no QOS named gold"),
+                       (["--qos=long"], f"Invalid qos specification: QOS long is not open to user {TEST_USER}"),
+                       (["-q", "debug", "-t", "20"], "Job violates accounting/QOS policy (job submit limit, user's "
+                                                     "size and/or time limits): 20:00 is more than MaxWall=10:00")]:
+        res = cluster.cli("sbatch", *argv, "--wrap", "true", check=False)
+        assert res.returncode == 1 and res.stderr.startswith(f"sbatch: error: Batch job submission failed: {says}"), \
+            res.stderr
+    assert cluster.cli("sbatch", "--test-only", "-q", "long", "--wrap", "true", user=OTHER_USER).returncode == 0
+    listing = cluster.cli("scontrol", "show", "qos").stdout.splitlines()
+    assert listing[0] == ("QOS=normal (default) Priority=normal MaxWall=UNLIMITED MaxTRESPerUser=gres/gpu=0 "
+                          "MaxJobsPerUser=0 Allowed=all Description=the default")
+    assert listing[2] == (f"QOS=long Priority=low MaxWall=UNLIMITED MaxTRESPerUser=gres/gpu=0 MaxJobsPerUser=0 "
+                          f"Users={OTHER_USER}")
 
 
 def test_sbatch_variables_sit_between_directives_and_command_line(cluster):

@@ -168,7 +168,7 @@ def test_gpu_options_share_one_setting():
     ("#SBATCH --gpus-per-node=abc", "line 3: --gpus-per-node=abc: expected a non-negative integer"),
     ("#SBATCH --bogus=1", "line 3: --bogus: unrecognized option"),
     ("#SBATCH -Z", "line 3: -Z: unrecognized option"),
-    ("#SBATCH --qos=high", "line 3: --qos: sbatch's option is not supported by this cluster"),
+    ("#SBATCH --licenses=lic", "line 3: --licenses: sbatch's option is not supported by this cluster"),
     ("#HAI -N", "line 3: -N: option requires a value"),
     ("#SBATCH --hold=yes", "line 3: --hold: option takes no value"),
     ("#SBATCH -J 'open", "line 3: No closing quotation"),
@@ -391,7 +391,7 @@ def test_split_command_line(argv, expected):
 
 @pytest.mark.parametrize("argv, expected", [
     (["--bogus", "s.sh"], (["--bogus"], "s.sh", [])),
-    (["--qos", "high", "s.sh", "a"], (["--qos", "high"], "s.sh", ["a"])),  # sbatch's: its value skipped
+    (["--licenses", "lic", "s.sh", "a"], (["--licenses", "lic"], "s.sh", ["a"])),  # sbatch's: its value skipped
     (["-L", "lic", "s.sh"], (["-L", "lic"], "s.sh", [])),
     (["-J"], (["-J"], None, [])),
 ])
@@ -401,14 +401,14 @@ def test_split_command_line_leaves_refusals_to_the_parse(argv, expected):
 
 
 def test_every_refusal_is_reported_at_once():
-    text = script("#SBATCH --reservation=maint --qos=high  # two on one line, and a comment\n"
+    text = script("#SBATCH --reservation=maint --deadline=now  # two on one line, and a comment\n"
                   "#SBATCH --deadline=now+1hour -N 0\nrun\n")
     message = error(text, "--bogus", "-L", "lic", "--time=forever")
     assert message.splitlines() == [
         "--bogus: unrecognized option",
         "-L/--licenses: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "line 2: --reservation: sbatch's option is not supported by this cluster (docs/SLURM.md)",
-        "line 2: --qos: sbatch's option is not supported by this cluster (docs/SLURM.md)",
+        "line 2: --deadline: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "line 3: --deadline: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "line 3: -N 0: expected a positive integer",
         message.splitlines()[-1],
