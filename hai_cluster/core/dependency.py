@@ -1,6 +1,7 @@
 """Job dependencies, as sbatch --dependency takes them (pure, no I/O).
 
     after:ID[:ID...]       the jobs have started (or were cancelled, or ended)
+    after:ID+MIN           ... and MIN minutes have passed since (Slurm's after:job_id+time)
     afterok:ID[:ID...]     the jobs completed successfully
     afternotok:ID[:ID...]  the jobs ended, and not all of them successfully
     afterany:ID[:ID...]    the jobs ended, however
@@ -22,7 +23,8 @@ from .states import JobState
 
 KINDS = ("after", "afterok", "afternotok", "afterany")
 WAITING, NEVER = DEPENDENCY, DEPENDENCY_NEVER  # the reasons (core/reasons.py) a dependency gives
-_ID = re.compile(r"([0-9]+)(?:_([0-9]+))?")
+_ID = re.compile(r"([0-9]+)(?:_([0-9]+))?(?:\+([0-9]+))?")
+MAX_DELAY_MINUTES = 525600  # a year
 
 
 class DependencyError(ValueError):
@@ -34,6 +36,7 @@ class Term:
     kind: str  # one of KINDS, or "singleton"
     job_id: int | None = None
     task_id: int | None = None  # None: the job, or every task of the array
+    delay: int = 0  # after:ID+MIN: minutes after the start (or the end of a job that never started)
 
     @property
     def target(self) -> tuple[int, int | None]:
@@ -42,7 +45,8 @@ class Term:
     def __str__(self) -> str:
         if self.kind == "singleton":
             return "singleton"
-        return f"{self.kind}:{self.job_id}" + (f"_{self.task_id}" if self.task_id is not None else "")
+        return (f"{self.kind}:{self.job_id}" + (f"_{self.task_id}" if self.task_id is not None else "")
+                + (f"+{self.delay}" if self.delay else ""))
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,11 @@ class Dependency:
     @property
     def singleton(self) -> bool:
         return any(t.kind == "singleton" for t in self.terms)
+
+    @property
+    def timed(self) -> bool:
+        """A term waits for time to pass too: its verdict changes with the clock alone."""
+        return any(t.delay for t in self.terms)
 
 
 def parse_dependency(text: str) -> Dependency:
@@ -83,11 +92,16 @@ def parse_dependency(text: str) -> Dependency:
         for ident in rest.split(":"):
             m = _ID.fullmatch(ident)
             if m is None:
-                hint = " (a +TIME delay is not supported)" if "+" in ident else ""
+                hint = " (a delay is +MINUTES: after:12+30)" if "+" in ident else ""
                 raise DependencyError(f"invalid job id {ident!r} in {item!r}{hint}")
             if int(m[1]) > MAX_ID or (m[2] is not None and int(m[2]) > MAX_ID):
                 raise DependencyError(f"invalid job id {ident!r} in {item!r}: too large")
-            terms.append(Term(kind, int(m[1]), int(m[2]) if m[2] is not None else None))
+            delay = int(m[3]) if m[3] is not None else 0
+            if m[3] is not None and kind != "after":
+                raise DependencyError(f"{ident!r} in {item!r}: a +MINUTES delay is after's alone (after:ID+MIN)")
+            if delay > MAX_DELAY_MINUTES:
+                raise DependencyError(f"{ident!r} in {item!r}: a delay of at most {MAX_DELAY_MINUTES} minutes")
+            terms.append(Term(kind, int(m[1]), int(m[2]) if m[2] is not None else None, delay))
     # A term said twice says nothing more, and would cost every pass its look again.
     return Dependency(tuple(dict.fromkeys(terms)), any_of)
 
@@ -97,6 +111,7 @@ class Target:
     """What a dependency looks at in one job (or one task of an array)."""
     state: JobState
     started: bool  # has had a run
+    since: float | None = None  # when its current run started, else when it ended (for after:ID+MIN)
 
 
 @dataclass(frozen=True)
@@ -106,25 +121,31 @@ class Targets:
     ended: bool  # every one is in a final state
     started: bool  # every one has had a run, or has ended
     failed: bool  # one has ended, and not COMPLETED
+    since: float | None = None  # the latest of their `since` (None: one has none yet)
 
 
 def summarize(found: Iterable[Target]) -> Targets:
     ended = started = True
     failed = False
+    since: float | None = 0.0
     for t in found:
         final = t.state.is_final
         ended = ended and final
         started = started and (t.started or final)
         failed = failed or (final and t.state != JobState.COMPLETED)
-    return Targets(ended, started, failed)
+        since = None if since is None or t.since is None else max(since, t.since)
+    return Targets(ended, started, failed, since)
 
 
-def _term_state(term: Term, found: Targets | None) -> str | None:
+def _term_state(term: Term, found: Targets | None, now: float) -> str | None:
     """None: satisfied; WAITING; NEVER."""
     if found is None:
         return NEVER  # the job is gone
     if term.kind == "after":
-        return None if found.started else WAITING
+        if not found.started:
+            return WAITING
+        return None if not term.delay or (found.since is not None and now >= found.since + 60 * term.delay) \
+            else WAITING
     if term.kind == "afterany":
         return None if found.ended else WAITING
     if term.kind == "afterok":
@@ -146,7 +167,7 @@ class Settled:
     verdict: str | None = None
 
 
-def settle(dep: Dependency, targets: Mapping[tuple[int, int | None], Targets]) -> Settled:
+def settle(dep: Dependency, targets: Mapping[tuple[int, int | None], Targets], now: float) -> Settled:
     """Take out of `dep` the terms that are decided for good. A job leaves a final state never
     and a run, once started, stays started, so a term that is satisfied or never satisfiable
     now stays so: the scheduler need not look its targets up again, pass after pass. A term
@@ -155,7 +176,7 @@ def settle(dep: Dependency, targets: Mapping[tuple[int, int | None], Targets]) -
     rest: list[Term] = []
     for term in dep.terms:
         found = targets.get(term.target) if term.kind != "singleton" else None
-        state = _term_state(term, found) if found is not None else WAITING
+        state = _term_state(term, found, now) if found is not None else WAITING
         if state == WAITING:
             rest.append(term)
         else:
@@ -168,13 +189,13 @@ def settle(dep: Dependency, targets: Mapping[tuple[int, int | None], Targets]) -
 
 
 def evaluate(dep: Dependency, targets: Mapping[tuple[int, int | None], Targets],
-             singleton_clear: bool = True) -> str | None:
+             singleton_clear: bool = True, now: float = 0.0) -> str | None:
     """The pending reason a dependency gives now: None (satisfied), WAITING or NEVER.
     `targets` maps each (job id, task id or None) the terms name to the jobs it stands for
     (summarized; an id not found is not in it);
     `singleton_clear` says no earlier job of the same name and user is unfinished."""
     states = [(None if singleton_clear else WAITING) if t.kind == "singleton"
-              else _term_state(t, targets.get(t.target)) for t in dep.terms]
+              else _term_state(t, targets.get(t.target), now) for t in dep.terms]
     if dep.any_of:
         if any(s is None for s in states):
             return None

@@ -248,11 +248,12 @@ class Repository:
         # In chunks: one IN of every target ran past SQLite's 250,000 bound parameters (and would
         # past PostgreSQL's 65,535), which stopped every pass (sixth audit).
         rows = [r for k in range(0, len(ids), CANCEL_CHUNK) for r in c.execute(
-            select(jobs.c.id, jobs.c.array_job_id, jobs.c.array_task_id, jobs.c.state, jobs.c.attempts).where(
+            select(jobs.c.id, jobs.c.array_job_id, jobs.c.array_task_id, jobs.c.state, jobs.c.attempts,
+                   jobs.c.start_time, jobs.c.end_time).where(
                 or_(jobs.c.id.in_(ids[k:k + CANCEL_CHUNK]), jobs.c.array_job_id.in_(ids[k:k + CANCEL_CHUNK]))))]
         found: dict[tuple[int, int | None], list[Target]] = {}
         for r in rows:
-            t = Target(JobState(r.state), r.attempts > 0)
+            t = Target(JobState(r.state), r.attempts > 0, r.start_time if r.start_time is not None else r.end_time)
             if r.array_job_id is not None:
                 found.setdefault((r.array_job_id, None), []).append(t)
                 found.setdefault((r.array_job_id, r.array_task_id), []).append(t)
@@ -260,7 +261,7 @@ class Repository:
                 found.setdefault((r.id, None), []).append(t)  # a task is also its own job
         return {key: summarize(ts) for key, ts in found.items()}
 
-    def _dependency_reasons(self, c, job_rows, book: DependencyBook) -> dict[int, str | None]:
+    def _dependency_reasons(self, c, job_rows, book: DependencyBook, now: float) -> dict[int, str | None]:
         """Each pending job's dependency, evaluated now: None (satisfied), Dependency or
         DependencyNeverSatisfied. Not a held job's: it cannot start whatever the verdict (and
         thousands of held jobs with long lists cost every pass their lookups)."""
@@ -277,7 +278,7 @@ class Repository:
             return {i: first.get((rows[i].user, rows[i].name), i) >= i for i in job_ids}
 
         return book.verdicts({i: j.dependency for i, j in rows.items()},
-                             lambda keys: self._targets(keys, c), singletons_clear)
+                             lambda keys: self._targets(keys, c), singletons_clear, now)
 
     def cancel_pending(self, job_id: int, now: float, by_uid: int | None = None, why: str | None = None) -> bool:
         return self.cancel_pendings([job_id], now, by_uid, why) == [job_id]
@@ -370,7 +371,7 @@ class Repository:
                 jobs.c.state.in_([JobState.PENDING.value] + ACTIVE))).all()
             live = live_ranks(c)
             nodes_now = node_views(c, live)
-            waits = self._dependency_reasons(c, job_rows, self._dependencies)
+            waits = self._dependency_reasons(c, job_rows, self._dependencies, now)
         held: dict[int, list] = {}  # job id -> its live ranks, in rank order
         for r in live:
             held.setdefault(r.job_id, []).append(r)
@@ -387,7 +388,7 @@ class Repository:
         with self.engine.connect() as c:
             probe = SimpleNamespace(id=newest, state=JobState.PENDING.value, hold=False, user=user, name=spec.name,
                                     dependency=spec.dependency)
-            verdict = self._dependency_reasons(c, [probe], DependencyBook())
+            verdict = self._dependency_reasons(c, [probe], DependencyBook(), now)
         return replace(view, dependency=verdict.get(newest))
 
     def why_waiting(self, job_id: int) -> str | None:

@@ -117,6 +117,15 @@ def finish(repo, job_id, exit_code):
     repo.rank_ended(job_id, 0, "a", ended(exit_code=exit_code, signal=None), now=3.0)
 
 
+def test_after_with_a_delay_turns_with_the_clock_alone(repo):
+    first = submit(repo)
+    later = submit(repo, dependency=f"after:{first}+2")
+    repo.start_run(first, Placement(("a",), ((),)), now=100.0)
+    snap = lambda now: {j.id: j.dependency for j in repo.load_snapshot(now=now).jobs}  # noqa: E731
+    assert snap(100.0 + 119)[later] == WAITING
+    assert snap(100.0 + 120)[later] is None  # nothing about job 1 changed: the book looked again
+
+
 def test_snapshot_evaluates_dependencies(repo):
     first = submit(repo)
     array_id = submit(repo, array="0-1")

@@ -24,6 +24,7 @@ def of(found):
     ("afterok:12?afternotok:13", "afterok:12?afternotok:13"),
     ("singleton", "singleton"),
     ("after:5,singleton", "after:5,singleton"),
+    ("after:5+10:6_2+0", "after:5+10,after:6_2"),
 ])
 def test_parse(text, canonical):
     assert parse_dependency(text).text == canonical
@@ -32,7 +33,9 @@ def test_parse(text, canonical):
 @pytest.mark.parametrize("text, message", [
     ("afterok", "needs at least one job id"),
     ("afterok:x", "invalid job id 'x'"),
-    ("afterok:1+10", r"\+TIME"),
+    ("afterok:1+10", r"a \+MINUTES delay is after's alone"),
+    ("after:1+x", r"a delay is \+MINUTES"),
+    ("after:1+999999", "at most 525600 minutes"),
     ("before:1", "invalid dependency type 'before'"),
     ("afterok:1,afterany:2?after:3", "cannot be mixed"),
     ("", "empty"),
@@ -87,16 +90,16 @@ def test_singleton():
 def test_settle_takes_out_the_terms_decided_for_good():
     targets = of({(1, None): [t(S.COMPLETED)], (2, None): [t(S.FAILED)], (3, None): [t(S.RUNNING)],
                   (4, None): [t(S.PENDING)]})
-    rest = settle(parse_dependency("afterok:1,afterok:3,after:3,afterany:4,afterok:99,singleton"), targets)
+    rest = settle(parse_dependency("afterok:1,afterok:3,after:3,afterany:4,afterok:99,singleton"), targets, 0.0)
     # 1 is done and 3 has started: what stays can still change (99 is not found: yet, or gone)
     assert rest == Settled(parse_dependency("afterok:3,afterany:4,afterok:99,singleton"))
-    assert settle(parse_dependency("afterok:1,afterok:2,afterok:3"), targets) == Settled(None, NEVER)
-    assert settle(parse_dependency("afterok:1,afterany:2,after:3"), targets) == Settled(None, None)
-    assert settle(parse_dependency("afterok:3?afternotok:2"), targets) == Settled(None, None)
-    assert settle(parse_dependency("afterok:2?afternotok:1"), targets) == Settled(None, NEVER)
-    assert settle(parse_dependency("afterok:2?afterok:3"), targets).rest.terms == parse_dependency("afterok:3").terms
+    assert settle(parse_dependency("afterok:1,afterok:2,afterok:3"), targets, 0.0) == Settled(None, NEVER)
+    assert settle(parse_dependency("afterok:1,afterany:2,after:3"), targets, 0.0) == Settled(None, None)
+    assert settle(parse_dependency("afterok:3?afternotok:2"), targets, 0.0) == Settled(None, None)
+    assert settle(parse_dependency("afterok:2?afternotok:1"), targets, 0.0) == Settled(None, NEVER)
+    assert settle(parse_dependency("afterok:2?afterok:3"), targets, 0.0).rest.terms == parse_dependency("afterok:3").terms
     waiting = parse_dependency("afterok:3,afterany:4")
-    assert settle(waiting, targets).rest is waiting  # nothing decided: the same terms
+    assert settle(waiting, targets, 0.0).rest is waiting  # nothing decided: the same terms
 
 
 def test_a_settled_dependency_says_what_the_whole_one_says_as_its_jobs_move_on():
@@ -116,6 +119,21 @@ def test_a_settled_dependency_says_what_the_whole_one_says_as_its_jobs_move_on()
                 at[i] = min(at[i] + 1, 2)
             targets = of({(i, None): [t(jobs[i][at[i]])] for i in jobs})  # job 6 is never found
             if left.rest is not None:
-                left = settle(left.rest, targets)
+                left = settle(left.rest, targets, 0.0)
             got = left.verdict if left.rest is None else evaluate(left.rest, targets)
             assert got == evaluate(dep, targets), (dep.text, at)
+
+
+def test_after_with_a_delay_waits_that_many_minutes_from_the_start():
+    dep = parse_dependency("after:7+10")
+    started = of({(7, None): [Target(S.RUNNING, True, since=1000.0)]})
+    assert evaluate(dep, started, now=1000.0 + 599) == WAITING
+    assert evaluate(dep, started, now=1000.0 + 600) is None
+    assert evaluate(dep, of({(7, None): [Target(S.PENDING, False)]}), now=10**9) == WAITING
+    # a job cancelled before it ever started counts from its end, as Slurm's "start or cancellation"
+    assert evaluate(dep, of({(7, None): [Target(S.CANCELLED, False, since=50.0)]}), now=50.0 + 600) is None
+    # an array: from the last of its tasks to start
+    tasks = of({(7, None): [Target(S.RUNNING, True, since=0.0), Target(S.RUNNING, True, since=500.0)]})
+    assert evaluate(dep, tasks, now=900.0) == WAITING and evaluate(dep, tasks, now=1100.0) is None
+    # settled only once the time has passed; a satisfied term stays satisfied
+    assert settle(dep, started, 1200.0).rest == dep and settle(dep, started, 1600.0) == Settled(None, None)
