@@ -19,7 +19,12 @@ MAIL_TIMEOUT = 30.0  # seconds a mail program may take (Slurm's MAIL_PROG_TIMEOU
 MAIL_QUEUE = 1000  # mails waiting; more are dropped, with a warning
 MAIL_AT_ONCE = 4
 # Slurm's words for each notice, and the end states that make an end a failure (JOB_FAILED and after)
-WORDS = {"BEGIN": "Began", "END": "Ended", "FAIL": "Failed", "REQUEUE": "Requeued"}
+WORDS = {"BEGIN": "Began", "END": "Ended", "FAIL": "Failed", "REQUEUE": "Requeued",
+         "TIME_LIMIT_50": "Reached 50% of time limit", "TIME_LIMIT_80": "Reached 80% of time limit",
+         "TIME_LIMIT_90": "Reached 90% of time limit", "TIME_LIMIT": "Reached time limit"}
+# --mail-type=TIME_LIMIT*: the share of the run's limit at which each is mailed (not part of ALL, as Slurm's)
+LIMIT_MARKS = {"TIME_LIMIT_50": 0.5, "TIME_LIMIT_80": 0.8, "TIME_LIMIT_90": 0.9, "TIME_LIMIT": 1.0}
+ALL = ("BEGIN", "END", "FAIL", "REQUEUE")
 FAILED = {JobState.FAILED.value, JobState.TIMEOUT.value, JobState.NODE_FAIL.value, JobState.OUT_OF_MEMORY.value}
 
 
@@ -61,7 +66,7 @@ class Mailer:
         """Mail the job's user about this, if the job asked for it (--mail-type)."""
         wanted = set(job.spec.mail_type)
         if "ALL" in wanted:
-            wanted |= set(WORDS)
+            wanted |= set(ALL)
         if kind == "END" and state in FAILED and "FAIL" in wanted:
             kind = "FAIL"  # one mail for a failed end, with Slurm's "Failed"
         elif kind == "END" and "END" not in wanted:
@@ -113,3 +118,50 @@ class Mailer:
         if proc.returncode:
             log.warning("mail_program %s exited %d: %s", argv[0], proc.returncode,
                         out[:200].decode("utf-8", "replace").strip())
+
+
+class LimitWatch:
+    """The TIME_LIMIT* mails still to send for running jobs, each once per job as slurmctld sends
+    them (it clears the mail bit): registered at a run's start, taken when due, dropped when the
+    run ends. In memory: a restarted controller registers its running jobs again, skipping the
+    marks already passed (they were sent before)."""
+
+    def __init__(self) -> None:
+        self._due: dict[int, tuple[JobRecord, float, list[tuple[float, str]]]] = {}
+        self._sent: dict[int, set[str]] = {}
+
+    def watch(self, job: JobRecord, start: float | None, now: float, *, skip_passed: bool = False) -> None:
+        kinds = [k for k in LIMIT_MARKS if k in job.spec.mail_type and k not in self._sent.get(job.id, ())]
+        if not kinds or not job.time_limit or start is None:
+            return
+        marks = sorted((start + LIMIT_MARKS[k] * job.time_limit, k) for k in kinds)
+        if skip_passed:
+            marks = [(at, k) for at, k in marks if at > now]
+        if marks:
+            self._due[job.id] = (job, start, marks)
+
+    def due(self, now: float) -> list[tuple[JobRecord, str, float]]:
+        """(job, kind, run start) of each mail due by `now`, in time order per job."""
+        out = []
+        for job_id in [j for j, (_, _, marks) in self._due.items() if marks[0][0] <= now]:
+            job, start, marks = self._due[job_id]
+            while marks and marks[0][0] <= now:
+                kind = marks.pop(0)[1]
+                self._sent.setdefault(job_id, set()).add(kind)
+                out.append((job, kind, start))
+            if not marks:
+                del self._due[job_id]
+        return out
+
+    def run_ended(self, job_id: int, final: bool, now: float) -> list[tuple[JobRecord, str, float]]:
+        """The run ended: its marks due by now (a run killed at its limit may end before the pass
+        that would mail TIME_LIMIT) are returned to send; the rest dropped."""
+        entry = self._due.pop(job_id, None)
+        out = []
+        if entry is not None:
+            job, start, marks = entry
+            out = [(job, kind, start) for at, kind in marks if at <= now]
+            self._sent.setdefault(job_id, set()).update(kind for _, kind, _ in out)
+        if final:
+            self._sent.pop(job_id, None)
+        return out

@@ -36,7 +36,7 @@ from .batching import GroupWriter
 from .errors import StoreUnavailable
 from .events import EventLog
 from .health import on_health
-from .mail import Mailer
+from .mail import LIMIT_MARKS, LimitWatch, Mailer
 from .nodes import AGENT_ERRORS, NodeLink
 from .steps import StepHub
 from .telemetry import TelemetryHub
@@ -78,6 +78,7 @@ class Controller:
         self._agent_epoch: Callable[[], int] | None = None
         self.telemetry = TelemetryHub(cfg.telemetry)
         self.mail = Mailer(cfg.mail_program, cfg.cluster_name)  # --mail-type notices
+        self.limit_mails = LimitWatch()  # --mail-type=TIME_LIMIT*: when each running job's are due
         self.events = EventLog()
         # Group commit (batching.py) for the two writes every job makes once per rank.
         self.mark_running = GroupWriter(self.db, lambda ranks: self.repo.mark_ranks_running(ranks))
@@ -132,6 +133,7 @@ class Controller:
         self._tasks.append(asyncio.create_task(self._loop(), name="scheduler"))
         self._tasks.append(asyncio.create_task(self._persist_telemetry(), name="telemetry"))
         self.mail.start()
+        await self._watch_running_limits()
 
     def open_link(self, node: NodeConfig, ssh: SshConfig) -> None:
         self.links[node.name] = link = NodeLink(node, ssh, self.cfg.ping_interval, on_hello=self._on_hello,
@@ -239,9 +241,13 @@ class Controller:
                                reason=start.reason)
             if run.job.spec.mail_type:
                 self.mail.notice(run.job, "BEGIN", start=run.job.start_time)
+                self.limit_mails.watch(run.job, run.job.start_time, time.time())
             for rank, node in enumerate(start.placement.nodes):
                 self.dispatch.start(run.job, run.attempt, rank, start.placement.nodes, start.placement.gpus[rank],
                                     run.mig[rank] if rank < len(run.mig) else None)
+        now = time.time()
+        for job, kind, start in self.limit_mails.due(now):
+            self.mail.notice(job, kind, start=start, end=now)
         # Re-sending is the fallback for lost messages: once a tick is enough, not once per pass
         # (a burst of submissions and ends wakes a pass each; these are two queries each time).
         if time.monotonic() - self._last_retry >= self.cfg.tick_seconds:
@@ -306,6 +312,9 @@ class Controller:
         """--mail-type END/FAIL when the job has ended, REQUEUE when it went back to the queue."""
         if state is None or not (state.is_final or state == JobState.PENDING):
             return
+        now = time.time()
+        for job, kind, start in self.limit_mails.run_ended(job_id, state.is_final, now):
+            self.mail.notice(job, kind, start=start, end=now)
         job = await self.db(self.repo.job_record, job_id)
         if job is None or not job.spec.mail_type:
             return
@@ -315,6 +324,17 @@ class Controller:
             self.mail.notice(job, "REQUEUE", **times)
         else:
             self.mail.notice(job, "END", state=state.value, exit_code=job.exit_code, **times)
+
+    async def _watch_running_limits(self) -> None:
+        """After a restart: the TIME_LIMIT* mails of the running jobs still ahead (those passed
+        were sent by the controller before)."""
+        def load() -> list:
+            rows = self.repo.jobs(states=[JobState.RUNNING.value], columns=["id", "time_limit"])
+            return [r for r in (self.repo.job_record(row["id"]) for row in rows if row["time_limit"]) if r is not None]
+        now = time.time()
+        for job in await self.db(load):
+            if set(job.spec.mail_type) & set(LIMIT_MARKS):
+                self.limit_mails.watch(job, job.start_time, now, skip_passed=True)
 
     async def _mark_silent_nodes_down(self) -> None:
         """A node silent for longer than node_down_after is down: its runs end as NODE_FAIL (and

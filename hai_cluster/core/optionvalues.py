@@ -301,8 +301,9 @@ def value_parsers(env: Mapping[str, str], now: float | None = None,
     }
 
 
-MAIL_TYPES = ("BEGIN", "END", "FAIL", "REQUEUE", "ALL", "NONE", "ARRAY_TASKS")
-MAIL_NOT_YET = ("TIME_LIMIT", "TIME_LIMIT_50", "TIME_LIMIT_80", "TIME_LIMIT_90", "INVALID_DEPEND", "STAGE_OUT")
+MAIL_TYPES = ("BEGIN", "END", "FAIL", "REQUEUE", "ALL", "NONE", "ARRAY_TASKS", "TIME_LIMIT", "TIME_LIMIT_50",
+              "TIME_LIMIT_80", "TIME_LIMIT_90")
+MAIL_NOT_YET = ("INVALID_DEPEND", "STAGE_OUT")
 _MAIL_USER = re.compile(r"[A-Za-z0-9._%+=-]+(@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*)?")
 
 
@@ -311,7 +312,8 @@ def _mail_types(text: str) -> tuple[str, ...]:
     names = [t.strip().upper() for t in text.split(",") if t.strip()]
     for name in names:
         if name in MAIL_NOT_YET:
-            raise BadValue(f"{name} mails are not supported yet (BEGIN, END, FAIL, REQUEUE, ALL, ARRAY_TASKS are)")
+            raise BadValue(f"{name} mails are not supported yet (BEGIN, END, FAIL, REQUEUE, ALL, ARRAY_TASKS, "
+                           f"TIME_LIMIT, TIME_LIMIT_50/80/90 are)")
         if name not in MAIL_TYPES:
             raise BadValue(f"invalid mail type {name!r}; expected some of {', '.join(MAIL_TYPES)}")
     return () if "NONE" in names or not names else tuple(dict.fromkeys(names))

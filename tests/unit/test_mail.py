@@ -2,7 +2,7 @@
 import asyncio
 from dataclasses import fields
 
-from hai_cluster.controller.mail import Mailer, subject
+from hai_cluster.controller.mail import LimitWatch, Mailer, subject
 from hai_cluster.core.model import JobSpec
 from hai_cluster.store.records import JobRecord
 
@@ -46,3 +46,27 @@ def test_which_notices_are_mailed():
     assert len(run(queued(record(mail_type=("ALL",)), ("BEGIN", None), ("REQUEUE", None), ("END", "CANCELLED")))) == 3
     task = record(mail_type=("ALL",), array_job_id=10, array_task_id=2)
     assert [m[2].split()[-1] for m in run(queued(task, ("BEGIN", None), ("END", "COMPLETED")))] == ["COMPLETED"]
+
+
+def test_time_limit_marks_are_due_once_per_job_and_not_again_after_a_restart():
+    job = record(mail_type=("TIME_LIMIT_50", "TIME_LIMIT_90", "END"), time_limit=100)
+    w = LimitWatch()
+    w.watch(job, 1000.0, 1000.0)
+    assert w.due(1049.0) == [] and [k for _, k, _ in w.due(1050.0)] == ["TIME_LIMIT_50"]
+    assert [k for _, k, _ in w.due(1095.0)] == ["TIME_LIMIT_90"] and w.due(2000.0) == []
+    assert subject(job, "TIME_LIMIT_90", start=1000.0, end=1090.0) == \
+        "Slurm Job_id=12 Name=train Reached 90% of time limit, Run time 00:01:30"
+    w.run_ended(12, final=False, now=1100.0)  # requeued: the marks sent stay sent (Slurm clears the bits)
+    w.watch(job, 2000.0, 2000.0)
+    assert w.due(3000.0) == []
+    # a restarted controller: only the marks still ahead
+    fresh = LimitWatch()
+    fresh.watch(job, 1000.0, 1060.0, skip_passed=True)
+    assert [k for _, k, _ in fresh.due(1100.0)] == ["TIME_LIMIT_90"]
+    # a run killed at its limit ends before the pass that would mail TIME_LIMIT: the end sends it
+    limit = record(mail_type=("TIME_LIMIT",), time_limit=60)
+    w.watch(limit, 0.0, 0.0)
+    assert [k for _, k, _ in w.run_ended(12, final=True, now=60.5)] == ["TIME_LIMIT"]
+    assert LimitWatch().due(10**9) == [] and not w.due(10**9)
+    w.watch(record(mail_type=("ALL",), time_limit=60), 0.0, 0.0)  # ALL has no time limit mails, as Slurm's
+    assert w.due(10**9) == []
