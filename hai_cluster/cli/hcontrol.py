@@ -46,7 +46,7 @@ def job_lines(job: dict, now: float) -> list[str]:
                                   if job.get("array_job_id") is not None else []) + [("JobName", job["name"])],
         [("UserId", f"{job['user']}({job['uid']})"), ("GroupId", job["gid"]), ("Account", job.get("account") or "default")],
         [("Priority", job["priority"]), ("Partition", job["partition"]), ("QOS", job.get("qos") or "normal"),
-         ("Level", job["level"]),
+         ("Nice", job.get("nice") or 0), ("Level", job["level"]),
          ("Preemptible", preemption(job))],
         [("JobState", job["state"]), ("Reason", job["reason"] or "None"), ("Hold", job["hold"]),
          ("Dependency", job.get("dependency") or "(null)")],

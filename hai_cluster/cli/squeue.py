@@ -90,7 +90,7 @@ LETTERS = {
     "E": ("DEPENDENCY", lambda j, now: j.get("dependency") or "(null)", ("dependency",)),
     "p": ("PRIORITY", _ours("p"), ("priority",)),
     "Q": ("PRIORITY", _ours("Q"), ("priority",)),
-    "y": ("NICE", lambda j, now: "0", ()),
+    "y": ("NICE", lambda j, now: str(j.get("nice") or 0), ("nice",)),
     "Y": ("SCHEDNODES", lambda j, now: "(null)", ()),
     "q": ("QOS", lambda j, now: j.get("qos") or "normal", ("qos",)),
     "k": ("COMMENT", lambda j, now: "(null)", ()),

@@ -70,6 +70,8 @@ async def submit(ctx: ApiContext, body, caller: Caller):
         partition, spec = admit(spec, ctx.ctl.cfg, user=caller.user, groups=groups, admin=caller.admin)
     except PartitionRefused as exc:
         raise RequestError(f"Batch job submission failed: {exc}") from None
+    if spec.nice < 0 and not caller.admin:
+        raise deny(caller, f"--nice={spec.nice}: only administrators may give a negative adjustment")
     allowed = PRIORITY_CLASSES.index(ctx.ctl.cfg.scheduler.max_user_priority)
     if not caller.admin and not granted and PRIORITY_CLASSES.index(spec.priority) < allowed:
         raise deny(caller, f"--priority={spec.priority} is above what users may ask for "

@@ -111,6 +111,7 @@ _OPTIONS = [
     _Option("mail-user", None, True, "mail_user"),
     _Option("constraint", "C", True, "constraint"),
     _Option("qos", "q", True, "qos"),
+    _Option("nice", None, False, "nice"),  # --nice[=N]
     # sbatch's, with nothing to do here (docs/SLURM.md says why): accepted as they are
     _Option("get-user-env", None, False, "ignored"),  # the job already gets the submitter's environment
     _Option("wait-all-nodes", None, True, "ignored"),  # every node of a job starts together
@@ -120,10 +121,11 @@ _OPTIONS = [
     _Option("ignore-pbs", None, False, "ignored"),  # #PBS lines are never read
 ]
 # --get-user-env[=TIMEOUT][S|L] and --exclusive[=user|mcs|topo]: an optional value
-_FLAG_VALUE_OPTIONS = {"get-user-env", "exclusive"}
+_FLAG_VALUE_OPTIONS = {"get-user-env", "exclusive", "nice"}
+_FLAG_DEFAULTS = {"nice": 100, "no-requeue": False}  # what a flag given without its value means (else True)
 # sbatch options this cluster does not honour (yet): refused by name, told apart from a typo.
 UNSUPPORTED = {
-    "reservation": True, "nice": False,
+    "reservation": True,
     "overcommit": False, "oversubscribe": False, "licenses": True, "deadline": True, "input": True,
     "export-file": True, "uid": True, "gid": True, "mincpus": True, "no-kill": False, "kill-on-invalid-dep": True,
     "propagate": False, "core-spec": True, "cores-per-socket": True, "sockets-per-node": True,
@@ -205,7 +207,8 @@ def _scan(tokens: Sequence[str], where: str = "",
                     errors.append(f"{where}--exclusive={value}: only --exclusive (whole nodes, no other job on "
                                   f"them) is supported")
                 else:
-                    given.append(_Given(opt, None, f"--{opt.long}", where))
+                    given.append(_Given(opt, value if eq else None, f"--{opt.long}" + (f"={value}" if eq else ""),
+                                        where))
             else:
                 if not eq:
                     if i + 1 == len(tokens):
@@ -547,7 +550,7 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         if g.option.slot == "ignored":
             continue
         if g.value is None:
-            value: Any = g.option.long != "no-requeue"
+            value: Any = _FLAG_DEFAULTS.get(g.option.long, True)
         else:
             try:
                 value = parsers[g.option.long](g.value)
@@ -644,6 +647,7 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         excluded_nodes=values.get("excluded_nodes", ()),
         constraint=values.get("constraint"),
         qos=values.get("qos"),
+        nice=values.get("nice", 0),
         mail_type=values.get("mail_type", ()),
         mail_user=values.get("mail_user"),
         **share,

@@ -90,6 +90,7 @@ class JobSpec:
     excluded_nodes: tuple[str, ...] = ()
     constraint: str | None = None  # -C/--constraint over the nodes' features (core.constraint), as Slurm shows it
     qos: str | None = None  # --qos: a [[qos]] table's name; the controller sets the default's
+    nice: int = 0  # --nice: later in its queue by that much (negative: sooner, administrators only)
     # --mail-type (BEGIN END FAIL REQUEUE ALL ARRAY_TASKS) and --mail-user (default: the job's user)
     mail_type: tuple[str, ...] = ()
     mail_user: str | None = None
@@ -224,6 +225,7 @@ class JobView:
     excluded_nodes: tuple[str, ...] = ()  # -x: none of these
     constraint: Constraint | None = None  # -C: the features its nodes must have
     qos: str = "normal"  # whose per-user limits apply (core.quota)
+    nice: int = 0  # --nice: among jobs of its level and class, the higher goes later
     pending_since: float | None = None  # when it last entered the queue (submit or requeue)
     last_run_end: float | None = None  # end of its previous run, for round-robin at low levels
     time_limit: int | None = None  # seconds; the simulator puts the true duration here for oracles

@@ -297,7 +297,7 @@ def value_parsers(env: Mapping[str, str], now: float | None = None,
         "clusters": lambda v: [c for c in _nonempty(v).split(",") if c] or [v],
         "mem-per-cpu": _size, "mem-per-gpu": _size, "open-mode": _open_mode,
         "nodelist": _node_names, "exclude": _node_names, "mail-type": _mail_types, "mail-user": _mail_user,
-        "constraint": _constraint, "qos": _word("a QOS name"),
+        "constraint": _constraint, "qos": _word("a QOS name"), "nice": _nice,
     }
 
 
@@ -342,6 +342,20 @@ def _node_names(text: str) -> tuple[str, ...]:
     if len(",".join(sorted(set(names)))) > 1000:
         raise BadValue("the node names are more than 1000 characters together")
     return tuple(sorted(set(names)))
+
+
+MAX_NICE = 2147483645  # sbatch's bound
+
+
+def _nice(text: str) -> int:
+    """--nice=N: N lowers the job's place in its queue (negative raises it: administrators only)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise BadValue("expected a whole number (an adjustment: positive lowers the job's priority)") from None
+    if abs(value) > MAX_NICE:
+        raise BadValue(f"Invalid nice value, must be between -{MAX_NICE} and {MAX_NICE}")
+    return value
 
 
 def _constraint(text: str) -> str:

@@ -25,7 +25,7 @@ def decide(snapshot: Snapshot) -> Plan:
     nodes = {n.name: n for n in snapshot.nodes}
     pending = sorted(
         (j for j in snapshot.jobs if j.state == JobState.PENDING),
-        key=lambda j: (PRIORITY_RANK.get(j.priority, 2), j.submit_time, j.id),
+        key=lambda j: (PRIORITY_RANK.get(j.priority, 2), j.nice, j.submit_time, j.id),
     )
     blocked: set[str | None] = set()
     actions = []

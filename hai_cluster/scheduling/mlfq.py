@@ -29,7 +29,7 @@ from .victims import Candidate, FreeIndex, SearchContext, VictimIndex, scan_opti
 
 # Enum members as plain names: looked up once, not once per job of a long list.
 _PENDING, _RUNNING, _PREEMPTING = JobState.PENDING, JobState.RUNNING, JobState.PREEMPTING
-_ID, _SUBMIT_TIME = attrgetter("id"), attrgetter("submit_time")
+_ID, _SUBMIT_TIME, _NICE = attrgetter("id"), attrgetter("submit_time"), attrgetter("nice")
 
 
 def _round_robin_time(j: JobView) -> float:
@@ -189,7 +189,7 @@ class MlfqPass:
         """Pending jobs in service order, each with its (effective) level and class rank.
 
         The order is that of the key (urgent first, level, class rank, best-effort share last,
-        round-robin time at the lowest level, higher fair-share factor, submit time, id). Its
+        round-robin time at the lowest level, lower --nice, higher fair-share factor, submit time, id). Its
         leading fields take few values: the jobs are grouped by them, and each group is ordered
         by the rest with one stable sort per field, least significant first, on plain numbers
         (one sort of a tuple per job was a tenth of a large pass)."""
@@ -220,6 +220,8 @@ class MlfqPass:
             jobs.sort(key=_SUBMIT_TIME)
             if fairshare:  # the higher fair-share factor (less past use for its shares) first
                 jobs.sort(key=lambda j: -fairshare.get((j.account, j.user), 1.0))
+            if any(j.nice for j in jobs):  # --nice: its owner's say on the order of their own jobs
+                jobs.sort(key=_NICE)
             if level == lowest:  # round-robin by the end of the previous run (never-run jobs first)
                 jobs.sort(key=_round_robin_time)
             out.extend([(j, level, rank) for j in jobs])

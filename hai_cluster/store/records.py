@@ -60,6 +60,7 @@ class JobRecord:
     excluded_nodes: str | None
     constraint: str | None
     qos: str | None
+    nice: int
     spec: JobSpec
 
     @classmethod

@@ -83,6 +83,7 @@ jobs = Table(
     Column("excluded_nodes", String(1000)),
     Column("constraint", String(1024)),  # 0021: -C, as Slurm shows it (core.constraint); None: not given
     Column("qos", String(64)),  # 0022: its [[qos]] table's name; None: jobs from before QOS ("normal")
+    Column("nice", Integer, nullable=False, default=0, server_default="0"),  # 0023: --nice
 )
 
 # 0013: an array's spec, stored once for all its tasks. A task's own `spec` holds only what was

@@ -30,7 +30,7 @@ def never_singleton(job_ids):
 def counting(monkeypatch):
     calls = []
     real = dependencies.settle
-    monkeypatch.setattr(dependencies, "settle", lambda dep, found: calls.append(dep.text) or real(dep, found))
+    monkeypatch.setattr(dependencies, "settle", lambda dep, found, now: calls.append(dep.text) or real(dep, found, now))
     return calls
 
 
@@ -40,17 +40,17 @@ def test_a_pass_where_nothing_moved_evaluates_nothing_and_asks_only_for_open_ids
     world.at[3] = 1
     book, settled = DependencyBook(), counting(monkeypatch)
     pending = {10: "afterok:1,afterok:2,afterok:3", 11: "afterok:1", 12: "afterok:4,afterok:3"}
-    assert book.verdicts(pending, world.lookup, never_singleton) == {10: WAITING, 11: None, 12: NEVER}
+    assert book.verdicts(pending, world.lookup, never_singleton, 0.0) == {10: WAITING, 11: None, 12: NEVER}
     assert len(settled) == 3
     del settled[:]
-    assert book.verdicts(pending, world.lookup, never_singleton) == {10: WAITING, 11: None, 12: NEVER}
+    assert book.verdicts(pending, world.lookup, never_singleton, 0.0) == {10: WAITING, 11: None, 12: NEVER}
     assert settled == [] and world.asked[-1] == {(3, None)}  # only 3 can still change 10's verdict
     world.at[3] = 2
-    assert book.verdicts(pending, world.lookup, never_singleton) == {10: None, 11: None, 12: NEVER}
+    assert book.verdicts(pending, world.lookup, never_singleton, 0.0) == {10: None, 11: None, 12: NEVER}
     assert settled == ["afterok:3"] and world.asked[-1] == {(3, None)}
-    assert book.verdicts(pending, world.lookup, never_singleton)[10] is None and world.asked[-1] == set()
+    assert book.verdicts(pending, world.lookup, never_singleton, 0.0)[10] is None and world.asked[-1] == set()
     # A changed dependency (hcontrol update) is read again; a job left out is forgotten.
-    assert book.verdicts({10: "afternotok:3"}, world.lookup, never_singleton) == {10: NEVER}
+    assert book.verdicts({10: "afternotok:3"}, world.lookup, never_singleton, 0.0) == {10: NEVER}
     assert list(book._entries) == [10] and book._named_by == {}
 
 
@@ -60,12 +60,12 @@ def test_a_singleton_is_asked_about_every_pass():
     asked, book = [], DependencyBook()
     pending = {5: "singleton,afterok:1", 6: "singleton?after:1"}
     for clear in (False, True):
-        got = book.verdicts(pending, world.lookup, lambda ids: asked.append(sorted(ids)) or {i: clear for i in ids})
+        got = book.verdicts(pending, world.lookup, lambda ids: asked.append(sorted(ids)) or {i: clear for i in ids}, 0.0)
         assert got == {5: WAITING, 6: None}  # 5 waits for 1 either way; 6 is clear by `after`
     assert asked == [[5, 6], [5]]  # 6 was decided for good in the first pass, and not asked again
     world.at[1] = 2
-    assert book.verdicts(pending, world.lookup, lambda ids: {i: False for i in ids}) == {5: WAITING, 6: None}
-    assert book.verdicts(pending, world.lookup, lambda ids: {i: True for i in ids}) == {5: None, 6: None}
+    assert book.verdicts(pending, world.lookup, lambda ids: {i: False for i in ids}, 0.0) == {5: WAITING, 6: None}
+    assert book.verdicts(pending, world.lookup, lambda ids: {i: True for i in ids}, 0.0) == {5: None, 6: None}
 
 
 def test_the_book_says_what_evaluating_afresh_says_as_jobs_come_move_and_go():
@@ -85,5 +85,5 @@ def test_the_book_says_what_evaluating_afresh_says_as_jobs_come_move_and_go():
                     terms = [f"{rng.choice(kinds)}:{rng.randint(1, 9)}" for _ in range(rng.randint(1, 4))]
                     pending[job_id] = ("?" if rng.random() < 0.4 else ",").join(terms)
             found = world.targets()
-            assert book.verdicts(dict(pending), world.lookup, never_singleton) == {
+            assert book.verdicts(dict(pending), world.lookup, never_singleton, 0.0) == {
                 j: evaluate(parse_dependency(text), found) for j, text in pending.items()}
