@@ -16,6 +16,7 @@ from .common import call, call_pages, fail, iso_time
 from .hinfo import node_state
 from .hostnames import print_hostlist, print_hostnames
 from .jobfields import cpus, elapsed, gres, nodelist, preemption, tasks
+from .reservations import register as register_reservations
 
 
 PROG = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "hcontrol"  # scontrol too
@@ -60,7 +61,7 @@ def job_lines(job: dict, now: float) -> list[str]:
          ("MinMemoryNode", f"{job['mem_mb'] or 0}M")],
         [("TresPerNode", f"gres/{gres(job)}" if job.get("gpu_fraction") or job.get("gpu_mem_mb")
           else f"gres/gpu:{job['gpus_per_node']}")],
-        [("Features", job.get("constraint") or "(null)")],
+        [("Features", job.get("constraint") or "(null)"), ("Reservation", job.get("reservation") or "(null)")],
         [("ReqNodeList", _names(job.get("required_nodes"))), ("ExcNodeList", _names(job.get("excluded_nodes"))),
          ("OverSubscribe", "NO" if job.get("exclusive") else "OK")],
         [("WorkDir", spec["workdir"])],
@@ -106,8 +107,10 @@ class _ShowGroup(click.Group):
 
 @main.group(cls=_ShowGroup)
 def show():
-    """Show a job, nodes, a history, accounts, or expand and encode host lists."""
+    """Show a job, nodes, a history, accounts, QOS, reservations, or expand and encode host lists."""
 
+
+register_reservations(main, show, PROG)  # create/delete reservation, show reservation
 
 @show.command("hostnames")
 @click.argument("hostlist", required=False)

@@ -95,7 +95,7 @@ LETTERS = {
     "q": ("QOS", lambda j, now: j.get("qos") or "normal", ("qos",)),
     "k": ("COMMENT", lambda j, now: "(null)", ()),
     "w": ("WCKEY", lambda j, now: "(null)", ()),
-    "v": ("RESERVATION", lambda j, now: "(null)", ()),
+    "v": ("RESERVATION", lambda j, now: j.get("reservation") or "(null)", ("reservation",)),
     "f": ("FEATURES", lambda j, now: j.get("constraint") or "(null)", ("constraint",)),
     "W": ("LICENSES", lambda j, now: "(null)", ()),
     "n": ("REQ_NODES", lambda j, now: compress((j.get("required_nodes") or "").split(",")) if j.get("required_nodes")

@@ -12,7 +12,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from ..transport.rpc import RpcTable
-from . import api_control, api_jobs, api_submit, membership
+from . import api_control, api_jobs, api_reservations, api_submit, membership
 from .apicontext import ApiContext
 
 if TYPE_CHECKING:
@@ -28,6 +28,8 @@ HANDLERS = {
     "hold": api_control.hold, "release": api_control.release, "requeuehold": api_control.requeuehold,
     "update_job": api_control.update_job, "update_node": api_control.update_node,
     "update_limits": api_control.update_limits,
+    "create_reservation": api_reservations.create_reservation,
+    "delete_reservation": api_reservations.delete_reservation, "reservations": api_reservations.reservations,
 }
 
 

@@ -19,7 +19,8 @@ from ..transport.rpc import RequestError
 from .access import Caller, deny
 from .apicontext import PARSE_ON_LOOP, ApiContext
 from .outputcheck import outputs_problem
-from .partitions import PartitionRefused, admit, admit_qos, groups_of
+from .api_reservations import checked_reservation
+from .partitions import PartitionRefused, admit, admit_qos, groups_of, qos_time_limit
 from .requests import expect, str_list
 
 
@@ -65,9 +66,11 @@ async def submit(ctx: ApiContext, body, caller: Caller):
     groups = groups_of(caller.user, caller.gid)
     account = ctx.ctl.tenancy.account_for(caller, spec.account)
     try:
+        given = spec.time_limit
         spec, granted = admit_qos(spec, ctx.ctl.cfg, user=caller.user, account=account, groups=groups,
                                   admin=caller.admin)
         partition, spec = admit(spec, ctx.ctl.cfg, user=caller.user, groups=groups, admin=caller.admin)
+        spec = qos_time_limit(spec, ctx.ctl.cfg, given)
     except PartitionRefused as exc:
         raise RequestError(f"Batch job submission failed: {exc}") from None
     if spec.nice < 0 and not caller.admin:
@@ -97,6 +100,8 @@ async def submit(ctx: ApiContext, body, caller: Caller):
     if spec.dependency:
         await ctx.checked_dependency(spec.dependency)
     spec = replace(spec, account=account)
+    if spec.reservation is not None:
+        await checked_reservation(ctx, spec.reservation, caller, account)
     if sub.test_only:
         return {"test_only": await would_start(ctx, spec, partition, caller)}
     tasks = len(parse_array(spec.array, None).indices) if spec.array else 1

@@ -36,6 +36,8 @@ KINDS = {
     "node_up": "a node's agent answered and takes work",
     "node_added": "an admin registered a node",
     "node_removed": "an admin removed a node",
+    "reservation_created": "an admin reserved these nodes for some users or accounts in a window",
+    "reservation_deleted": "an admin deleted a reservation",
 }
 WARNING_KINDS = {"node_down", "node_lost"}  # logged at WARNING: an operator should look
 

@@ -52,10 +52,10 @@ def admit(spec: JobSpec, cfg: ControllerConfig, *, user: str, groups: set[str], 
 
 def admit_qos(spec: JobSpec, cfg: ControllerConfig, *, user: str, account: str, groups: set[str],
               admin: bool) -> tuple[JobSpec, bool]:
-    """The spec with its QOS (--qos, else the default) and what the QOS gives it: its priority
-    class when the user named it (--priority then has no say; the default QOS leaves --priority
-    be) and its max_time as the limit of a job without -t. The bool: the class came from a QOS
-    the user named (max_user_priority does not apply to it).
+    """The spec with its QOS (--qos, else the default) and its priority class when the user named
+    the QOS (--priority then has no say; the default QOS leaves --priority be). The bool: the
+    class came from a QOS the user named (max_user_priority does not apply to it). A job without
+    -t gets the QOS's max_time after its partition's (qos_time_limit).
     PartitionRefused, in Slurm's words, for a QOS unknown, not open to the user, or too short."""
     name = spec.qos or cfg.default_qos
     qos = cfg.qos_named(name)
@@ -69,5 +69,14 @@ def admit_qos(spec: JobSpec, cfg: ControllerConfig, *, user: str, account: str, 
                                f"{format_limit(qos.max_time)} of QOS {name}")
     granted = spec.qos is not None
     priority = qos.priority if granted else spec.priority
-    time_limit = spec.time_limit if spec.time_limit is not None else qos.max_time
-    return replace(spec, qos=name, priority=priority, time_limit=time_limit), granted
+    return replace(spec, qos=name, priority=priority), granted
+
+
+def qos_time_limit(spec: JobSpec, cfg: ControllerConfig, given: int | None) -> JobSpec:
+    """A job without -t (`given` None): the shorter of its partition's max_time (admit's) and its
+    QOS's MaxWall, as Slurm applies both."""
+    qos = cfg.qos_named(spec.qos or cfg.default_qos)
+    if given is not None or qos is None or qos.max_time is None:
+        return spec
+    limits = [t for t in (spec.time_limit, qos.max_time) if t is not None]
+    return replace(spec, time_limit=min(limits))

@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Callable, Sequence, TypeVar
 
 MAX_TEXT = 1024
+MAX_DEPTH = 16  # parentheses: the parse recurses per level
 MAX_ALTERNATIVES = 64  # a DNF past this is refused, not computed: the request's cost stays bounded
 FEATURE_NAME = re.compile(r"[A-Za-z0-9_.:+-]{1,64}")
 _TOKEN = re.compile(r"([A-Za-z0-9_.:+-]+)|([&|,*()\[\]])")
@@ -43,22 +44,27 @@ class Constraint:
 
     def choose(self, candidates: Sequence[T], n: int, features: Callable[[T], frozenset[str]]) -> list[T] | None:
         """n of the candidates (each already node_ok, in the caller's order of preference) that
-        meet the set-wide parts, the first ones that do; None if no n do. Counts are met greedily
-        in the order written: a node with the features of two groups serves the first."""
+        meet the set-wide parts, the first ones that do; None if no n do. Counts are met greedily,
+        the group with the fewest matching candidates first (not a full matching)."""
         if self.matching:
             for member in self.matching:
                 pool = [c for c in candidates if member <= features(c)]
                 if len(pool) >= n:
                     return pool[:n]
             return None
+        if self.min_nodes > n:
+            return None
         chosen: list[T] = []
         left = list(candidates)
-        for dnf, k in self.counts:
+        # the scarcest group first: a node of two groups then serves the one with fewer choices
+        groups = sorted(self.counts, key=lambda g: sum(matches(g[0], features(c)) for c in left))
+        for dnf, k in groups:
             got = [c for c in left if matches(dnf, features(c))][:k]
             if len(got) < k:
                 return None
             chosen += got
-            left = [c for c in left if all(c is not g for g in got)]
+            taken = {id(g) for g in got}
+            left = [c for c in left if id(c) not in taken]
         rest = left[:n - len(chosen)]
         return chosen + rest if len(chosen) + len(rest) >= n else None
 
@@ -113,6 +119,7 @@ class _Parser:
         self.i = 0
         self.brackets = 0
         self.names: set[str] = set()
+        self.depth = 0
 
     def peek(self) -> str | None:
         return self.tokens[self.i] if self.i < len(self.tokens) else None
@@ -148,7 +155,11 @@ class _Parser:
                 raise ConstraintError("only one bracketed set [...] per constraint")
             return self.bracket()
         if tok == "(":
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise ConstraintError(f"parentheses nested deeper than {MAX_DEPTH}")
             inner = self.or_expr(top=False)
+            self.depth -= 1
             self.expect(")")
             return _Counted(inner, self.count())
         if FEATURE_NAME.fullmatch(tok):
@@ -221,7 +232,7 @@ def parse_constraint(text: str) -> Constraint:
     if p.peek() == "|":  # an OR at the top: no brackets, no counts; parse it again as a plain expression
         if any(not isinstance(x, _Counted) for x in parts):
             raise ConstraintError("a bracketed set [...] can only be joined with &")
-        p.i, p.brackets = start, 0
+        p.i, p.brackets, p.depth = start, 0, 0
         node_any = p.or_expr(top=False)
         if p.peek() is not None:
             raise ConstraintError(f"unexpected {p.peek()!r}")

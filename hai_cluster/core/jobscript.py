@@ -112,6 +112,7 @@ _OPTIONS = [
     _Option("constraint", "C", True, "constraint"),
     _Option("qos", "q", True, "qos"),
     _Option("nice", None, False, "nice"),  # --nice[=N]
+    _Option("reservation", None, True, "reservation"),
     # sbatch's, with nothing to do here (docs/SLURM.md says why): accepted as they are
     _Option("get-user-env", None, False, "ignored"),  # the job already gets the submitter's environment
     _Option("wait-all-nodes", None, True, "ignored"),  # every node of a job starts together
@@ -125,7 +126,6 @@ _FLAG_VALUE_OPTIONS = {"get-user-env", "exclusive", "nice"}
 _FLAG_DEFAULTS = {"nice": 100, "no-requeue": False}  # what a flag given without its value means (else True)
 # sbatch options this cluster does not honour (yet): refused by name, told apart from a typo.
 UNSUPPORTED = {
-    "reservation": True,
     "overcommit": False, "oversubscribe": False, "licenses": True, "deadline": True, "input": True,
     "export-file": True, "uid": True, "gid": True, "mincpus": True, "no-kill": False, "kill-on-invalid-dep": True,
     "propagate": False, "core-spec": True, "cores-per-socket": True, "sockets-per-node": True,
@@ -411,28 +411,27 @@ def _memory(values: Mapping[str, Any], origin: Mapping[str, _Given], cpus_per_no
     return values.get("mem")
 
 
-def _check_node_choice(values: dict[str, Any], origin: Mapping[str, _Given]) -> None:
-    """-w: the job has (at least) these nodes; -N defaults to their count and may not be fewer."""
-    named, g = values["required_nodes"], origin["required_nodes"]
-    if set(named) & set(values.get("excluded_nodes", ())):
-        both = ",".join(sorted(set(named) & set(values["excluded_nodes"])))
-        raise JobScriptError(f"{g.where}{g.spelled}: {both} both required (-w) and excluded (-x)")
-    _at_least_nodes(values, len(named), g, "names")
+def _node_needs(values: dict[str, Any], origin: Mapping[str, _Given]) -> list[tuple[int, _Given, str]]:
+    """What -w (its names) and -C (its counts: [a*2&b*1], a*2) ask of the node count: (nodes,
+    the option, how it asks). -N defaults to the most of them; it may not be fewer than any."""
+    needs = []
+    if "required_nodes" in values:
+        named, g = values["required_nodes"], origin["required_nodes"]
+        if set(named) & set(values.get("excluded_nodes", ())):
+            both = ",".join(sorted(set(named) & set(values["excluded_nodes"])))
+            raise JobScriptError(f"{g.where}{g.spelled}: {both} both required (-w) and excluded (-x)")
+        needs.append((len(named), g, "names"))
+    if "constraint" in values and (counted := parse_constraint(values["constraint"]).min_nodes):
+        needs.append((counted, origin["constraint"], "its counts ask for"))
+    if needs and "nodes" not in values and "ntasks" not in values:
+        values["nodes"] = max(n for n, _, _ in needs)
+    return needs
 
 
-def _check_constraint_counts(values: dict[str, Any], origin: Mapping[str, _Given]) -> None:
-    """-C's counts ([a*2&b*1], a*2) ask for that many nodes: -N defaults to them and may not be fewer."""
-    need, g = parse_constraint(values["constraint"]).min_nodes, origin["constraint"]
-    if need:
-        _at_least_nodes(values, need, g, "its counts ask for")
-
-
-def _at_least_nodes(values: dict[str, Any], need: int, g: _Given, what: str) -> None:
-    """An option that asks for `need` nodes: -N defaults to that and may not be fewer."""
-    if "nodes" not in values and "ntasks" not in values:
-        values["nodes"] = need
-    elif values.get("nodes") is not None and values["nodes"] < need:
-        raise JobScriptError(f"{g.where}{g.spelled}: {what} {need} nodes, more than the job's -N {values['nodes']}")
+def _check_node_needs(needs: list[tuple[int, _Given, str]], nodes: int) -> None:
+    for need, g, what in needs:
+        if nodes < need:
+            raise JobScriptError(f"{g.where}{g.spelled}: {what} {need} nodes, more than the job's -N {nodes}")
 
 
 def _resumes(values: Mapping[str, Any], checkpoint_dir: str | None, signal: int | None) -> str | None:
@@ -577,13 +576,15 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
     if wrap is not None and script_args:
         raise JobScriptError("script arguments are not permitted with --wrap")
 
-    if "required_nodes" in values:
-        _check_node_choice(values, origin)
-    if "constraint" in values:
-        _check_constraint_counts(values, origin)
+    needs = _node_needs(values, origin)
     nodes, tasks_per_node = _tasks(values, origin)
+    _check_node_needs(needs, nodes)  # after -n: it may set the node count too
     task_gpus = _gpus_per_task(values, origin, tasks_per_node)
     gpus, share = (task_gpus, {}) if task_gpus is not None else _whole_gpus_and_share(values, origin, nodes)
+    if share and "constraint" in values and parse_constraint(values["constraint"]).set_wide:
+        g = origin["constraint"]  # card shares are placed node by node (scheduling/shares.py)
+        raise JobScriptError(f"{g.where}{g.spelled}: a GPU share takes -C with per-node features only "
+                             f"(no [a|b] or counts)")
 
     mem_mb = _memory(values, origin, tasks_per_node * values.get("cpus", 1), gpus)
     workdir = posixpath.normpath(posixpath.join(cwd, values.get("chdir", ".")))
@@ -648,6 +649,7 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         constraint=values.get("constraint"),
         qos=values.get("qos"),
         nice=values.get("nice", 0),
+        reservation=values.get("reservation"),
         mail_type=values.get("mail_type", ()),
         mail_user=values.get("mail_user"),
         **share,

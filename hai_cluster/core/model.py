@@ -15,6 +15,7 @@ from .states import JobState
 if TYPE_CHECKING:
     from .constraint import Constraint
     from .quota import Quotas
+    from .reservation import Reservation
     from .sharing import GpuShare
 
 DEFAULT_GRACE_SECONDS = 60
@@ -91,6 +92,7 @@ class JobSpec:
     constraint: str | None = None  # -C/--constraint over the nodes' features (core.constraint), as Slurm shows it
     qos: str | None = None  # --qos: a [[qos]] table's name; the controller sets the default's
     nice: int = 0  # --nice: later in its queue by that much (negative: sooner, administrators only)
+    reservation: str | None = None  # --reservation=NAME (core.reservation)
     # --mail-type (BEGIN END FAIL REQUEUE ALL ARRAY_TASKS) and --mail-user (default: the job's user)
     mail_type: tuple[str, ...] = ()
     mail_user: str | None = None
@@ -171,6 +173,10 @@ class NodeView:
     shared: tuple[tuple[int, int, int, int], ...] = ()
     mig_used: frozenset[str] = frozenset()  # MIG instances (UUIDs) held by sharing runs
     features: frozenset[str] = frozenset()  # what -C/--constraint matches (agent.toml's agent.features)
+    # Set by core.reservation.apply for the policy: the reservation it is in now, or the seconds
+    # until one starts on it (then only jobs whose time limit ends before may start here)
+    reservation: str | None = None
+    free_for: float | None = None
 
     @property
     def schedulable(self) -> bool:
@@ -226,6 +232,7 @@ class JobView:
     constraint: Constraint | None = None  # -C: the features its nodes must have
     qos: str = "normal"  # whose per-user limits apply (core.quota)
     nice: int = 0  # --nice: among jobs of its level and class, the higher goes later
+    reservation: str | None = None  # --reservation: only that reservation's nodes, in its window
     pending_since: float | None = None  # when it last entered the queue (submit or requeue)
     last_run_end: float | None = None  # end of its previous run, for round-robin at low levels
     time_limit: int | None = None  # seconds; the simulator puts the true duration here for oracles
@@ -262,8 +269,9 @@ class JobView:
 
     @property
     def constrained(self) -> bool:
-        """It cannot take any node that has room: --exclusive, -w, -x or -C."""
-        return self.exclusive or bool(self.required_nodes or self.excluded_nodes) or self.constraint is not None
+        """It cannot take any node that has room: --exclusive, -w, -x, -C or --reservation."""
+        return (self.exclusive or bool(self.required_nodes or self.excluded_nodes) or self.constraint is not None
+                or self.reservation is not None)
 
     @property
     def partitions(self) -> tuple[str, ...]:
@@ -306,6 +314,7 @@ class Snapshot:
     quotas: Quotas | None = None  # running-GPU limits per user and account (None: none)
     # Fair-share factor per (account, user), in (0, 1]; absent: 1 (core/fairshare.py)
     fairshare: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    reservations: tuple[Reservation, ...] = ()  # not ended (core.reservation.apply reads them)
 
 
 @dataclass(frozen=True)

@@ -298,6 +298,7 @@ def value_parsers(env: Mapping[str, str], now: float | None = None,
         "mem-per-cpu": _size, "mem-per-gpu": _size, "open-mode": _open_mode,
         "nodelist": _node_names, "exclude": _node_names, "mail-type": _mail_types, "mail-user": _mail_user,
         "constraint": _constraint, "qos": _word("a QOS name"), "nice": _nice,
+        "reservation": _word("a reservation name"),
     }
 
 

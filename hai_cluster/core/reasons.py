@@ -12,6 +12,8 @@ HELD_USER = "JobHeldUser"  # held by its owner (--hold, hcontrol hold)
 HELD_ADMIN = "JobHeldAdmin"  # held by an operator or administrator: only they release it
 QUOTA = "QuotaLimit"  # a running-GPU limit of its user, account or class
 ARRAY_TASK_LIMIT = "JobArrayTaskLimit"  # --array=...%N tasks of its array run already
+RESERVATION = "Reservation"  # its --reservation's window has not opened
+RESERVATION_DELETED = "ReservationDeleted"  # its --reservation was deleted or has ended
 QOS_GPUS = "QOSMaxGRESPerUser"  # its user's running jobs of its QOS hold max_gpus_per_user
 QOS_JOBS = "QOSMaxJobsPerUserLimit"  # its user runs max_jobs_per_user jobs of its QOS
 
@@ -23,6 +25,7 @@ PENDING_REASONS = {
     DEPENDENCY_NEVER: "its --dependency can no longer be satisfied", HELD_USER: "held by its owner",
     HELD_ADMIN: "held by an operator or administrator", QUOTA: "a running-GPU limit of its user, account or class",
     ARRAY_TASK_LIMIT: "its array's limit of tasks at once is reached",
+    RESERVATION: "its reservation's window has not opened", RESERVATION_DELETED: "its reservation is gone",
     QOS_GPUS: "its user's running jobs of its QOS hold the QOS's GPUs per user",
     QOS_JOBS: "its user runs the QOS's most jobs per user",
 }

@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from .model import JobView, NodeView, Placement
+from .reservation import reservation_misfit
 from .sharing import CardUse, add_share, card_misfit, card_use, share_misfit
 
 
@@ -39,6 +40,9 @@ def fits(job: JobView, node: NodeView, *, ignore_usage: bool = False) -> Fit:
     elif job.runtime and job.runtime not in node.runtimes:
         return Fit(False, f"{node.name} has no {job.runtime} runtime")
     if job.gpu_share is not None and (why := share_misfit(job.gpu_share, node, ignore_usage=True)):
+        return Fit(False, why)
+    if (node.reservation is not None or node.free_for is not None or job.reservation is not None) \
+            and (why := reservation_misfit(job, node)):  # not usage: it holds for an empty node too
         return Fit(False, why)
     if ignore_usage:
         return _FITS
@@ -96,7 +100,10 @@ def _features(node: NodeView) -> frozenset[str]:
 
 
 def could_ever_fit(job: JobView, nodes: tuple[NodeView, ...]) -> Fit:
-    """Whether the cluster, empty, could run the job at all (else the submission is refused)."""
+    """Whether the cluster, empty, could run the job at all (else the submission is refused). A
+    reservation is checked apart (the submission's): its window is not part of the answer."""
+    if job.reservation is not None:
+        job = replace(job, reservation=None)
     missing = sorted(set(job.required_nodes) - {n.name for n in nodes})
     if missing and nodes:
         return Fit(False, f"Invalid node name specified: -w names {', '.join(missing[:8])}, which this cluster "

@@ -27,18 +27,20 @@ def decide(snapshot: Snapshot) -> Plan:
         (j for j in snapshot.jobs if j.state == JobState.PENDING),
         key=lambda j: (PRIORITY_RANK.get(j.priority, 2), j.nice, j.submit_time, j.id),
     )
-    blocked: set[str | None] = set()
+    # partition and reservation: a job that waits blocks those behind it in its lane only (a
+    # reservation's jobs use nodes no other job may, and the others nodes they may not)
+    blocked: set[tuple[str | None, str | None]] = set()
     actions = []
     for job in pending:
         if (why := job.ineligible(snapshot.now)) is not None:
             actions.append(Wait(job.id, why))
             continue
-        if job.partition in blocked:
+        if (job.partition, job.reservation) in blocked:
             actions.append(Wait(job.id, PRIORITY))
             continue
         placement = place(job, nodes)
         if placement is None:
-            blocked.add(job.partition)
+            blocked.add((job.partition, job.reservation))
             actions.append(Wait(job.id, RESOURCES))
             continue
         reserve(job, placement, nodes)

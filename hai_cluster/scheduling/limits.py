@@ -15,6 +15,7 @@ from ..core.states import JobState
 from .collector import collector_paused
 from .plan import Plan, Policy, Wait
 from .quotas import WithinQuotas
+from .reservations import WithinReservations
 
 ARRAY_LIMIT = ARRAY_TASK_LIMIT  # core/reasons.py
 
@@ -61,8 +62,9 @@ class Limited:
 
 
 def with_limits(policy: Policy) -> Limited:
-    """The policy inside every limit: array task limits around running-GPU quotas (quotas.py)."""
-    return policy if isinstance(policy, Limited) else Limited(WithinQuotas(policy))
+    """The policy inside every limit: array task limits around running-GPU quotas (quotas.py)
+    around advance reservations (reservations.py)."""
+    return policy if isinstance(policy, Limited) else Limited(WithinQuotas(WithinReservations(policy)))
 
 
 __all__ = ["ARRAY_LIMIT", "Limited", "throttled", "with_limits"]

@@ -146,6 +146,9 @@ class MlfqPass:
                     release(j, node, gpus, self.future)
                     leaving.append(node)
         self.free_now = FreeIndex(self.nodes, cfg.placement)
+        # A reservation ahead makes fits() read the job's time limit, which the victim index's
+        # shapes leave out: then (and for constrained jobs) the reference scan picks victims.
+        self.windows_ahead = any(n.free_for is not None for n in snap.nodes)
         self.free_future = self.free_now.copy_for(self.future, changed=leaving)
         self.victim_index = VictimIndex(self.node_order)
         self.search = SearchContext(self.future, self.candidates, self.reserved, self.victims, self.node_order,
@@ -242,7 +245,9 @@ class MlfqPass:
                 if job.begin_time is not None and job.begin_time > now:
                     self.wake.append(job.begin_time)
                 continue
-            if job.gpu_share is None and job.partition in failed:
+            # A constrained job (-w -x -C --exclusive --reservation) neither uses nor leaves a
+            # failed shape: its nodes are not the others' (a reservation's are only its own).
+            if job.gpu_share is None and not job.constrained and job.partition in failed:
                 shape = (job.partition, level, job.gpus_per_node, job.nodes, rank)
                 if shape in covered or any(level >= lv and job.gpus_per_node >= g and job.nodes >= n and rank >= c
                                            for lv, g, n, c in failed[job.partition]):
@@ -261,7 +266,7 @@ class MlfqPass:
                 continue
             reason = self._blocked_reason(job, waiting_ahead)
             waiting_ahead.setdefault(job.partition, level)
-            if job.gpu_share is None:  # a share's room is not a GPU count
+            if job.gpu_share is None and not job.constrained:  # a share's room is not a GPU count
                 shape = (level, job.gpus_per_node, job.nodes, rank)
                 failed[job.partition] = [f for f in failed.get(job.partition, ()) if any(a < b for a, b in zip(f, shape))]
                 failed[job.partition].append(shape)
@@ -334,7 +339,7 @@ class MlfqPass:
     # ---- preemption --------------------------------------------------------------------
     def try_preempt(self, job: JobView, level: int) -> bool:
         rank = PRIORITY_RANK.get(job.priority, 2)
-        if self.victim_search == "scan" or self.cfg.prefer_idle_victims:
+        if self.victim_search == "scan" or self.cfg.prefer_idle_victims or job.constrained or self.windows_ahead:
             picked = scan_options(self.search, job, level, rank)
         else:
             picked = self.victim_index.options(self.search, job, level, rank)

@@ -329,7 +329,8 @@ class VictimIndex:
 
     def options(self, d: SearchContext, job: JobView, level: int, rank: int) -> list | None:
         # Everything node_option reads of the job: fits() (partition, sizes, runtime), the level
-        # and the class rank (may_preempt, urgency).
+        # and the class rank (may_preempt, urgency). Constrained jobs and passes with a reservation
+        # ahead (fits() reads more of the job then) take the scan instead (MlfqPass.try_preempt).
         key = (job.gpus_per_node, job.partition, job.cpus_per_node, job.mem_mb, job.runtime, level, rank)
         shape = self.shapes.get(key)
         if shape is None:

@@ -9,6 +9,8 @@ from typing import Any, Sequence
 
 import click
 
+from ..core.hostlist import expand
+from ..core.reservation import Reservation
 from ..scheduling.registry import POLICIES, SHARING_POLICIES, make_policy
 from .cluster import Cluster, parse_cluster
 from .engine import PolicyError, SimulationError
@@ -102,10 +104,13 @@ def mlfq_from_toml(path: str):
 @click.option("--json", "json_path", metavar="FILE", help="summary as JSON")
 @click.option("--plot", "plot_path", metavar="FILE.png", help="JCT CDF and utilization over time (matplotlib)")
 @click.option("--mlfq-config", metavar="FILE.toml", help="controller.toml (or its [scheduler] table) for mlfq")
+@click.option("--reservation", "reservations", multiple=True, metavar="NODES:START:SECONDS",
+              help="hold NODES (a hostlist of the cluster's node01...) from START (seconds on the trace's clock) "
+                   "for SECONDS, as scontrol create reservation does: no trace job may use them then")
 @click.option("-o", "--option", "options", multiple=True, metavar="POLICY.KEY=VALUE",
               help="a policy setting, e.g. mlfq.quanta=[300,900,1800] or tiresias.thresholds=[3600,36000]")
 def run(trace, cluster_spec, gpu_sharing, policies, baseline, restart_cost, restart_cost_per_gpu, sweeps, load_scale,
-        limit, seed, vc, csv_path, json_path, plot_path, mlfq_config, options):
+        limit, seed, vc, csv_path, json_path, plot_path, mlfq_config, reservations, options):
     """Replay TRACE on a simulated cluster under each policy and compare them."""
     try:
         cluster = dataclasses.replace(parse_cluster(cluster_spec), gpu_sharing=gpu_sharing)
@@ -136,6 +141,7 @@ def run(trace, cluster_spec, gpu_sharing, policies, baseline, restart_cost, rest
                 raise ValueError("restart costs must not be negative")
             if pt.load_scale <= 0:
                 raise ValueError(f"--load-scale must be positive, got {pt.load_scale:g}")
+        held = [sim_reservation(i, text, cluster) for i, text in enumerate(reservations)]
         tr = load_trace(trace, vc=vc)
         selected = prepare(tr.jobs, limit=limit, seed=seed)
     except (TraceError, ValueError) as exc:
@@ -149,7 +155,7 @@ def run(trace, cluster_spec, gpu_sharing, policies, baseline, restart_cost, rest
     if not jobs:
         raise UsageProblem(f"no job in {trace} can run on {cluster}")
     try:
-        runs = _run_with_progress(jobs, cluster, names, pts, list(sweep), opts)
+        runs = _run_with_progress(jobs, cluster, names, pts, list(sweep), opts, held)
     except (PolicyError, SimulationError) as exc:
         raise SimFailure(str(exc)) from None
     from rich.console import Console
@@ -170,10 +176,28 @@ def run(trace, cluster_spec, gpu_sharing, policies, baseline, restart_cost, rest
     render(doc, console)
 
 
-def _run_with_progress(jobs, cluster: Cluster, names, pts, swept, opts):
+def sim_reservation(i: int, text: str, cluster: Cluster) -> Reservation:
+    """--reservation NODES:START:SECONDS -> a reservation no trace job belongs to (a window the
+    nodes are out of the trace's use: maintenance, a demo)."""
+    nodes, sep, rest = text.partition(":")
+    start, sep2, seconds = rest.partition(":")
+    try:
+        names = expand(nodes)
+        begin, length = float(start), float(seconds)
+    except ValueError:
+        raise ValueError(f"--reservation {text}: expected NODES:START:SECONDS, e.g. node[01-04]:3600:7200") from None
+    if not sep or not sep2 or length <= 0 or begin < 0:
+        raise ValueError(f"--reservation {text}: expected NODES:START:SECONDS with SECONDS > 0")
+    if unknown := sorted(set(names) - set(cluster.node_names())):
+        raise ValueError(f"--reservation {text}: {unknown[0]} is not a node of {cluster} "
+                         f"({cluster.node_names()[0]}...)")
+    return Reservation(f"sim{i}", tuple(sorted(set(names))), begin, begin + length, users=("root",))
+
+
+def _run_with_progress(jobs, cluster: Cluster, names, pts, swept, opts, held=()):
     """A rich progress bar (one line per run) on a terminal; silence when stderr is not one."""
     if not sys.stderr.isatty():
-        return run_all(jobs, cluster, names, pts, swept=swept, options=opts)
+        return run_all(jobs, cluster, names, pts, swept=swept, options=opts, reservations=held)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     progress = Progress(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
@@ -185,7 +209,7 @@ def _run_with_progress(jobs, cluster: Cluster, names, pts, swept, opts):
             tasks[label] = progress.add_task(label, total=total)
         progress.update(tasks[label], completed=done)
     with progress:
-        return run_all(jobs, cluster, names, pts, swept=swept, options=opts, progress=update)
+        return run_all(jobs, cluster, names, pts, swept=swept, options=opts, progress=update, reservations=held)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

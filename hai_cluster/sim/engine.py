@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from ..core.model import JobView, NodeView, Snapshot
+from ..core.reservation import Reservation
 from ..core.resources import placement_misfit
 from ..core.sharing import GpuShare
 from ..core.states import JobState
@@ -129,9 +130,12 @@ class _Job:
 
 def simulate(policy: Policy, jobs: Sequence[TraceJob], cluster: Cluster, *, restart_cost: float = 30.0,
              restart_cost_per_gpu: float = 0.0, progress: Callable[[int, int], None] | None = None,
-             max_rounds: int = 1000) -> SimResult:
-    """Replay `jobs` (in submit order, all fitting the cluster) through `policy`."""
-    return _Engine(policy, jobs, cluster, restart_cost, restart_cost_per_gpu, progress, max_rounds).run()
+             max_rounds: int = 1000, reservations: Sequence[Reservation] = ()) -> SimResult:
+    """Replay `jobs` (in submit order, all fitting the cluster) through `policy`; `reservations`
+    (times on the trace's clock) hold their nodes in their windows, as in the controller."""
+    engine = _Engine(policy, jobs, cluster, restart_cost, restart_cost_per_gpu, progress, max_rounds)
+    engine.reservations = tuple(reservations)
+    return engine.run()
 
 
 class _Engine:
@@ -139,6 +143,7 @@ class _Engine:
         if restart_cost < 0 or per_gpu < 0:
             raise ValueError("restart costs must not be negative")
         self.policy, self.cluster, self.progress, self.max_rounds = policy, cluster, progress, max_rounds
+        self.reservations: tuple[Reservation, ...] = ()
         self.restart_cost, self.per_gpu = float(restart_cost), float(per_gpu)
         self.jobs: list[_Job] = []
         for i, tj in enumerate(sorted(jobs, key=lambda j: j.submit)):
@@ -213,7 +218,8 @@ class _Engine:
                 return None
             for idx in tuple(self.dirty):
                 self._node_now(idx)
-            snap = Snapshot(now=t, jobs=tuple(self.views.values()), nodes=tuple(self.node_views))
+            snap = Snapshot(now=t, jobs=tuple(self.views.values()), nodes=tuple(self.node_views),
+                            reservations=self.reservations)
             started = time.perf_counter()
             plan = self.policy.decide(snap)
             self.policy_s += time.perf_counter() - started

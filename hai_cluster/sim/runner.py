@@ -9,6 +9,7 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
+from ..core.reservation import Reservation
 from ..scheduling.registry import make_policy
 from .cluster import Cluster
 from .engine import SimResult, simulate
@@ -63,7 +64,8 @@ def points(base: Point, sweep: dict[str, list[float]]) -> list[Point]:
 
 def run_all(jobs: Sequence[TraceJob], cluster: Cluster, policies: Sequence[str], pts: Sequence[Point], *,
             swept: Sequence[str] = (), options: dict[str, dict[str, Any]] | None = None,
-            progress: Callable[[str, int, int], None] | None = None) -> list[Run]:
+            progress: Callable[[str, int, int], None] | None = None,
+            reservations: Sequence[Reservation] = ()) -> list[Run]:
     """All runs, sweep point by sweep point. `jobs` are in submit order and all fit the cluster."""
     options = options or {}
     runs: list[Run] = []
@@ -83,7 +85,8 @@ def run_all(jobs: Sequence[TraceJob], cluster: Cluster, policies: Sequence[str],
                 continue
             res = simulate(make_policy(name, **options.get(name, {})), scaled[pt.load_scale], cluster,
                            restart_cost=pt.restart_cost, restart_cost_per_gpu=pt.restart_cost_per_gpu,
-                           progress=None if progress is None else (lambda d, t, lb=label: progress(lb, d, t)))
+                           progress=None if progress is None else (lambda d, t, lb=label: progress(lb, d, t)),
+                           reservations=reservations)
             if res.preemptions == 0:
                 calm[key] = res
             runs.append(Run(name, pt, label, res))

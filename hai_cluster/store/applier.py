@@ -14,7 +14,9 @@ from sqlalchemy import Engine
 from ..core.model import NodeView, Placement
 from ..core.resources import placement_misfit, take
 from ..core.sharing import share_charge, share_of
+from ..core.reservation import mark_nodes
 from ..core.states import JobState
+from . import reservations as reservation_store
 from . import statements as st
 from .records import JobRecord, StartedRun
 from .schema import jobs
@@ -46,7 +48,9 @@ def start_runs(engine: Engine, starts: Sequence[StartRequest], now: float) -> li
     with engine.begin() as c:
         # The touched nodes as they are now, read once; each start accepted is counted in them.
         names = sorted({name for s in starts for name in s.placement.nodes})
-        views = {n.name: n for n in node_views(c, live_ranks(c, names), names)}
+        # ...under the reservations, as the policy saw them (a window may have opened since)
+        views = {n.name: n for n in mark_nodes(node_views(c, live_ranks(c, names), names),
+                                               reservation_store.live(c, now), now)}
         return [start_run(c, s, now, views) for s in starts]
 
 

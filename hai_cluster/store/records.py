@@ -61,6 +61,7 @@ class JobRecord:
     constraint: str | None
     qos: str | None
     nice: int
+    reservation: str | None
     spec: JobSpec
 
     @classmethod

@@ -20,6 +20,7 @@ from ..core.resources import why_waiting
 from ..core.states import ACTIVE_STATES, FINAL_STATES, JobState
 from ..protocol.runspec import RunStatus
 from . import applier, listing
+from . import reservations as reservation_store
 from . import statements as st
 from .applier import Refused, StartRequest
 from .dependencies import DependencyBook
@@ -39,7 +40,7 @@ SNAPSHOT_COLUMNS = [jobs.c[name] for name in (
     "priority", "hold", "hold_admin", "version", "restart_count", "attained_gpu_seconds", "start_time", "nodelist",
     "preemptible", "pending_since", "last_run_end", "time_limit", "runtime", "begin_time", "array_job_id",
     "array_task_limit", "dependency", "name", "account", "gpu_fraction", "gpu_mem_mb", "gpu_compute", "gpu_qos",
-    "tasks_per_node", "resumes", "exclusive", "required_nodes", "excluded_nodes", "constraint", "qos", "nice")]
+    "tasks_per_node", "resumes", "exclusive", "required_nodes", "excluded_nodes", "constraint", "qos", "nice", "reservation")]
 # What job listings return: everything but the spec (script and environment can be large).
 LISTING_COLUMNS = [c for c in jobs.c if c.name not in ("spec", "spec_bytes")]
 
@@ -372,11 +373,12 @@ class Repository:
             live = live_ranks(c)
             nodes_now = node_views(c, live)
             waits = self._dependency_reasons(c, job_rows, self._dependencies, now)
+            held_for = reservation_store.live(c, now)
         held: dict[int, list] = {}  # job id -> its live ranks, in rank order
         for r in live:
             held.setdefault(r.job_id, []).append(r)
         job_views = tuple(job_view(j, held.get(j.id, ()), waits.get(j.id)) for j in job_rows)
-        return Snapshot(now=now, jobs=job_views, nodes=nodes_now)
+        return Snapshot(now=now, jobs=job_views, nodes=nodes_now, reservations=held_for)
 
     def probe(self, spec: JobSpec, *, user: str, partition: str, now: float, account: str) -> JobView:
         """--test-only: the job as the policy would see it if it were submitted now, its

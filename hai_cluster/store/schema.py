@@ -84,6 +84,7 @@ jobs = Table(
     Column("constraint", String(1024)),  # 0021: -C, as Slurm shows it (core.constraint); None: not given
     Column("qos", String(64)),  # 0022: its [[qos]] table's name; None: jobs from before QOS ("normal")
     Column("nice", Integer, nullable=False, default=0, server_default="0"),  # 0023: --nice
+    Column("reservation", String(64)),  # 0024: --reservation (core.reservation)
 )
 
 # 0013: an array's spec, stored once for all its tasks. A task's own `spec` holds only what was
@@ -214,6 +215,20 @@ limits = Table(
     Column("max_jobs", Integer),
     Column("updated_by", String(64)),
     Column("updated_at", Float),
+)
+
+# 0024: advance reservations (scontrol create reservation): nodes held for users or accounts in a
+# window (core.reservation). Rows ended are deleted when the next one is created.
+reservations = Table(
+    "reservations", metadata,
+    Column("name", String(64), primary_key=True),
+    Column("nodes", JSON, nullable=False),
+    Column("start_time", Float, nullable=False),
+    Column("end_time", Float, nullable=False),
+    Column("users", JSON, nullable=False),
+    Column("accounts", JSON, nullable=False),
+    Column("created_by", String(64)),
+    Column("created_at", Float),
 )
 
 # 0010: the active controller's lease. One row; `epoch` goes up at every takeover and fences

@@ -35,7 +35,7 @@ def spec_columns(spec: JobSpec) -> dict:
         preemptible=spec.requeue, resumes=spec.resumes, runtime=required_runtime(spec),
         exclusive=spec.exclusive, required_nodes=",".join(spec.required_nodes) or None,
         excluded_nodes=",".join(spec.excluded_nodes) or None, constraint=spec.constraint, qos=spec.qos,
-        nice=spec.nice,
+        nice=spec.nice, reservation=spec.reservation,
         begin_time=spec.begin_time,
         dependency=spec.dependency, gpu_fraction=spec.gpu_fraction, gpu_mem_mb=spec.gpu_mem_mb,
         gpu_compute=spec.gpu_compute, gpu_qos=spec.gpu_qos)
@@ -134,7 +134,7 @@ def job_view(j, ranks=(), dependency: str | None = None) -> JobView:
         preemptible=j.preemptible, resumable=j.resumes is not None, exclusive=bool(j.exclusive),
         required_nodes=tuple(j.required_nodes.split(",")) if j.required_nodes else (),
         excluded_nodes=tuple(j.excluded_nodes.split(",")) if j.excluded_nodes else (),
-        constraint=parse_constraint(j.constraint) if j.constraint else None, qos=j.qos or "normal", nice=j.nice or 0,
+        constraint=parse_constraint(j.constraint) if j.constraint else None, qos=j.qos or "normal", nice=j.nice or 0, reservation=j.reservation,
         pending_since=j.pending_since, last_run_end=j.last_run_end,
         time_limit=j.time_limit, runtime=j.runtime, begin_time=j.begin_time, array_job_id=j.array_job_id,
         array_task_limit=j.array_task_limit, dependency=dependency, account=j.account or "default",

@@ -72,14 +72,14 @@ def test_sbatch_says_submitted_and_writes_slurm_jobid_out(cluster):
 
 def test_sbatch_reports_every_refusal_at_once_and_tells_unsupported_from_typos(cluster):
     home = user_dir(cluster.workdir, TEST_USER)
-    (home / "lab.sh").write_text("#!/bin/bash\n#SBATCH --deadline=now --reservation=maint\n#SBATCH -N 0\nrun\n")
+    (home / "lab.sh").write_text("#!/bin/bash\n#SBATCH --deadline=now --mincpus=4\n#SBATCH -N 0\nrun\n")
     res = cluster.cli("sbatch", "--partiton=gpu", "-L", "lic", "lab.sh", check=False)
     assert res.returncode == 1 and res.stdout == ""
     assert res.stderr.splitlines() == [
         "sbatch: error: --partiton: unrecognized option (did you mean --partition?)",
         "sbatch: error: -L/--licenses: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "sbatch: error: line 2: --deadline: sbatch's option is not supported by this cluster (docs/SLURM.md)",
-        "sbatch: error: line 2: --reservation: sbatch's option is not supported by this cluster (docs/SLURM.md)",
+        "sbatch: error: line 2: --mincpus: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "sbatch: error: line 3: -N 0: expected a positive integer",
     ]
     assert cluster.call("jobs", {"names": ["lab.sh"], "all": True})["jobs"] == []  # nothing submitted
@@ -141,6 +141,43 @@ def test_qos_sets_class_and_limits_and_refuses_in_slurms_words(cluster):
                           f"Users={OTHER_USER}")
 
 
+def test_a_reservation_holds_the_node_for_its_users_and_their_jobs(cluster):
+    create = ("scontrol", "create", "reservation", "ReservationName=maint", "StartTime=now", "Duration=10:00",
+              f"Nodes={NODE}", f"Users={TEST_USER}")
+    res = cluster.cli(*create, check=False)
+    assert res.returncode == 1 and "only administrators may create reservations" in res.stderr
+    assert cluster.cli(*create, user="root").stdout == "Reservation created: maint\n"
+    try:
+        lines = cluster.cli("scontrol", "show", "reservation", "maint").stdout.splitlines()
+        assert re.fullmatch(r"ReservationName=maint StartTime=\S+ EndTime=\S+ Duration=00:10:00", lines[0]), lines
+        assert lines[1:5] == [f"   Nodes={NODE} NodeCnt=1 CoreCnt=8 Features=(null) PartitionName=(null) "
+                              f"Flags=SPEC_NODES", "   TRES=cpu=8",
+                              f"   Users={TEST_USER} Groups=(null) Accounts=(null) Licenses=(null) State=ACTIVE "
+                              f"BurstBuffer=(null) Watts=n/a", "   MaxStartDelay=(null)"]
+        again = cluster.cli(*create[:3], "ReservationName=other", "Duration=5", f"Nodes={NODE}", "Users=root",
+                            user="root", check=False)
+        assert again.stderr == ("scontrol: error: Error creating the reservation: Requested reservation overlaps "
+                                "with another reservation (maint)\n")
+        outside = int(cluster.cli("sbatch", "--parsable", "-o", "/dev/null", "--wrap", "true").stdout)  # no --reservation
+        inside = int(cluster.cli("sbatch", "--parsable", "-o", "/dev/null", "--reservation=maint", "--wrap",
+                                 "true").stdout)
+        assert cluster.wait_state(inside, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+        assert cluster.job(outside)["state"] == "PENDING"  # the node is the reservation's
+        assert cluster.cli("sacct", "-X", "-n", "-P", "-j", str(inside), "-o", "JobID,State").stdout == \
+            f"{inside}|COMPLETED\n"
+        denied = cluster.cli("sbatch", "--reservation=maint", "--wrap", "true", user=OTHER_USER, check=False)
+        assert denied.returncode == 1 and "Access denied to requested reservation maint" in denied.stderr
+        invalid = cluster.cli("sbatch", "--reservation=nosuch", "--wrap", "true", check=False)
+        assert invalid.stderr.startswith("sbatch: error: Batch job submission failed: Requested reservation is "
+                                         "invalid"), invalid.stderr
+    finally:
+        cluster.cli("scontrol", "delete", "reservation", "maint", user="root")
+    assert cluster.wait_state(outside, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    assert cluster.cli("scontrol", "show", "reservation").stdout == "No reservations in the system\n"
+    gone = cluster.cli("scontrol", "delete", "reservation", "maint", user="root", check=False)
+    assert gone.returncode == 1 and "delete_reservation maint: Requested reservation is invalid" in gone.stderr
+
+
 def test_sbatch_variables_sit_between_directives_and_command_line(cluster):
     home = user_dir(cluster.workdir, TEST_USER)
     (home / "timed.sh").write_text("#!/bin/bash\n#SBATCH -t 5 -J fromscript\ntrue\n")
@@ -149,8 +186,8 @@ def test_sbatch_variables_sit_between_directives_and_command_line(cluster):
     k = int(cluster.cli("sbatch", "--parsable", "-o", "/dev/null", "--hold", "-t", "9", "timed.sh", env=env).stdout)
     assert cluster.cli("squeue", "-h", "-j", f"{j},{k}", "-o", "%i %j %l").stdout.splitlines() == [
         f"{j} fromenv 7:00", f"{k} fromenv 9:00"]
-    res = cluster.cli("sbatch", "--wrap", "true", env={"SBATCH_RESERVATION": "maint"}, check=False)
-    assert res.returncode == 1 and "SBATCH_RESERVATION: sets --reservation, which is not supported" in res.stderr
+    res = cluster.cli("sbatch", "--wrap", "true", env={"SBATCH_OVERCOMMIT": "1"}, check=False)
+    assert res.returncode == 1 and "SBATCH_OVERCOMMIT: sets --overcommit, which is not supported" in res.stderr
     cluster.cli("scancel", str(j), str(k))
 
 

@@ -131,3 +131,17 @@ def test_constraint_keeps_jobs_of_the_wrong_kind_off_even_with_room():
     only_c = {"c": NODES["c"], "a": node("a", "a100", used=(0, 1, 2, 3))}
     assert place(job("a100"), only_c) is None
     assert place(replace(job("a100"), constraint=None), only_c).nodes == ("c",)
+
+
+def test_counts_and_node_counts_that_do_not_add_up_are_refused_or_met():
+    with pytest.raises(JobScriptError, match=r"its counts ask for 2 nodes, more than the job's -N 1"):
+        submit("-n", "4", "-C", "a100*2")  # -n alone asks for one node
+    assert submit("-w", "n1", "-C", "[a*1&b*1]").nodes == 2  # the most of what -w and -C ask
+    # a node of two groups serves the scarcer one: n2 (a only) takes a, n1 takes b
+    both = {"n1": node("n1", "a", "b"), "n2": node("n2", "a")}
+    assert place(job("[a*1&b*1]", nodes=2), both).nodes == ("n1", "n2")
+    assert parse_constraint("[a*3&b*1]").choose(list(both.values()), 2, lambda n: n.features) is None
+    with pytest.raises(ConstraintError, match="nested deeper than 16"):
+        parse_constraint("(" * 300 + "a" + ")" * 300)
+    with pytest.raises(JobScriptError, match="a GPU share takes -C with per-node features only"):
+        submit("--gpus-per-node=0.5", "-C", "[r1|r2]")

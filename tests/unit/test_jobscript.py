@@ -318,7 +318,7 @@ def test_export_is_the_last_one_given():
     (["--pri=x"], "--priority=x: expected one of"),  # a unique prefix is the option
     (["-L", "matlab"], "-L/--licenses: sbatch's option is not supported by this cluster"),
     (["-Z"], "-Z: unrecognized option"),
-    (["--reserv=x"], "--reservation: sbatch's option is not supported"),  # a prefix of a known one
+    (["--licen=x"], "--licenses: sbatch's option is not supported"),  # a prefix of a known one
     (["--exclusive=user"], "--exclusive=user: only --exclusive (whole nodes"),
     (["-w", "n[1-2]", "-N", "1"], "-w n[1-2]: names 2 nodes, more than the job's -N 1"),
     (["-w", "n1", "-x", "n[1-3]"], "-w n1: n1 both required (-w) and excluded (-x)"),
@@ -401,13 +401,13 @@ def test_split_command_line_leaves_refusals_to_the_parse(argv, expected):
 
 
 def test_every_refusal_is_reported_at_once():
-    text = script("#SBATCH --reservation=maint --deadline=now  # two on one line, and a comment\n"
+    text = script("#SBATCH --mincpus=4 --deadline=now  # two on one line, and a comment\n"
                   "#SBATCH --deadline=now+1hour -N 0\nrun\n")
     message = error(text, "--bogus", "-L", "lic", "--time=forever")
     assert message.splitlines() == [
         "--bogus: unrecognized option",
         "-L/--licenses: sbatch's option is not supported by this cluster (docs/SLURM.md)",
-        "line 2: --reservation: sbatch's option is not supported by this cluster (docs/SLURM.md)",
+        "line 2: --mincpus: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "line 2: --deadline: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "line 3: --deadline: sbatch's option is not supported by this cluster (docs/SLURM.md)",
         "line 3: -N 0: expected a positive integer",

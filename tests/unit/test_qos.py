@@ -5,7 +5,7 @@ import pytest
 
 from hai_cluster.config.common import ConfigError
 from hai_cluster.config.controller import load_controller_config
-from hai_cluster.controller.partitions import PartitionRefused, admit_qos
+from hai_cluster.controller.partitions import PartitionRefused, admit_qos, qos_time_limit
 from hai_cluster.core.jobscript import parse_submission
 from hai_cluster.core.model import GpuInfo, JobView, NodeView, Snapshot
 from hai_cluster.core.quota import Quotas
@@ -65,7 +65,10 @@ def admitted(cfg, s, user="ann", account="vision", groups=frozenset(), admin=Fal
 
 def test_a_named_qos_sets_the_class_and_the_limit_of_a_job_without_one(cfg):
     s, granted = admitted(cfg, spec("--qos=high"))
-    assert (s.qos, s.priority, s.time_limit, granted) == ("high", "high", 4 * 3600, True)
+    assert (s.qos, s.priority, granted) == ("high", "high", True)
+    assert qos_time_limit(s, cfg, None).time_limit == 4 * 3600  # the MaxWall of a job without -t
+    short = qos_time_limit(replace(s, time_limit=3600), cfg, None)  # its partition's max_time is shorter
+    assert short.time_limit == 3600 and qos_time_limit(replace(s, time_limit=60), cfg, 60).time_limit == 60
     named, _ = admitted(cfg, spec("-q", "high", "--priority=low"))  # a named QOS sets the class
     assert named.priority == "high"
     plain, granted = admitted(cfg, spec("--priority=high"))  # the default QOS leaves --priority be

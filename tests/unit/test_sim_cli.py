@@ -98,6 +98,8 @@ def test_plot_file_is_written(tmp_path):
     (["{trace}", "-p", "fifo", "-o", "tiresias.thresholds=[1]"], "options for a policy not being run"),
     (["{trace}", "-p", "tiresias", "-o", "tiresias.bogus=1"], "policy options:"),
     (["{trace}", "--no-such-flag"], "No such option"),
+    (["{trace}", "--reservation", "node01:0"], "expected NODES:START:SECONDS"),
+    (["{trace}", "--cluster", "2x1", "--reservation", "node7:0:10"], "node7 is not a node of"),
 ])
 def test_errors_are_one_line_and_exit_2(tmp_path, capsys, args, message):
     paths = {"trace": trace(tmp_path), "bad": trace(tmp_path, "x,y\n1,2\n", "bad.csv")}
@@ -121,3 +123,16 @@ def test_mlfq_config_file_and_overrides(tmp_path):
     bad.write_text("[scheduler]\nquanta = [1.0]\n")
     with pytest.raises(ValueError, match="quantum per level"):
         policy_options([], str(bad))
+
+
+def test_a_reservation_window_keeps_every_policy_off_its_nodes(tmp_path):
+    """node01 of two held from t=0 for 100 s: the three 1-GPU jobs share the other one until then."""
+    out = tmp_path / "s.json"
+    assert run(trace(tmp_path), "--cluster", "2x1", "-p", "fifo", "-p", "mlfq", "-p", "sjf",
+               "--reservation", "node01:0:100", "--json", str(out)) == 0
+    runs = {r["policy"]: r for r in json.loads(out.read_text())["runs"]}
+    assert runs["fifo"]["summary"]["mean_jct"] == pytest.approx(40 / 3)  # all on node2, as on a 1-GPU cluster
+    assert runs["fifo"]["summary"]["makespan"] == pytest.approx(18)
+    assert run(trace(tmp_path), "--cluster", "2x1", "-p", "fifo", "--json", str(out)) == 0
+    free = {r["policy"]: r for r in json.loads(out.read_text())["runs"]}["fifo"]
+    assert free["summary"]["mean_jct"] < runs["fifo"]["summary"]["mean_jct"]  # two nodes without it

@@ -15,7 +15,10 @@ from ..placement import place, reserve
 
 
 def shape(job: JobView) -> tuple:
-    return (job.nodes, job.gpus_per_node, job.cpus_per_node, job.mem_mb, job.partition)
+    """Jobs of one shape fail together; the nodes a job may use are part of it (-w -x -C
+    --exclusive --reservation)."""
+    return (job.nodes, job.gpus_per_node, job.cpus_per_node, job.mem_mb, job.partition, job.exclusive,
+            job.required_nodes, job.excluded_nodes, job.constraint, job.reservation)
 
 
 class Workspace:
