@@ -43,6 +43,15 @@ class Section:
             raise ConfigError(f"{self.path}: {self.where}.{key} must be a list of strings")
         return tuple(value)
 
+    def time_limit(self, key: str) -> int | None:
+        """A time limit in sbatch's -t forms ("1-00:00:00", "30:00"; "UNLIMITED": None); absent: None."""
+        from ..core.timefmt import parse_time_limit
+        text = self.get(key, str, None)
+        try:
+            return parse_time_limit(text) if text is not None else None
+        except ValueError as exc:
+            raise ConfigError(f"{self.path}: {self.where}.{key}: {exc}") from None
+
     def done(self) -> None:
         if self.data:
             raise ConfigError(f"{self.path}: unknown key(s) in [{self.where}]: {', '.join(sorted(self.data))}")

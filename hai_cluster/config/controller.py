@@ -8,7 +8,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core.model import MAX_GRACE_SECONDS, PRIORITY_CLASSES
-from ..core.timefmt import parse_time_limit
 from ..paths import DEFAULT_AGENT_SOCKET, DEFAULT_CONTROLLER_SOCKET
 from ..scheduling.mlfq import MlfqConfig
 from ..scheduling.registry import CONTROLLER_POLICIES
@@ -355,11 +354,7 @@ def _partition_tables(path: str, raw: list) -> tuple[tuple[PartitionConfig, ...]
         name = sec.get("name", str, None)
         if not name:
             raise ConfigError(f"{path}: partitions[{i}].name is required")
-        max_time_text = sec.get("max_time", str, None)
-        try:
-            max_time = parse_time_limit(max_time_text) if max_time_text is not None else None
-        except ValueError as exc:
-            raise ConfigError(f"{path}: partitions[{i}].max_time: {exc}") from None
+        max_time = sec.time_limit("max_time")
         nodes = sec.strings("nodes", None)
         part = PartitionConfig(name=name, max_time=max_time, allowed_users=sec.strings("allowed_users", None),
                                allowed_groups=sec.strings("allowed_groups", None), nodes=nodes)

@@ -12,7 +12,6 @@ import re
 from dataclasses import dataclass
 
 from ..core.model import PRIORITY_CLASSES
-from ..core.timefmt import parse_time_limit
 from .common import ConfigError, Section
 
 QOS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -52,13 +51,8 @@ def parse_qos_tables(path: str, raw: list) -> tuple[QosConfig, ...]:
         priority = sec.get("priority", str, "normal")
         if priority not in PRIORITY_CLASSES:
             raise ConfigError(f"{where}: priority must be one of {', '.join(PRIORITY_CLASSES)}, got {priority!r}")
-        max_time_text = sec.get("max_time", str, None)
-        try:
-            max_time = parse_time_limit(max_time_text) if max_time_text is not None else None
-        except ValueError as exc:
-            raise ConfigError(f"{where}: max_time: {exc}") from None
         qos = QosConfig(name=name, priority=priority, description=sec.get("description", str, ""),
-                        max_time=max_time, max_gpus_per_user=sec.get("max_gpus_per_user", int, 0),
+                        max_time=sec.time_limit("max_time"), max_gpus_per_user=sec.get("max_gpus_per_user", int, 0),
                         max_jobs_per_user=sec.get("max_jobs_per_user", int, 0),
                         allowed_users=sec.strings("allowed_users", None),
                         allowed_accounts=sec.strings("allowed_accounts", None),
