@@ -15,6 +15,7 @@ from ..store.records import JobRecord
 from ..store.repository import LISTING_COLUMNS
 from ..transport.rpc import RequestError
 from .access import Caller, deny, may_act_on
+from .leader import STARTING
 from .outputcheck import RecentlyWritable
 from .requests import expect
 from .submitrate import OverRate, SubmitRate
@@ -80,7 +81,7 @@ class ApiContext:
     def repo(self):
         repo = self.ctl.repo  # the store opens after the table is built, and after the lease
         if repo is None:  # a request in between got "'NoneType' object has no attribute" (CI)
-            raise RequestError("the controller is starting (its store is not open yet); try again")
+            raise RequestError(STARTING)
         return repo
 
     def public(self, job: dict) -> dict:

@@ -78,7 +78,7 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
         os.unlink(cfg.socket)
         leader.close()
         raise
-    api = Gate(build_api(ctl), leader)
+    api = Gate(build_api(ctl), leader, ready=lambda: ctl.started)  # not before start() has opened the store
     connections: set[RpcConnection] = set()
 
     counter = ConnectionCounter(cfg.access.max_connections_per_uid)

@@ -164,6 +164,10 @@ class Leader:
         self.store.close()
 
     def standby_message(self) -> str:
+        if self.cfg.database.startswith("sqlite"):  # no standby there: say what keeps this one back
+            why = f"it lost the lease: {self.lost}" if self.lost else (
+                "its store cannot be read or written" if self.unreadable else "it is starting")
+            return f"the controller is not serving yet ({why}); try again in a moment"
         if self.lost:
             return f"not the active controller (it lost the lease: {self.lost})"
         active = (self.other.holder if self.other else
@@ -175,12 +179,16 @@ class Leader:
         return f"standby; active: {self.other.holder if self.other else 'unknown'}"
 
 
-class Gate(RpcTable):
-    """The client API behind the lease: a standby (or a fenced leader) refuses every request."""
+STARTING = "the controller is starting (its store is not open yet); try again"
 
-    def __init__(self, inner: RpcTable, leader: Leader) -> None:
+
+class Gate(RpcTable):
+    """The client API behind the lease: a standby (or a fenced leader) refuses every request, and
+    so does an active one until `ready()` (its store is open: Controller.start has run)."""
+
+    def __init__(self, inner: RpcTable, leader: Leader, ready: Callable[[], bool] = lambda: True) -> None:
         super().__init__()
-        self._inner, self._leader = inner, leader
+        self._inner, self._leader, self._ready = inner, leader, ready
 
     @property
     def methods(self) -> frozenset[str]:
@@ -189,6 +197,8 @@ class Gate(RpcTable):
     async def dispatch(self, method: str, body: Any, context: Any) -> Any:
         if not self._leader.active:
             raise RequestError(self._leader.standby_message())
+        if not self._ready():
+            raise RequestError(STARTING)
         try:
             return await self._inner.dispatch(method, body, context)
         except Fenced as exc:

@@ -70,9 +70,9 @@ class NodeLink:
     async def run(self) -> None:
         delay = BACKOFF_FIRST
         while True:
+            before = self.generation
             try:
-                await self._session()
-                delay = BACKOFF_FIRST  # it was up; the next attempt comes quickly
+                await self._session()  # ends only by raising
             except asyncio.CancelledError:
                 raise
             except (TransportError, ConnectionLost, asyncio.TimeoutError, OSError) as exc:
@@ -80,6 +80,8 @@ class NodeLink:
             except Exception as exc:  # a bug must not end the link for good
                 log.exception("link to %s failed", self.name)
                 self._note_error(f"internal error: {exc}")
+            if self.generation != before:  # it was up (a hello went through): try again soon
+                delay = BACKOFF_FIRST
             # Jitter keeps many links from reconnecting in lockstep after a controller restart.
             await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(delay * 2, BACKOFF_MAX)

@@ -60,6 +60,7 @@ class Controller:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
         self._policy_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
         self.repo: Repository | None = None
+        self.started = False  # start() has run: the API may use the store
         # The nodes whose inventory the last pass saw: submissions check against it (api.submit).
         self.inventory: tuple = ()
         self.links: dict[str, NodeLink] = {}
@@ -134,6 +135,7 @@ class Controller:
         self._tasks.append(asyncio.create_task(self._persist_telemetry(), name="telemetry"))
         self.mail.start()
         await self._watch_running_limits()
+        self.started = True
 
     def open_link(self, node: NodeConfig, ssh: SshConfig) -> None:
         self.links[node.name] = link = NodeLink(node, ssh, self.cfg.ping_interval, on_hello=self._on_hello,
