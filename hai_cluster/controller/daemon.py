@@ -66,7 +66,7 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
         if cfg.telemetry.metrics_listen:  # first: a port in use ends the start before anything else
             try:
                 metrics = await start_metrics_server(cfg.telemetry.metrics_listen,
-                                                     lambda: render(ctl.telemetry, [n.name for n in cfg.nodes]))
+                                                     lambda: render(ctl.telemetry, [n.name for n in cfg.nodes], ctl.queue_stats))
             except OSError as exc:
                 raise ConfigError(f"metrics.listen {cfg.telemetry.metrics_listen}: {exc.strerror or exc}") from None
         notifier.status("migrating the store")

@@ -37,6 +37,7 @@ from .errors import StoreUnavailable
 from .events import EventLog
 from .health import on_health
 from .mail import LIMIT_MARKS, LimitWatch, Mailer
+from .metrics import QueueStats
 from .nodes import AGENT_ERRORS, NodeLink
 from .steps import StepHub
 from .telemetry import TelemetryHub
@@ -80,6 +81,7 @@ class Controller:
         self.telemetry = TelemetryHub(cfg.telemetry)
         self.mail = Mailer(cfg.mail_program, cfg.cluster_name)  # --mail-type notices
         self.limit_mails = LimitWatch()  # --mail-type=TIME_LIMIT*: when each running job's are due
+        self.queue_stats = QueueStats()  # the queue, node and pass series of the metrics page
         self.events = EventLog()
         # Group commit (batching.py) for the two writes every job makes once per rank.
         self.mark_running = GroupWriter(self.db, lambda ranks: self.repo.mark_ranks_running(ranks))
@@ -218,6 +220,7 @@ class Controller:
                 log.exception("scheduling tick failed; retrying next tick")
 
     async def tick(self) -> None:
+        began = time.monotonic()
         await self._mark_silent_nodes_down()
         snapshot = await self.db(self.repo.load_snapshot, time.time())
         self.note_inventory(snapshot.nodes)
@@ -225,7 +228,9 @@ class Controller:
             await self._cancel_unsatisfiable(snapshot)
         plan = await self.decide(self.telemetry.mark_idle(snapshot))
         seen = {j.id: j.version for j in snapshot.jobs}  # reasons and starts only for the jobs as the policy saw them
-        changed = await self.db(self.repo.set_reasons, {w.job_id: w.reason for w in plan.waits}, seen)
+        reasons = {w.job_id: w.reason for w in plan.waits}
+        self.queue_stats.saw(snapshot, reasons)
+        changed = await self.db(self.repo.set_reasons, reasons, seen)
         for job_id, reason in changed.items():
             self.events.record("waiting", job_id, reason=reason)
         for p in plan.preempts:
@@ -252,6 +257,7 @@ class Controller:
             self.mail.notice(job, kind, start=start, end=now)
         # Re-sending is the fallback for lost messages: once a tick is enough, not once per pass
         # (a burst of submissions and ends wakes a pass each; these are two queries each time).
+        self.queue_stats.timed(time.monotonic() - began)
         if time.monotonic() - self._last_retry >= self.cfg.tick_seconds:
             self._last_retry = time.monotonic()
             await self.dispatch.retry_unfinished()
@@ -279,6 +285,8 @@ class Controller:
             why = f"{why}; {WORK_LOST}"
         if not await self.db(self.repo.request_end, job_id, request, why):
             return False
+        if request == "preempt":
+            self.queue_stats.preemptions += 1
         self.events.record("preempted" if request == "preempt" else "requeue_requested", job_id,
                            for_job=for_job, by=by, reason=why)
         await self.dispatch.end_job(job_id, request)

@@ -60,8 +60,9 @@ def test_running_job_telemetry_reaches_hstat_hqueue_hinfo_prometheus_and_hacct(c
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as page:
         metrics = page.read().decode()
     for g in (0, 1):
-        assert f'hai_gpu_utilization_percent{{node="{node}",gpu="{g}",job="{job_id}"}} 90\n' in metrics, metrics
-    assert f'hai_job_gpu_idle{{job="{job_id}",attempt="0"}} 1\n' in metrics
+        assert f'hai_gpu_utilization_ratio{{node="{node}",gpu="{g}",job_id="{job_id}"}} 0.9\n' in metrics, metrics
+    assert f'hai_job_gpu_idle{{job_id="{job_id}",attempt="0"}} 1\n' in metrics
+    assert 'hai_jobs{state="RUNNING",reason=""} ' in metrics and "hai_scheduler_pass_seconds_count " in metrics
     history = cluster.cli("hstat", str(job_id)).stdout
     assert "GPU utilization, last" in history and "▇" in history, history
 

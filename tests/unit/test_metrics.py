@@ -7,7 +7,9 @@ import re
 import pytest
 
 from hai_cluster.config import ConfigError, TelemetryConfig, load_controller_config
-from hai_cluster.controller.metrics import escape, render, start_metrics_server
+from hai_cluster.controller.metrics import QueueStats, escape, render, start_metrics_server
+from hai_cluster.core.model import GpuInfo, JobView, NodeView, Snapshot
+from hai_cluster.core.states import JobState
 from hai_cluster.controller.telemetry import TelemetryHub
 
 LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\n"])*"'
@@ -36,8 +38,10 @@ def parse(text: str) -> dict[str, float]:
     for line in text.splitlines():
         if line.startswith("# TYPE "):
             name, typ = line.split()[2:4]
-            assert typ in ("gauge", "counter") and name not in typed
+            assert typ in ("gauge", "counter", "histogram") and name not in typed
             typed.add(name)
+            if typ == "histogram":
+                typed |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
             continue
         if line.startswith("# HELP "):
             continue
@@ -52,16 +56,16 @@ def test_page_format_and_labels():
     text = render(hub_with_samples(), ['n"1', "n2"])
     v = parse(text)
     node = 'node="n\\"1"'
-    assert v[f'hai_gpu_utilization_percent{{{node},gpu="0",job="42"}}'] == 30
-    assert v[f'hai_gpu_utilization_percent{{{node},gpu="1",job=""}}'] == 0
-    assert v[f'hai_gpu_power_watts{{{node},gpu="0",job="42"}}'] == 300.5
-    assert v[f'hai_gpu_memory_total_bytes{{{node},gpu="1",job=""}}'] == 81920 * 1024 * 1024
-    assert v[f'hai_gpu_sm_clock_hertz{{{node},gpu="0",job="42"}}'] == 1.98e9
-    assert v[f'hai_gpu_ecc_corrected_errors_total{{{node},gpu="0",job="42"}}'] == 3
+    assert v[f'hai_gpu_utilization_ratio{{{node},gpu="0",job_id="42"}}'] == 0.3
+    assert v[f'hai_gpu_utilization_ratio{{{node},gpu="1",job_id=""}}'] == 0
+    assert v[f'hai_gpu_power_watts{{{node},gpu="0",job_id="42"}}'] == 300.5
+    assert v[f'hai_gpu_memory_total_bytes{{{node},gpu="1",job_id=""}}'] == 81920 * 1024 * 1024
+    assert v[f'hai_gpu_sm_clock_hertz{{{node},gpu="0",job_id="42"}}'] == 1.98e9
+    assert v[f'hai_gpu_ecc_corrected_errors_total{{{node},gpu="0",job_id="42"}}'] == 3
     assert not any(k.startswith("hai_gpu_ecc_uncorrected_errors_total{") for k in v)  # unsupported: absent, not 0
-    assert v[f'hai_job_cpu_percent{{{node},job="42",attempt="1"}}'] == 12.5
-    assert v['hai_job_energy_joules_total{job="42",attempt="1"}'] == pytest.approx(300.5 * 2 * 2)
-    assert v['hai_job_gpu_idle{job="42",attempt="1"}'] == 1
+    assert v[f'hai_job_cpu_cores{{{node},job_id="42",attempt="1"}}'] == 0.125
+    assert v['hai_job_energy_joules_total{job_id="42",attempt="1"}'] == pytest.approx(300.5 * 2 * 2)
+    assert v['hai_job_gpu_idle{job_id="42",attempt="1"}'] == 1
     assert v[f'hai_node_last_sample_timestamp_seconds{{{node}}}'] == 12.0
     assert not any('node="n2"' in k for k in v)  # no sample yet: no series
     assert escape('a\\b\n"c"') == 'a\\\\b\\n\\"c\\"'
@@ -135,3 +139,41 @@ def test_config(tmp_path):
         path.write_text(text)
         with pytest.raises(ConfigError, match=words):
             load_controller_config(path)
+
+
+def test_queue_node_scheduler_and_process_series():
+    q = QueueStats()
+    jobs = (JobView(id=1, user="u", state=JobState.PENDING, submit_time=0, nodes=2, gpus_per_node=4),
+            JobView(id=2, user="u", state=JobState.PENDING, submit_time=0, nodes=1, gpus_per_node=1, hold=True),
+            JobView(id=3, user="u", state=JobState.RUNNING, submit_time=0, nodes=1, gpus_per_node=2))
+    nodes = (NodeView(name="a", gpus=(GpuInfo(0, "a0", "sim", 1),), cpus=1, mem_mb=1),
+             NodeView(name="b", gpus=(), cpus=1, mem_mb=1, state="drain"),
+             NodeView(name="c", gpus=(), cpus=1, mem_mb=1, responding=False))
+    q.saw(Snapshot(now=0, jobs=jobs, nodes=nodes), {1: "Resources"})
+    q.timed(0.003)
+    q.timed(0.2)
+    q.preemptions = 2
+    v = parse(render(hub_with_samples(), ['n"1'], q))
+    assert v['hai_jobs{state="PENDING",reason="Resources"}'] == 1
+    assert v['hai_jobs{state="PENDING",reason="JobHeldUser"}'] == 1 and v['hai_jobs{state="RUNNING",reason=""}'] == 1
+    assert v["hai_pending_gpus"] == 9 and v["hai_preemptions_total"] == 2
+    assert v['hai_node_state{node="b",state="drain"}'] == 1 and v['hai_node_state{node="c",state="not_responding"}'] == 1
+    assert v['hai_scheduler_pass_seconds_bucket{le="0.005"}'] == 1 and v['hai_scheduler_pass_seconds_bucket{le="0.25"}'] == 2
+    assert v['hai_scheduler_pass_seconds_bucket{le="+Inf"}'] == 2 and v["hai_scheduler_pass_seconds_count"] == 2
+    assert v["process_resident_memory_bytes"] > 0 and v["process_open_fds"] > 0
+
+
+def test_the_grafana_dashboard_asks_only_for_series_the_page_serves():
+    import json
+    from pathlib import Path
+    dash = json.loads((Path(__file__).parents[2] / "conf" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    q = QueueStats()
+    q.timed(0.01)
+    served = {line.split()[2] for line in render(hub_with_samples(), ['n"1'], q).splitlines()
+              if line.startswith("# TYPE ")}
+    served |= {f"{name}_bucket" for name in served}  # a histogram's series
+    asked = {m for e in exprs for m in re.findall(r"\b(?:hai|process)_[a-z_]+", e)}
+    assert asked and asked <= served, sorted(asked - served)
+    assert {"hai_jobs", "hai_pending_gpus", "hai_node_state", "hai_scheduler_pass_seconds_bucket"} <= asked
+    assert not any("job=" in e or "exported_job" in e for e in exprs)  # job_id, not the scrape target's job
