@@ -27,6 +27,7 @@ from .service import build_table
 from .spool import runs_dir
 from .steps import StepRelay
 from .starter import ShepherdStarter, room_for
+from .dcgm import open_mapping
 from .telemetry import RunRef, Sampler
 
 log = logging.getLogger("hai_cluster.agent.daemon")  # not __main__ under -m
@@ -56,6 +57,8 @@ class Agent:
         t = cfg.telemetry
         self.sampler = Sampler(self._telemetry_nvml(), cfg.name, t.interval, t.history,
                                on_event=self.health.note_event) if t.enabled else None
+        # written where the sampler reads the live runs (each sample), so it follows them within one interval
+        self.job_mapping = open_mapping(t.dcgm_job_mapping_dir) if t.enabled else None
 
     def _telemetry_nvml(self):
         """The NVML module the inventory came from; simulated GPUs read this node's live runs."""
@@ -79,6 +82,8 @@ class Agent:
             for g in run.gpus:
                 occupancy.setdefault(g, []).append(run.pid)
         self._occupancy = occupancy
+        if self.job_mapping is not None:
+            self.job_mapping.update(runs)
         return runs
 
     def gpu_occupancy(self) -> dict[int, list[int]]:

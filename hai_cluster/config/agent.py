@@ -83,6 +83,7 @@ class AgentTelemetryConfig:
     history: int = 720  # samples kept in the agent's ring buffer (unsent ones wait there for a link)
     simulated_util: int = 90  # simulated GPUs: utilization % of a GPU a run holds (0 for free GPUs)
     simulated_process_memory_mb: int = 4096  # simulated GPUs: memory a run's process uses per GPU
+    dcgm_job_mapping_dir: str = ""  # dcgm-exporter's --hpc-job-mapping-dir (agent/dcgm.py); "" = off
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,7 @@ def _agent_telemetry(path: str, raw: Any) -> AgentTelemetryConfig:
         history=sec.get("history", int, d.history),
         simulated_util=sec.get("simulated_util", int, d.simulated_util),
         simulated_process_memory_mb=sec.get("simulated_process_memory_mb", int, d.simulated_process_memory_mb),
+        dcgm_job_mapping_dir=resolve(path, x) if (x := sec.get("dcgm_job_mapping_dir", str, "")) else "",
     )
     sec.done()
     positive(path, "telemetry.interval", cfg.interval)
