@@ -12,12 +12,31 @@ log = logging.getLogger(__name__)
 
 
 def _migrations_dir() -> Path:
-    """Beside the package in a checkout (editable install), else where the wheel put them."""
-    for candidate in (Path(__file__).resolve().parents[2] / "migrations",
+    """Beside the package in a checkout (editable install), else where the installer put them:
+    the wheel's data files land under its scheme's data directory (sys.prefix for a venv or the
+    system, the user base for --user, PREFIX for --prefix), which the installed files list says."""
+    for candidate in (Path(__file__).resolve().parents[2] / "migrations", _installed_migrations(),
                       Path(sys.prefix) / "share" / "hai-cluster" / "migrations"):
-        if (candidate / "env.py").exists():
+        if candidate is not None and (candidate / "env.py").exists():
             return candidate
     raise RuntimeError("hai-cluster's migrations/ directory is missing from this installation")
+
+
+def _installed_migrations() -> Path | None:
+    """The migrations/ of the installed distribution, from its RECORD (importlib.metadata)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+    here = Path(__file__).resolve().parents[1]  # this hai_cluster package: its own distribution's files
+    try:
+        dist = distribution("hai-cluster")
+    except PackageNotFoundError:
+        return None
+    files = dist.files or ()
+    if not any(Path(dist.locate_file(f)).resolve() == here / "__init__.py" for f in files if f.name == "__init__.py"):
+        return None  # another installation of hai-cluster than the one running
+    for f in files:
+        if f.name == "env.py" and f.parent.name == "migrations" and "hai-cluster" in f.parts:
+            return Path(dist.locate_file(f)).resolve().parent
+    return None
 
 
 SQLITE_FILES = ("", "-wal", "-shm", "-journal")
