@@ -60,7 +60,8 @@ def params_digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode())
-        h.update(t.detach().contiguous().numpy().tobytes())
+        # the raw bytes through torch alone: numpy is not among the job's packages
+        h.update(bytes(t.detach().cpu().contiguous().view(-1).view(torch.uint8).tolist()))
     return h.hexdigest()[:16]
 
 
