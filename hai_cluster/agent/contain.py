@@ -155,9 +155,18 @@ class Containment:
 
 def deliver(pgid: int, sig: int, signal_main: bool, cgroup: RunCgroup | None) -> None:
     """Send a signal to the job's process group (pgid = its main process), sparing the main
-    process itself if its runtime cannot take it. Raises ProcessLookupError if nobody got it."""
+    process itself if its runtime cannot take it. A process that left the group (a launcher's
+    `setsid` helper) but stays in the job's cgroup gets it too. Raises ProcessLookupError if
+    nobody got it."""
     if signal_main or sig == signal.SIGKILL:
-        os.killpg(pgid, sig)
+        got = False
+        try:
+            os.killpg(pgid, sig)
+            got = True
+        except ProcessLookupError:
+            pass
+        if _signal_strays(pgid, sig, cgroup) == 0 and not got:
+            raise ProcessLookupError(pgid)
         return
     frozen = cgroup is not None and cgroup.freeze(True)  # nothing forks between listing and kill
     try:
@@ -172,6 +181,20 @@ def deliver(pgid: int, sig: int, signal_main: bool, cgroup: RunCgroup | None) ->
             cgroup.freeze(False)
     if not targets:
         raise ProcessLookupError(pgid)
+
+
+def _signal_strays(pgid: int, sig: int, cgroup: RunCgroup | None) -> int:
+    """Signal the members of the job's cgroup outside its process group (the group had it from
+    killpg: none gets it twice); how many got it."""
+    sent = 0
+    for p in cgroup.members() if cgroup is not None else ():
+        try:
+            if os.getpgid(p) != pgid:
+                os.kill(p, sig)
+                sent += 1
+        except ProcessLookupError:
+            pass
+    return sent
 
 
 STEP_MARK = b"SLURM_STEP_ID="  # in every step task's environment (core.steps), not the batch shell's

@@ -143,6 +143,27 @@ def test_cancel_kills_a_double_forked_process_that_left_the_session(agent):
     assert not alive(escaped)
 
 
+def test_a_stop_signal_reaches_a_helper_that_left_the_process_group(agent):
+    """Launchers start helpers with setsid: killpg alone never reached them, so a cancel waited
+    out the whole --grace and their TERM traps never ran (fault experiments: 20.4 s, not 0.3 s)."""
+    box = agent.box
+    spec = box.spec("#!/bin/sh\nsetsid sh -c 'trap \"echo term > got-$HAI_JOB_ID; exit 0\" TERM; "
+                    "echo $$ > helper-$HAI_JOB_ID; while :; do sleep 0.1; done' &\n" + LOOP, grace=30)
+    got, helper_file = box.work / f"got-{spec['job_id']}", box.work / f"helper-{spec['job_id']}"
+
+    async def body():
+        async with client(agent) as c:
+            pid = (await c.call("start_run", {"spec": spec}))["status"]["pid"]
+            helper = int(await read_when(helper_file, "\n"))
+            wait_for(lambda: alive(helper) and os.getpgid(helper) != pid, 10, "the helper to leave the group")
+            await c.call("terminate_run", key(spec, reason="cancel"))
+            return await c.exited(spec["job_id"], timeout=20)  # well inside the grace
+
+    ended = run(body())
+    assert got.read_text() == "term\n"  # its trap ran
+    assert ended["reason"] == "cancel" and ended["killed"] is False, ended
+
+
 def test_a_run_whose_shepherd_died_is_killed_through_its_cgroup(agent):
     """The agent's last resort: the process group is all it knows of the job, and the escaped
     process is in another one (and re-parented to PID 1 once the shepherd is gone)."""

@@ -11,11 +11,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_prefix_install_finds_its_migrations(tmp_path):
+    # --ignore-installed: the running environment keeps its own hai-cluster (pip would uninstall it first)
     src = tmp_path / "src"  # a copy: an in-tree build would leave build/ in the checkout
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "tests", "*.egg-info", "build",
                                                              "__pycache__", "docs", "examples"))
     prefix = tmp_path / "prefix"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed",
                     "--prefix", str(prefix), str(src)], check=True, timeout=600, capture_output=True, text=True)
     site = next(prefix.glob("lib/python3*/site-packages"))
     shutil.rmtree(src)  # nothing of the source tree may serve
