@@ -83,7 +83,7 @@ class Containment:
         return self.launch is None or self.launch.signal_main
 
     def deliver(self, pgid: int, sig: int) -> None:
-        deliver(pgid, sig, self.signal_main, self.cgroup)
+        deliver(pgid, sig, self.signal_main, self.cgroup, strays=self.runtime.name == "none")
 
     def warn(self, pgid: int, sig: int) -> None:
         """The --signal warning before the time limit, to whom Slurm's rule sends it (warn_to)."""
@@ -153,11 +153,12 @@ class Containment:
         _teardown(self.cgroup, self.launch.cleanup if self.launch else [])
 
 
-def deliver(pgid: int, sig: int, signal_main: bool, cgroup: RunCgroup | None) -> None:
+def deliver(pgid: int, sig: int, signal_main: bool, cgroup: RunCgroup | None, strays: bool = False) -> None:
     """Send a signal to the job's process group (pgid = its main process), sparing the main
-    process itself if its runtime cannot take it. A process that left the group (a launcher's
-    `setsid` helper) but stays in the job's cgroup gets it too. Raises ProcessLookupError if
-    nobody got it."""
+    process itself if its runtime cannot take it. With `strays` (plain processes: in a container
+    the runtime passes signals on, and its own processes in the cgroup must not get them), a
+    process that left the group (a launcher's `setsid` helper) but stays in the job's cgroup gets
+    it too. Raises ProcessLookupError if nobody got it."""
     if signal_main or sig == signal.SIGKILL:
         got = False
         try:
@@ -165,7 +166,7 @@ def deliver(pgid: int, sig: int, signal_main: bool, cgroup: RunCgroup | None) ->
             got = True
         except ProcessLookupError:
             pass
-        if _signal_strays(pgid, sig, cgroup) == 0 and not got:
+        if (_signal_strays(pgid, sig, cgroup) if strays else 0) == 0 and not got:
             raise ProcessLookupError(pgid)
         return
     frozen = cgroup is not None and cgroup.freeze(True)  # nothing forks between listing and kill
@@ -240,7 +241,7 @@ def deliver_recorded(run_dir: Path, pgid: int, sig: int) -> None:
     """deliver() for the agent (signal_run), from what the shepherd recorded."""
     rec = _read_record(run_dir)
     cg = RunCgroup.from_record(rec["cgroup"]) if rec.get("cgroup") else None
-    deliver(pgid, sig, rec.get("signal_main", True), cg)
+    deliver(pgid, sig, rec.get("signal_main", True), cg, strays=rec.get("runtime") == "none")
 
 
 def _read_record(run_dir: Path) -> dict:
