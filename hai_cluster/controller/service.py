@@ -229,7 +229,8 @@ class Controller:
         plan = await self.decide(self.telemetry.mark_idle(snapshot))
         seen = {j.id: j.version for j in snapshot.jobs}  # reasons and starts only for the jobs as the policy saw them
         reasons = {w.job_id: w.reason for w in plan.waits}
-        self.queue_stats.saw(snapshot, reasons)
+        if self.cfg.telemetry.metrics_listen:  # a walk over every job: only for a page someone may scrape
+            self.queue_stats.saw(snapshot, reasons)
         changed = await self.db(self.repo.set_reasons, reasons, seen)
         for job_id, reason in changed.items():
             self.events.record("waiting", job_id, reason=reason)
