@@ -11,6 +11,10 @@ state (step counter and running value) is saved every K steps and when the job i
 after which it exits 0; the next run resumes from it. The last line printed is
 "done: steps=<N> value=<V> runs=<restart count + 1>".
 
+Launched as several tasks (srun, $SLURM_PROCID), every rank runs the steps and rank 0 alone
+writes the checkpoint and steps.log, as data-parallel training saves from one rank: the ranks
+share the checkpoint dir, and two writers of one file would race.
+
 Outside hai-cluster the checkpoint dir is ./checkpoints (or $TRAIN_LOOP_CKPT), and
 `kill -TERM <pid>` plays the preemption.
 """
@@ -47,16 +51,19 @@ def main(argv: list[str] | None = None) -> int:
 
     job.install()  # first thing: from now on the preempt signal only sets a flag
     run = job.restart_count()
+    rank = int(os.environ.get("SLURM_PROCID") or 0)
+    writer = rank == 0
     ckpt = job.checkpoint_dir(fallback=os.environ.get("TRAIN_LOOP_CKPT", "checkpoints"))
     state = job.load_checkpoint("state.json", default={"step": 0, "value": 0}, directory=ckpt)
-    print(f"run={run} job={job.job_id()} resuming after step {state['step']} (checkpoint dir {ckpt})",
+    print(f"run={run} job={job.job_id()} resuming after step {state['step']} (checkpoint dir {ckpt}, rank {rank})",
           flush=True)
 
     def save(why: str) -> None:
-        job.save_checkpoint(state, "state.json", directory=ckpt)
-        print(f"run={run} checkpoint at step {state['step']} ({why})", flush=True)
+        if writer:
+            job.save_checkpoint(state, "state.json", directory=ckpt)
+            print(f"run={run} checkpoint at step {state['step']} ({why})", flush=True)
 
-    with open(ckpt / "steps.log", "a") as log:
+    with open(ckpt / "steps.log" if writer else os.devnull, "a") as log:
         for step in range(state["step"] + 1, args.steps + 1):
             time.sleep(args.step_seconds)  # the "work"
             state["value"] = update(state["value"], step)

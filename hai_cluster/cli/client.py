@@ -15,6 +15,14 @@ class ClientError(Exception):
     """A request failed: the controller said no, or could not be reached."""
 
 
+class ReplyLost(ClientError):
+    """The request went out (or may have) and no answer came back: the controller may have done it."""
+
+
+class Unreachable(ClientError):
+    """No connection: the request was not sent."""
+
+
 class ControllerClient:
     def __init__(self, path: str | None = None, timeout: float = 60.0, wire=None) -> None:
         """`wire`: the payload codec, a module with packb and unpackb; msgpack's C extension by
@@ -42,7 +50,7 @@ class ControllerClient:
                 sock.settimeout(self.timeout)
             except OSError as exc:
                 sock.close()
-                raise ClientError(f"cannot reach the controller at {self.path}: {exc.strerror or exc} "
+                raise Unreachable(f"cannot reach the controller at {self.path}: {exc.strerror or exc} "
                                   "(is hai-controller running? HAI_CONTROLLER names its socket)") from None
             self._sock = sock
         return self._sock
@@ -56,7 +64,7 @@ class ControllerClient:
             while True:
                 data = sock.recv(65536)
                 if not data:
-                    raise ClientError("the controller closed the connection")
+                    raise ReplyLost("the controller closed the connection")
                 for raw in self._decoder.feed(data):
                     msg = messages.parse_message(raw)
                     if isinstance(msg, messages.Response) and msg.id == rid:
@@ -64,14 +72,15 @@ class ControllerClient:
                             raise ClientError(msg.error)
                         return msg.body
         except TimeoutError:  # what a socket timeout raises
-            raise ClientError(f"no answer from the controller within {self.timeout:.0f} s") from None
+            raise ReplyLost(f"no answer from the controller within {self.timeout:.0f} s") from None
         except ProtocolError as exc:
             raise ClientError(f"bad reply from the controller: {exc}") from None
         except OSError as exc:
-            raise ClientError(f"connection to the controller failed: {exc}") from None
+            raise ReplyLost(f"connection to the controller failed: {exc}") from None
 
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
             self._decoder = FrameDecoder(self._wire.unpackb)  # what the old connection left half-read is not for the next
+            self._next_id = 1  # request ids are per connection

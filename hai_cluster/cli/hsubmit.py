@@ -6,7 +6,7 @@ import sys
 import time
 
 from ..protocol import minipack
-from .client import ClientError, ControllerClient
+from .client import ClientError, ControllerClient, ReplyLost, Unreachable
 from .common import call, fail
 
 # hsubmit, or sbatch: the same command under Slurm's name (bin/sbatch), whose messages say sbatch
@@ -55,7 +55,8 @@ def submit(argv: list[str], client: ControllerClient) -> None:
     problem = not_utf8(cwd, env, argv)
     if problem:
         fail(PROG, problem)
-    request = {"cwd": cwd, "env": env, "umask": umask}
+    # The idempotency key: a retry after a lost reply returns the job the first attempt made
+    request = {"cwd": cwd, "env": env, "umask": umask, "key": os.urandom(16).hex()}
     reply = _call(client, {**request, "argv": argv})
     if reply.get("need_script"):
         script, script_name = read_script(reply["script_path"])
@@ -76,11 +77,29 @@ def submit(argv: list[str], client: ControllerClient) -> None:
         sys.exit(wait_for_end(job_id))
 
 
+RETRY_WINDOW = 20.0  # seconds a retry waits for a controller that restarts (systemd: 2 s and its start)
+
+
 def _call(client: ControllerClient, body: dict) -> dict:
+    """The submit request; sent once more, with the same key, when its reply was lost."""
     try:
         return client.call("submit", body)
+    except ReplyLost as exc:
+        lost = str(exc)
     except ClientError as exc:
         fail(PROG, str(exc))
+    client.close()
+    deadline = time.monotonic() + RETRY_WINDOW
+    while True:
+        try:
+            return client.call("submit", body)
+        except ClientError as exc:
+            # Not reachable yet, or not serving yet (its refusals say "try again"): wait within the window
+            transient = isinstance(exc, Unreachable) or "try again" in str(exc)
+            if not transient or time.monotonic() >= deadline:
+                fail(PROG, f"{lost}; the job may have been submitted: check hqueue (retrying failed: {exc})")
+        client.close()
+        time.sleep(0.5)
 
 
 def not_utf8(cwd: str, env: dict[str, str], argv: list[str]) -> str | None:

@@ -14,6 +14,7 @@ from ..core.timefmt import format_limit, parse_time_limit
 from ..transport.rpc import RequestError
 from .access import Caller, deny, may_act_on
 from .apicontext import NOT_FINAL, ApiContext
+from .events import event_row
 from .partitions import PartitionRefused, admit, groups_of
 from .requests import expect, filter_list, int_list, one_line, str_list, task_list
 
@@ -81,15 +82,18 @@ async def cancel(ctx: ApiContext, body, caller: Caller):
         elif state == JobState.PENDING:
             pending.append(job["id"])  # all in one transaction, below
         elif state.holds_resources:
-            await ctx.ctl.db(ctx.repo.request_end, job["id"], "cancel", f"cancelled by {caller.uid}")
-            ctx.ctl.events.record("cancel_requested", job["id"], by=caller.user, state=state.value)
+            event = ctx.ctl.events.draft(lambda _, i=job["id"], was=state.value: [
+                event_row("cancel_requested", i, by=caller.user, state=was)])
+            await ctx.ctl.db(ctx.repo.request_end, job["id"], "cancel", f"cancelled by {caller.uid}", events=event)
+            event.commit()
             await ctx.ctl.dispatch.end_job(job["id"], "cancel")
             done.append(job["id"])
     if pending:  # one that started meanwhile is no longer pending: left as it is, as before
-        cancelled = set(await ctx.ctl.db(ctx.repo.cancel_pendings, pending, time.time(), caller.uid))
-        for job_id in (j for j in pending if j in cancelled):
-            ctx.ctl.events.record("cancel_requested", job_id, by=caller.user, state=JobState.PENDING.value)
-            done.append(job_id)
+        events = ctx.ctl.events.draft(lambda ids: [event_row("cancel_requested", i, by=caller.user,
+                                                             state=JobState.PENDING.value) for i in ids])
+        cancelled = set(await ctx.ctl.db(ctx.repo.cancel_pendings, pending, time.time(), caller.uid, events=events))
+        events.commit()
+        done += [j for j in pending if j in cancelled]
     if refused:  # logged once per request, however many jobs it named
         deny(caller, f"{what} of {', '.join(refused[:5])}{f' and {len(refused) - 5} more' if len(refused) > 5 else ''}")
     ctx.ctl.wake()
@@ -126,10 +130,12 @@ async def preempt(ctx: ApiContext, body, caller: Caller):
 async def set_hold(ctx: ApiContext, body, caller: Caller, hold: bool):
     job = await ctx.own_job(body, caller, "hold" if hold else "release")
     await ctx.take_rate(caller, 1)  # a store write and an event row: a loop made 188 a second
-    error = await ctx.ctl.db(ctx.repo.set_hold, job.id, hold, admin=caller.operator and job.user != caller.user)
+    event = ctx.ctl.events.draft(lambda _: [event_row("held" if hold else "released", job.id, by=caller.user)])
+    error = await ctx.ctl.db(ctx.repo.set_hold, job.id, hold, admin=caller.operator and job.user != caller.user,
+                             events=event)
     if error:
         raise RequestError(error)
-    ctx.ctl.events.record("held" if hold else "released", job.id, by=caller.user)
+    event.commit()
     ctx.ctl.wake()
     return {"job_id": job.id}
 

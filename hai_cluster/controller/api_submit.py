@@ -18,6 +18,7 @@ from ..store.views import probe_view
 from ..transport.rpc import RequestError
 from .access import Caller, deny
 from .apicontext import PARSE_ON_LOOP, ApiContext
+from .events import event_row
 from .outputcheck import outputs_problem
 from .api_reservations import checked_reservation
 from .partitions import PartitionRefused, admit, admit_qos, groups_of, qos_time_limit
@@ -43,6 +44,7 @@ async def submit(ctx: ApiContext, body, caller: Caller):
     if umask is not None and not 0 <= umask <= 0o777:
         raise RequestError(f"field 'umask' must be between 0 and 0777, got {umask}")
     script_name = expect(body, "script_name", str)
+    key = submission_key(body)
     too_big = script_too_big(ctx, script, option_args, script_args)
     if too_big:
         raise RequestError(too_big)
@@ -108,21 +110,36 @@ async def submit(ctx: ApiContext, body, caller: Caller):
     if tasks > 1:
         await ctx.take_rate(caller, tasks - 1)  # an array's other tasks
 
+    def rows(job_id: int) -> list[dict]:
+        out = [event_row("submitted", job_id, user=caller.user, partition=partition, nodes=spec.nodes,
+                         gpus_per_node=spec.gpus_per_node, priority=spec.priority, hold=spec.hold or None,
+                         array=spec.array, account=account)]
+        if spec.reason_at_submission is not None:
+            out.append(event_row("waiting", job_id, reason=spec.reason_at_submission))
+        return out
+    events = ctx.ctl.events.draft(rows)
+
     def record() -> int:  # on the store thread: no other submission counts in between
         ctx.ctl.tenancy.check_submission(ctx.repo.engine, caller, account, tasks, spec_size(spec.to_wire()))
         return ctx.repo.submit(spec, user=caller.user, uid=caller.uid, gid=caller.gid, partition=partition,
-                               now=time.time(), account=account)
+                               now=time.time(), account=account, key=key, events=events)
     job_id = await ctx.ctl.db(record)
-    ctx.ctl.events.record("submitted", job_id, user=caller.user, partition=partition, nodes=spec.nodes,
-                          gpus_per_node=spec.gpus_per_node, priority=spec.priority, hold=spec.hold or None,
-                          array=spec.array, account=account)
-    if spec.reason_at_submission is not None:
-        # It cannot start, and its reason is stored with it: a pass would only load the whole
-        # queue again (a burst of held submissions woke one per 50 ms, each reading them all).
-        ctx.ctl.events.record("waiting", job_id, reason=spec.reason_at_submission)
-    else:
+    events.commit()
+    # A held job cannot start, and its reason is stored with it: a pass would only load the
+    # whole queue again (a burst of held submissions woke one per 50 ms, each reading them all).
+    # A retried submission (its key known) changed nothing.
+    if events.built and spec.reason_at_submission is None:
         ctx.ctl.wake()
     return {"job_id": job_id, "parsable": sub.parsable, "wait": sub.wait}  # directives may set them
+
+
+def submission_key(body: Mapping) -> str | None:
+    """The client's idempotency key (store/submit_keys.py): 16 to 64 letters, digits, '-' or '_'."""
+    key = expect(body, "key", str)
+    if key is not None and not (16 <= len(key) <= 64 and key.isascii()
+                                and all(ch.isalnum() or ch in "-_" for ch in key)):
+        raise RequestError("field 'key' must be 16 to 64 letters, digits, '-' or '_'")
+    return key
 
 
 def script_too_big(ctx: ApiContext, script: str | None, option_args: list[str], script_args: list[str]) -> str | None:

@@ -2,15 +2,21 @@
 (journald) and as a row in the store's `events` table (`hcontrol show events`).
 
 Lines read `event=KIND job=ID node=NAME key=value ...`, values with spaces quoted, so that
-`journalctl -u hai-controller | grep 'job=42 '` gives a job's story. Rows are buffered and
-written in one transaction per scheduling tick (and before any read), so logging a decision
-never costs a store round trip of its own.
+`journalctl -u hai-controller | grep 'job=42 '` gives a job's story.
+
+An event of a change to the store (a submission, a start, an end, a cancel, a hold) is written
+by the transaction that makes the change (`draft`): a controller killed at any instant leaves
+no job without its `submitted` event, and no event of a change that did not commit. What the
+controller observes without changing the store (a link drop, a notice sent to an agent) is
+buffered (`record`) and written once per scheduling tick (and before any read).
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Callable, Iterable, Mapping
+
+from ..core.states import JobState
 
 log = logging.getLogger("hai.events")
 
@@ -59,18 +65,55 @@ def format_line(kind: str, job_id: int | None, node: str | None, detail: dict) -
     return " ".join(parts)
 
 
+def event_row(kind: str, job: int | None = None, node: str | None = None, *, now: float | None = None,
+              **detail: Any) -> dict:
+    """An events-table row (detail without the None values); the kind must be one of KINDS."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown event kind {kind!r}")
+    return {"time": time.time() if now is None else now, "kind": kind, "job_id": job, "node": node,
+            "detail": {k: v for k, v in detail.items() if v is not None}}
+
+
+def emit(row: Mapping[str, Any]) -> None:
+    """The row's one-line record on the log."""
+    log.log(logging.WARNING if row["kind"] in WARNING_KINDS else logging.INFO, "%s",
+            format_line(row["kind"], row["job_id"], row["node"], row["detail"]))
+
+
+class Draft:
+    """The events of one store transaction. The repository calls it inside the transaction with
+    the change's result and writes the rows it returns there (store.events.journal); `commit()`
+    logs their lines once the transaction has committed. Never called: the change did not happen
+    (a duplicate submission, a job no longer pending), and nothing is logged."""
+
+    def __init__(self, build: Callable[[Any], Iterable[dict]]) -> None:
+        self._build = build
+        self.rows: list[dict] = []
+        self.built = False
+
+    def __call__(self, result: Any) -> list[dict]:
+        self.rows, self.built = list(self._build(result)), True  # a retried transaction builds anew
+        return self.rows
+
+    def commit(self) -> None:
+        for row in self.rows:
+            emit(row)
+
+
 class EventLog:
     def __init__(self) -> None:
         self._pending: list[dict] = []
 
     def record(self, kind: str, job: int | None = None, node: str | None = None, *, now: float | None = None,
                **detail: Any) -> None:
-        if kind not in KINDS:
-            raise ValueError(f"unknown event kind {kind!r}")
-        detail = {k: v for k, v in detail.items() if v is not None}
-        log.log(logging.WARNING if kind in WARNING_KINDS else logging.INFO, "%s", format_line(kind, job, node, detail))
-        self._pending.append({"time": time.time() if now is None else now, "kind": kind, "job_id": job,
-                              "node": node, "detail": detail})
+        """An observation that changes nothing in the store: logged now, written with the next flush."""
+        row = event_row(kind, job, node, now=now, **detail)
+        emit(row)
+        self._pending.append(row)
+
+    @staticmethod
+    def draft(build: Callable[[Any], Iterable[dict]]) -> Draft:
+        return Draft(build)
 
     def take(self) -> list[dict]:
         """The rows not yet written; the caller writes them (and puts them back if it cannot)."""
@@ -79,3 +122,25 @@ class EventLog:
 
     def put_back(self, rows: list[dict]) -> None:
         self._pending[:0] = rows
+
+
+def start_event(start: Any, run: Any) -> dict:
+    """The `started` row of a plan's Start (scheduling.plan) recorded as `run` (store.records.StartedRun)."""
+    p = start.placement
+    return event_row("started", run.job.id, ",".join(p.nodes), attempt=run.attempt,
+                     gpus=" ".join(f"{n}:{','.join(map(str, g))}" for n, g in zip(p.nodes, p.gpus) if g) or None,
+                     reason=start.reason)
+
+
+def end_events(ends: Iterable[tuple], results: Iterable[Any]) -> list[dict]:
+    """`ended` (and `requeued`) rows of rank ends (job id, attempt, node, RunStatus) whose store
+    results (store.repository.RankEnd) finished a run."""
+    rows = []
+    for (job_id, attempt, node, status), result in zip(ends, results):
+        if result.run_state is None:
+            continue
+        rows.append(event_row("ended", job_id, node, attempt=attempt, state=result.run_state.value,
+                              exit_code=status.exit_code, signal=status.signal, reason=status.reason))
+        if result.job_state == JobState.PENDING:
+            rows.append(event_row("requeued", job_id, attempt=attempt, after=result.run_state.value))
+    return rows

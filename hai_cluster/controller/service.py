@@ -25,6 +25,7 @@ from ..core.states import JobState
 from ..protocol.runspec import RunStatus, SpecError
 from ..scheduling.registry import make_policy
 from ..store.engine import make_engine, upgrade
+from ..store import submit_keys
 from ..store.events import add_events, prune_events
 from ..store.lease import Fenced
 from ..store.applier import StartRequest
@@ -34,7 +35,7 @@ from . import membership, reconcile
 from .dispatcher import Dispatcher
 from .batching import GroupWriter
 from .errors import StoreUnavailable
-from .events import EventLog
+from .events import EventLog, emit, end_events, event_row, start_event
 from .health import on_health
 from .mail import LIMIT_MARKS, LimitWatch, Mailer
 from .metrics import QueueStats
@@ -50,6 +51,9 @@ log = logging.getLogger(__name__)
 RESYNC_INTERVAL = 15.0  # (reconcile.resync_all)
 PRUNE_INTERVAL = 3600.0  # seconds between prunes of old events
 STORE_LOG_INTERVAL = 60.0  # seconds between log lines of a store outage
+# An outage ends once the store has answered this long without a failure: with its disk full,
+# reads succeed between the failing writes, and "back" after each read flapped in the log.
+STORE_QUIET = 10.0
 
 
 class Controller:
@@ -75,6 +79,7 @@ class Controller:
         self._store_logged = -math.inf  # when an outage was last logged (monotonic)
         self._store_failures = 0  # failures since then
         self._store_reported = False  # the current outage was logged: its end is too
+        self._store_failed = -math.inf  # the latest failure (monotonic)
         self._last_resync = 0.0
         self._last_retry = 0.0
         self._agent_epoch: Callable[[], int] | None = None
@@ -85,7 +90,8 @@ class Controller:
         self.events = EventLog()
         # Group commit (batching.py) for the two writes every job makes once per rank.
         self.mark_running = GroupWriter(self.db, lambda ranks: self.repo.mark_ranks_running(ranks))
-        self._record_end = GroupWriter(self.db, lambda ends: self.repo.ranks_ended(ends, time.time()))
+        self._record_end = GroupWriter(self.db, lambda ends: self.repo.ranks_ended(
+            ends, time.time(), events=lambda results: end_events(ends, results)))
         self._last_prune = 0.0
 
     def note_inventory(self, nodes) -> tuple:
@@ -102,13 +108,14 @@ class Controller:
             # query SQLite refused, in a loop) wrote two lines each, the outage and its end.
             now = time.monotonic()
             self._store_failures += 1
+            self._store_failed = now
             if now - self._store_logged >= STORE_LOG_INTERVAL:
                 log.error("the store is unavailable (%s); no decisions until it is back (%d failure(s))",
                           str(exc.orig).strip().splitlines()[0] if exc.orig else exc, self._store_failures)
                 self._store_logged, self._store_failures, self._store_reported = now, 0, True
             self.store_down = True
             raise StoreUnavailable("the job store is unavailable; nothing was changed, try again shortly") from None
-        if self.store_down:
+        if self.store_down and time.monotonic() - self._store_failed >= STORE_QUIET:
             if self._store_reported:
                 log.warning("the store is back")
             self.store_down = self._store_reported = False
@@ -184,6 +191,7 @@ class Controller:
             if time.monotonic() - self._last_prune >= PRUNE_INTERVAL:
                 self._last_prune = time.monotonic()
                 await self.db(prune_events, self.repo.engine, time.time() - self.cfg.events_max_age_days * 86400)
+                await self.db(submit_keys.prune, self.repo.engine, time.time() - submit_keys.KEEP_SECONDS)
         except StoreUnavailable:
             self.events.put_back(rows)
             raise
@@ -231,22 +239,23 @@ class Controller:
         reasons = {w.job_id: w.reason for w in plan.waits}
         if self.cfg.telemetry.metrics_listen:  # a walk over every job: only for a page someone may scrape
             self.queue_stats.saw(snapshot, reasons)
-        changed = await self.db(self.repo.set_reasons, reasons, seen)
-        for job_id, reason in changed.items():
-            self.events.record("waiting", job_id, reason=reason)
+        waiting = self.events.draft(lambda changed: [event_row("waiting", job_id, reason=reason)
+                                                     for job_id, reason in changed.items()])
+        await self.db(self.repo.set_reasons, reasons, seen, events=waiting)
+        waiting.commit()
         for p in plan.preempts:
             await self.preempt(p.job_id, "preempt", p.reason, for_job=p.for_job, by="scheduler")
-        # All of the pass's starts recorded in one transaction, before any agent is told of them.
+        # All of the pass's starts recorded in one transaction (with their events), before any
+        # agent is told of them.
+        started = self.events.draft(lambda recorded: [start_event(start, run) for start, run in
+                                                      zip(plan.starts, recorded) if run])
         recorded = await self.db(self.repo.start_runs, [StartRequest(s.job_id, s.placement, seen.get(s.job_id))
-                                                        for s in plan.starts], time.time())
+                                                        for s in plan.starts], time.time(), events=started)
+        started.commit()
         for start, run in zip(plan.starts, recorded):
             if not run:
                 log.info("job %d: start no longer possible (%s), re-planning next tick", start.job_id, run.reason)
                 continue
-            self.events.record("started", run.job.id, ",".join(start.placement.nodes), attempt=run.attempt,
-                               gpus=" ".join(f"{n}:{','.join(map(str, g))}" for n, g in
-                                             zip(start.placement.nodes, start.placement.gpus) if g) or None,
-                               reason=start.reason)
             if run.job.spec.mail_type:
                 self.mail.notice(run.job, "BEGIN", start=run.job.start_time)
                 self.limit_mails.watch(run.job, run.job.start_time, time.time())
@@ -284,12 +293,13 @@ class Controller:
         job = await self.db(self.repo.job_record, job_id)
         if request == "preempt" and job is not None and job.resumes is None:
             why = f"{why}; {WORK_LOST}"
-        if not await self.db(self.repo.request_end, job_id, request, why):
+        event = self.events.draft(lambda _: [event_row("preempted" if request == "preempt" else "requeue_requested",
+                                                       job_id, for_job=for_job, by=by, reason=why)])
+        if not await self.db(self.repo.request_end, job_id, request, why, events=event):
             return False
+        event.commit()
         if request == "preempt":
             self.queue_stats.preemptions += 1
-        self.events.record("preempted" if request == "preempt" else "requeue_requested", job_id,
-                           for_job=for_job, by=by, reason=why)
         await self.dispatch.end_job(job_id, request)
         return True
 
@@ -297,10 +307,8 @@ class Controller:
         job_id, attempt = status.job_id, status.attempt
         result = await self._record_end((job_id, attempt, node, status))
         if result.run_state is not None:
-            self.events.record("ended", job_id, node, attempt=attempt, state=result.run_state.value,
-                               exit_code=status.exit_code, signal=status.signal, reason=status.reason)
-            if result.job_state == JobState.PENDING:
-                self.events.record("requeued", job_id, attempt=attempt, after=result.run_state.value)
+            for row in end_events([(job_id, attempt, node, status)], [result]):  # written with the end
+                emit(row)
             await self._mail_end(job_id, attempt, result.job_state)
             rollup = self.telemetry.finish((job_id, attempt))
             if rollup is not None:

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -32,6 +33,7 @@
 #endif
 #define MAX_FRAME 16777216u /* framing.MAX_FRAME_BYTES */
 #define MAX_DEPTH 500       /* nesting a reply may have (Python's recursion limit would stop it near here) */
+#define RETRY_WINDOW 20.0   /* hsubmit.py's: seconds a retry waits for a controller that restarts */
 
 extern char **environ;
 typedef unsigned char u8;
@@ -39,14 +41,23 @@ typedef struct { u8 *p; size_t len, cap; } Buf;
 
 /* The name messages start with: hsubmit, or sbatch (the same program under Slurm's name). */
 static const char *prog = "hsubmit";
+/* Set while a submission is sent again after its reply was lost: the first failure. Every error
+ * from then on says the job may have been submitted, as hsubmit.py's _call does. */
+static char lost[512];
+
+static void error_head(void) {
+    fflush(stdout);
+    fprintf(stderr, "%s: error: ", prog);
+    if (lost[0]) fprintf(stderr, "%s; the job may have been submitted: check hqueue (retrying failed: ", lost);
+}
 
 static void die(const char *fmt, ...) {
     va_list ap;
-    fflush(stdout);
-    fprintf(stderr, "%s: error: ", prog);
+    error_head();
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
     va_end(ap);
+    if (lost[0]) fputc(')', stderr);
     fputc('\n', stderr);
     exit(1);
 }
@@ -154,20 +165,15 @@ static const char *shown(const char *s) {
 /* The controller's error text: one "prog: error: " line per line of it (a refused submission lists
  * every refusal), control bytes shown as \xNN, as hsubmit.py's fail() prints it. */
 static void die_lines(const char *s, size_t len) {
-    fflush(stdout);
-    int start = 1;
+    error_head();
     for (size_t i = 0; i < len; i++) {
         unsigned char ch = (unsigned char)s[i];
-        if (start) fprintf(stderr, "%s: error: ", prog);
-        start = ch == '\n';
-        if (ch == '\n') fputc('\n', stderr);
+        if (ch == '\n') fprintf(stderr, "\n%s: error: ", prog);
         else if (ch < 0x20 || ch == 0x7f) fprintf(stderr, "\\x%02x", ch);
         else fputc(ch, stderr);
     }
-    if (!start || !len) {
-        if (!len) fprintf(stderr, "%s: error: ", prog);
-        fputc('\n', stderr);
-    }
+    if (lost[0]) fputc(')', stderr);
+    fputc('\n', stderr);
     exit(1);
 }
 
@@ -356,12 +362,21 @@ typedef struct { int fd; Buf in; int64_t next_id; const char *path; } Conn;
 typedef struct { u8 *payload; Val body; } Reply;
 
 
-static void io_failed(void) {
-    if (errno == EAGAIN || errno == EWOULDBLOCK) die("no answer from the controller within %d s", HAI_TIMEOUT_SECONDS);
-    die("connection to the controller failed: [Errno %d] %s", errno, strerror(errno));
+/* What try_call got: the response, a lost reply (sent, or maybe sent, and no answer), or a
+ * refusal that says "try again" (while retrying only); `failure` says why it was not the response. */
+enum { GOT, LOST, BUSY };
+static char failure[512];
+
+static int io_lost(void) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+        snprintf(failure, sizeof failure, "no answer from the controller within %d s", HAI_TIMEOUT_SECONDS);
+    else
+        snprintf(failure, sizeof failure, "connection to the controller failed: [Errno %d] %s", errno, strerror(errno));
+    return LOST;
 }
 
-static void conn_open(Conn *c) {
+/* Connects; 0, or -1 with the reason in `failure`. */
+static int conn_try_open(Conn *c) {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     struct timeval tv = {.tv_sec = HAI_TIMEOUT_SECONDS};
     const char *env = getenv("HAI_CONTROLLER");
@@ -369,7 +384,10 @@ static void conn_open(Conn *c) {
     c->in.len = 0;
     c->next_id = 1;
     c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (c->fd < 0) die("connection to the controller failed: [Errno %d] %s", errno, strerror(errno));
+    if (c->fd < 0) {
+        io_lost();
+        return -1;
+    }
     setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     const char *why = "AF_UNIX path too long";
@@ -377,11 +395,19 @@ static void conn_open(Conn *c) {
         strcpy(addr.sun_path, c->path);
         while (connect(c->fd, (struct sockaddr *)&addr, sizeof addr) < 0)
             if (errno != EINTR) { why = strerror(errno); goto failed; }
-        return;
+        return 0;
     }
 failed:
-    die("cannot reach the controller at %s: %s (is hai-controller running? HAI_CONTROLLER names its socket)",
-        c->path, why);
+    close(c->fd);
+    c->fd = -1;
+    snprintf(failure, sizeof failure,
+             "cannot reach the controller at %s: %s (is hai-controller running? HAI_CONTROLLER names its socket)",
+             c->path, why);
+    return -1;
+}
+
+static void conn_open(Conn *c) {
+    if (conn_try_open(c) < 0) die("%s", failure);
 }
 
 static void conn_close(Conn *c) {
@@ -389,7 +415,8 @@ static void conn_close(Conn *c) {
     c->fd = -1;
 }
 
-/* Checks a message as messages.parse_message does; 1 when it is the response to request id. */
+/* Checks a message as messages.parse_message does; 1 when it is the response to request id, 2
+ * when that is a refusal saying "try again" while a submission is retried (the text in `failure`). */
 static int our_response(const u8 *p, size_t n, int64_t id, Reply *out) {
     Val msg = {p, n, 0}, v, k, f;
     size_t end = 0;
@@ -417,6 +444,10 @@ static int our_response(const u8 *p, size_t n, int64_t id, Reply *out) {
     int has_error = lookup(msg, "e", &f) && get_str(f, &s, &len);
     if (!ok && !has_error) die("bad reply from the controller: error response without an error text");
     if (i != id) return 0;
+    if (!ok && lost[0] && memmem(s, len, "try again", 9)) {
+        snprintf(failure, sizeof failure, "%.*s", (int)(len < 500 ? len : 500), s);
+        return 2;
+    }
     if (!ok) die_lines(s, len); /* the controller's own error */
     out->payload = malloc(n ? n : 1);
     if (!out->payload) die("out of memory");
@@ -427,10 +458,10 @@ static int our_response(const u8 *p, size_t n, int64_t id, Reply *out) {
     return 1;
 }
 
-/* Sends {"v":1,"k":"req","id":N,"m":method,"b":<body, already packed>}; the response's body. */
-static Reply call(Conn *c, const char *method, const Buf *body) {
+/* Sends {"v":1,"k":"req","id":N,"m":method,"b":<body, already packed>}; GOT with the response's
+ * body in *reply, or why not. Garbage in the answer ends the program. */
+static int try_call(Conn *c, const char *method, const Buf *body, Reply *reply) {
     Buf out = {0};
-    Reply reply;
     int64_t id = c->next_id++;
     put(&out, "\0\0\0\0", 4);
     put_map(&out, 5);
@@ -446,7 +477,10 @@ static Reply call(Conn *c, const char *method, const Buf *body) {
     for (size_t sent = 0; sent < out.len;) {
         ssize_t r = send(c->fd, out.p + sent, out.len - sent, MSG_NOSIGNAL);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) io_failed();
+        if (r < 0) {
+            free(out.p);
+            return io_lost();
+        }
         sent += (size_t)r;
     }
     free(out.p);
@@ -457,17 +491,53 @@ static Reply call(Conn *c, const char *method, const Buf *body) {
                 die("bad reply from the controller: frame length %llu exceeds the %u-byte limit",
                     (unsigned long long)len, MAX_FRAME);
             if (c->in.len - 4 < len) break;
-            int mine = our_response(c->in.p + 4, (size_t)len, id, &reply);
+            int mine = our_response(c->in.p + 4, (size_t)len, id, reply);
             c->in.len -= 4 + (size_t)len; /* what follows stays for a later call on this connection */
             memmove(c->in.p, c->in.p + 4 + len, c->in.len);
-            if (mine) return reply;
+            if (mine) return mine == 1 ? GOT : BUSY;
         }
         reserve(&c->in, 65536);
         ssize_t r = recv(c->fd, c->in.p + c->in.len, 65536, 0);
-        if (r == 0) die("the controller closed the connection");
+        if (r == 0) {
+            snprintf(failure, sizeof failure, "the controller closed the connection");
+            return LOST;
+        }
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) io_failed();
+        if (r < 0) return io_lost();
         c->in.len += (size_t)r;
+    }
+}
+
+static Reply call(Conn *c, const char *method, const Buf *body) {
+    Reply reply;
+    if (try_call(c, method, body, &reply) != GOT) die("%s", failure);
+    return reply;
+}
+
+static double monotonic(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* The submit request; sent once more, on a new connection and with the same key, when its reply
+ * was lost (the controller died after its commit, say): the controller then answers with the job
+ * the first one created. hsubmit.py's _call, step for step. */
+static Reply submit_call(Conn *c, const Buf *body) {
+    Reply reply;
+    if (try_call(c, "submit", body, &reply) == GOT) return reply;
+    snprintf(lost, sizeof lost, "%s", failure);
+    conn_close(c);
+    double deadline = monotonic() + RETRY_WINDOW;
+    for (;;) {
+        int got = conn_try_open(c) < 0 ? BUSY : try_call(c, "submit", body, &reply);
+        if (got == GOT) {
+            lost[0] = 0;
+            return reply;
+        }
+        if (got == LOST || monotonic() >= deadline) die_lines(failure, strlen(failure));
+        conn_close(c);
+        nanosleep(&(struct timespec){0, 500000000}, NULL);
     }
 }
 
@@ -549,7 +619,14 @@ static size_t common_fields(Buf *b, char **argv) {
     umask(mask);
     put_cstr(b, "umask");
     put_int(b, mask);
-    return 3;
+    /* the idempotency key (hsubmit.py's os.urandom(16).hex()): a retry finds the job it made */
+    u8 raw[16];
+    char key[33];
+    if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) die("cannot read random bytes: %s", strerror(errno));
+    for (i = 0; i < sizeof raw; i++) sprintf(key + 2 * i, "%02x", raw[i]);
+    put_cstr(b, "key");
+    put_cstr(b, key);
+    return 4;
 }
 
 static int is_final(Val state) {
@@ -566,7 +643,7 @@ static int wait_for_end(int64_t job_id) {
     put_cstr(&body, "ids"); put_array(&body, 1); put_int(&body, job_id);
     put_cstr(&body, "all"); put_bool(&body, 1);
     for (;;) {
-        Conn c;
+        Conn c = {0};
         conn_open(&c);
         Reply r = call(&c, "jobs", &body);
         conn_close(&c);
@@ -644,9 +721,9 @@ int main(int argc, char **argv) {
     put_array(&body, (size_t)argc - 1);
     for (int i = 1; i < argc; i++) put_cstr(&body, argv[i]);
 
-    Conn c;
+    Conn c = {0};
     conn_open(&c);
-    Reply r = call(&c, "submit", &body);
+    Reply r = submit_call(&c, &body);
     Val f, g;
     if (lookup(r.body, "need_script", &f) && truthy(f)) {
         Val opts, args;
@@ -685,7 +762,7 @@ int main(int argc, char **argv) {
         put_cstr(&body, "option_args"); put(&body, opts.p + opts.pos, next(opts).pos - opts.pos);
         put_cstr(&body, "script_args"); put(&body, args.p + args.pos, next(args).pos - args.pos);
         free(script.p);
-        Reply second = call(&c, "submit", &body);
+        Reply second = submit_call(&c, &body);
         free(r.payload); /* opts and args pointed into it */
         r = second;
     }

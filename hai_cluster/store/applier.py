@@ -18,6 +18,7 @@ from ..core.reservation import mark_nodes
 from ..core.states import JobState
 from . import reservations as reservation_store
 from . import statements as st
+from .events import Journal, journal
 from .records import JobRecord, StartedRun
 from .schema import jobs
 from .views import full_spec, job_view, live_ranks, node_views
@@ -40,9 +41,10 @@ class StartRequest:
     version: int | None = None  # the job's version in the policy's snapshot; None: any
 
 
-def start_runs(engine: Engine, starts: Sequence[StartRequest], now: float) -> list[StartedRun | Refused]:
+def start_runs(engine: Engine, starts: Sequence[StartRequest], now: float,
+               events: Journal = None) -> list[StartedRun | Refused]:
     """Each of a pass's starts, in one transaction (a pass that starts many jobs waits for one
-    sync, not one each); each is checked after those before it."""
+    sync, not one each); each is checked after those before it. `events(results)`: written in it."""
     if not starts:
         return []
     with engine.begin() as c:
@@ -51,7 +53,7 @@ def start_runs(engine: Engine, starts: Sequence[StartRequest], now: float) -> li
         # ...under the reservations, as the policy saw them (a window may have opened since)
         views = {n.name: n for n in mark_nodes(node_views(c, live_ranks(c, names), names),
                                                reservation_store.live(c, now), now)}
-        return [start_run(c, s, now, views) for s in starts]
+        return journal(c, events, [start_run(c, s, now, views) for s in starts])
 
 
 def start_run(c, start: StartRequest, now: float, views: dict[str, NodeView]) -> StartedRun | Refused:

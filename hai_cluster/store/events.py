@@ -1,9 +1,9 @@
 """The event table: append, read a job's or a node's history, prune by age."""
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
-from sqlalchemy import Engine, delete, insert, select
+from sqlalchemy import Connection, Engine, delete, insert, select
 
 from .schema import event_nodes, events
 
@@ -18,14 +18,33 @@ def add_events(engine: Engine, rows: Iterable[Mapping]) -> None:
     """Append events (dicts with time, kind, job_id, node, detail) in one transaction; `node`
     is one node or a gang start's, comma-separated."""
     rows = list(rows)
+    if rows:
+        with engine.begin() as c:
+            add_events_in(c, rows)
+
+
+def add_events_in(c: Connection, rows: Iterable[Mapping]) -> None:
+    """add_events on the caller's transaction: the change and its event commit together."""
+    rows = list(rows)
     if not rows:
         return
-    with engine.begin() as c:
-        ids = c.execute(_ADD, rows).scalars().all()
-        named = [{"event_id": i, "node": n} for i, r in zip(ids, rows) if r.get("node")
-                 for n in sorted({n[:64] for n in r["node"].split(",") if n})]
-        if named:
-            c.execute(_ADD_NODES, named)
+    ids = c.execute(_ADD, rows).scalars().all()
+    named = [{"event_id": i, "node": n} for i, r in zip(ids, rows) if r.get("node")
+             for n in sorted({n[:64] for n in r["node"].split(",") if n})]
+    if named:
+        c.execute(_ADD_NODES, named)
+
+
+# A change's events, built from its result inside its transaction (controller/events.py's Draft)
+Journal = Callable[[Any], Iterable[Mapping]] | None
+
+
+def journal(c: Connection, events: Journal, result: Any) -> Any:
+    """Write the events a change's caller built from its result (controller/events.py's Draft)
+    in the change's own transaction; returns the result."""
+    if events is not None:
+        add_events_in(c, events(result))
+    return result
 
 
 def events_query(*, job_id: int | None = None, node: str | None = None, limit: int | None = None):

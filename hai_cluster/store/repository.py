@@ -19,11 +19,12 @@ from ..core.outcome import combine, job_state_after
 from ..core.resources import why_waiting
 from ..core.states import ACTIVE_STATES, FINAL_STATES, JobState
 from ..protocol.runspec import RunStatus
-from . import applier, listing
+from . import applier, listing, submit_keys
 from . import reservations as reservation_store
 from . import statements as st
 from .applier import Refused, StartRequest
 from .dependencies import DependencyBook
+from .events import Journal, journal
 from .records import JobRecord, StartedRun
 from .schema import array_specs, gpus, jobs, nodes, run_ranks, runs
 from .steps import StepBook, close_open
@@ -214,25 +215,39 @@ class Repository:
 
     # ---- submission and user actions -------------------------------------------------------
     def submit(self, spec: JobSpec, *, user: str, uid: int, gid: int, partition: str, now: float,
-               account: str = "default") -> int:
-        """Record a job, or every task of an array in one transaction. Returns the (array) job id."""
+               account: str = "default", key: str | None = None, events: Journal = None) -> int:
+        """Record a job, or every task of an array in one transaction. Returns the (array) job id.
+        `key`: the client's idempotency key; a submission with a key this uid used within the day
+        records nothing and returns that job (a retry after a lost reply). `events(job id)`: the
+        submission's events, written in its transaction (not called for such a retry)."""
+        with self.engine.begin() as c:
+            if key is not None and (known := submit_keys.job_of(c, uid, key)) is not None:
+                return known
+            job_id = self._insert_job(c, spec, user=user, uid=uid, gid=gid, partition=partition, now=now,
+                                      account=account)
+            if key is not None:
+                submit_keys.add(c, uid, key, job_id, now)
+            return journal(c, events, job_id)
+
+    @staticmethod
+    def _insert_job(c, spec: JobSpec, *, user: str, uid: int, gid: int, partition: str, now: float,
+                    account: str) -> int:
         row = job_columns(spec, user=user, uid=uid, gid=gid, partition=partition, now=now, account=account)
         wire = spec.to_wire()
         size = spec_size(wire)
-        with self.engine.begin() as c:
-            if spec.array is None:
-                return int(c.execute(st.JOB_INSERT, {**row, "spec": wire, "spec_bytes": size}).inserted_primary_key[0])
-            array = parse_array(spec.array, None)
-            first = None
-            for task in array.indices:  # the spec once, in array_specs; each task only its own changes
-                job_id = int(c.execute(insert(jobs).values(
-                    **row, spec={}, spec_bytes=size if first is None else 0, array_job_id=first,
-                    array_task_id=task, array_task_limit=array.limit)).inserted_primary_key[0])
-                if first is None:
-                    first = job_id
-                    c.execute(update(jobs).where(jobs.c.id == first).values(array_job_id=first))
-                    c.execute(st.ARRAY_SPEC_INSERT, {"array_job_id": first, "spec": wire})
-            return first
+        if spec.array is None:
+            return int(c.execute(st.JOB_INSERT, {**row, "spec": wire, "spec_bytes": size}).inserted_primary_key[0])
+        array = parse_array(spec.array, None)
+        first = None
+        for task in array.indices:  # the spec once, in array_specs; each task only its own changes
+            job_id = int(c.execute(insert(jobs).values(
+                **row, spec={}, spec_bytes=size if first is None else 0, array_job_id=first,
+                array_task_id=task, array_task_limit=array.limit)).inserted_primary_key[0])
+            if first is None:
+                first = job_id
+                c.execute(update(jobs).where(jobs.c.id == first).values(array_job_id=first))
+                c.execute(st.ARRAY_SPEC_INSERT, {"array_job_id": first, "spec": wire})
+        return first
 
     def missing_targets(self, targets: Iterable[tuple[int, int | None]]) -> list[tuple[int, int | None]]:
         """The (job id, task id or None) a dependency names that no job is."""
@@ -281,13 +296,14 @@ class Repository:
         return book.verdicts({i: j.dependency for i, j in rows.items()},
                              lambda keys: self._targets(keys, c), singletons_clear, now)
 
-    def cancel_pending(self, job_id: int, now: float, by_uid: int | None = None, why: str | None = None) -> bool:
-        return self.cancel_pendings([job_id], now, by_uid, why) == [job_id]
+    def cancel_pending(self, job_id: int, now: float, by_uid: int | None = None, why: str | None = None,
+                       events: Journal = None) -> bool:
+        return self.cancel_pendings([job_id], now, by_uid, why, events) == [job_id]
 
     def cancel_pendings(self, job_ids: Sequence[int], now: float, by_uid: int | None = None,
-                        why: str | None = None) -> list[int]:
+                        why: str | None = None, events: Journal = None) -> list[int]:
         """Cancel those of the jobs that are pending, in one transaction (an hcancel of a thousand
-        waited for a thousand commits); the ids it cancelled."""
+        waited for a thousand commits); the ids it cancelled (and `events(ids)` written with them)."""
         done: list[int] = []
         with self.engine.begin() as c:
             for i in range(0, len(job_ids), CANCEL_CHUNK):
@@ -300,9 +316,9 @@ class Repository:
                         reason=why or (f"cancelled by {by_uid}" if by_uid is not None else "None")))
                     drop_payloads(c, ids)
                 done += ids
-        return done
+            return journal(c, events, done)
 
-    def request_end(self, job_id: int, request: str, why: str | None = None) -> bool:
+    def request_end(self, job_id: int, request: str, why: str | None = None, events: Journal = None) -> bool:
         """Ask a running job to end: cancel, or preempt/requeue (it comes back to the queue).
 
         The agents are told by the controller; the run's end moves the job on. A cancel overrides
@@ -314,9 +330,9 @@ class Repository:
                 q = q.where(jobs.c.state == JobState.RUNNING.value)
             res = c.execute(q.values(end_request=request, end_reason=why, state=state.value,
                                      version=jobs.c.version + 1))
-            return res.rowcount == 1
+            return res.rowcount == 1 and journal(c, events, True)
 
-    def set_hold(self, job_id: int, hold: bool, *, admin: bool) -> str | None:
+    def set_hold(self, job_id: int, hold: bool, *, admin: bool, events: Journal = None) -> str | None:
         """Hold or release a pending job. Returns an error text, or None when done."""
         with self.engine.begin() as c:
             job = c.execute(st.JOB_BY_ID, {"p_id": job_id}).first()
@@ -329,7 +345,7 @@ class Repository:
             c.execute(update(jobs).where(jobs.c.id == job_id).values(
                 hold=hold, hold_admin=hold and admin, version=jobs.c.version + 1,
                 reason=held_reason(admin) if hold else "None"))
-            return None
+            return journal(c, events, None)
 
     def announce_resumable(self, job_id: int, uid: int) -> str | None:
         """A running job's processes said it can resume (hai_cluster.job): time-slicing may
@@ -407,7 +423,8 @@ class Repository:
         with self.engine.connect() as c:
             return node_views(c, live_ranks(c))
 
-    def set_reasons(self, reasons: Mapping[int, str], versions: Mapping[int, int] | None = None) -> dict[int, str]:
+    def set_reasons(self, reasons: Mapping[int, str], versions: Mapping[int, int] | None = None,
+                    events: Journal = None) -> dict[int, str]:
         """Store the pending reasons that changed (most do not, tick after tick); returns those.
         `versions`: the row versions the reasons were decided on; a job changed since (released
         while the pass ran) keeps its reason until the next pass, which sees it as it is (else its
@@ -424,12 +441,13 @@ class Repository:
                 c.execute(update(jobs).where(jobs.c.id == bindparam("jid"), jobs.c.state == JobState.PENDING.value,
                                              jobs.c.version == bindparam("ver"))
                           .values(reason=bindparam("new")), changed)
-            return {r["jid"]: r["new"] for r in changed}
+            return journal(c, events if changed else None, {r["jid"]: r["new"] for r in changed})
 
-    def start_runs(self, starts: Sequence[StartRequest | tuple], now: float) -> list[StartedRun | Refused]:
+    def start_runs(self, starts: Sequence[StartRequest | tuple], now: float,
+                   events: Journal = None) -> list[StartedRun | Refused]:
         """Record a pass's starts (store/applier.py): a run each, or why not."""
         return applier.start_runs(self.engine, [s if isinstance(s, StartRequest) else StartRequest(*s)
-                                                for s in starts], now)
+                                                for s in starts], now, events)
 
     def start_run(self, job_id: int, placement: Placement, now: float, version: int | None = None) -> StartedRun | Refused:
         return self.start_runs([StartRequest(job_id, placement, version)], now)[0]
@@ -466,10 +484,13 @@ class Repository:
         """Record one rank's final status; when it is the last, finish the run and move the job."""
         return self.ranks_ended([(job_id, attempt, node, status)], now)[0]
 
-    def ranks_ended(self, ends: Sequence[tuple[int, int, str, RunStatus]], now: float) -> list[RankEnd]:
-        """rank_ended for each (job id, attempt, node, status), in order, in one transaction."""
+    def ranks_ended(self, ends: Sequence[tuple[int, int, str, RunStatus]], now: float,
+                    events: Journal = None) -> list[RankEnd]:
+        """rank_ended for each (job id, attempt, node, status), in order, in one transaction;
+        `events(results)` written with them."""
         with self.engine.begin() as c:
-            return [self._rank_ended(c, job_id, attempt, node, status, now) for job_id, attempt, node, status in ends]
+            return journal(c, events, [self._rank_ended(c, job_id, attempt, node, status, now)
+                                       for job_id, attempt, node, status in ends])
 
     def _rank_ended(self, c, job_id: int, attempt: int, node: str, status: RunStatus, now: float) -> RankEnd:
         """rank_ended on the caller's transaction."""

@@ -262,3 +262,13 @@ event_nodes = Table(
     Column("node", String(64), primary_key=True),
     Index("ix_event_nodes_node", "node", "event_id"),
 )
+
+# 0025: a submission's idempotency key (store/submit_keys.py): a retried submission finds its job
+submit_keys = Table(
+    "submit_keys", metadata,
+    Column("uid", Integer, primary_key=True),
+    Column("key", String(64), primary_key=True),
+    Column("job_id", Integer, nullable=False),  # no foreign key: pruned by age, like events
+    Column("created", Float, nullable=False),
+    Index("ix_submit_keys_created", "created"),
+)

@@ -27,7 +27,8 @@ def test_quickstart_runs_the_example_job():
         acct = out.split("== hacct -l -j 2")[1].split("==")[0]
         rows = [line.split() for line in acct.strip().splitlines()[2:]]
         assert [r[3] for r in rows if "." not in r[0]] == ["PREEMPTED", "COMPLETED"], acct  # the runs
-        assert [r[0].split(".")[1] for r in rows if "." in r[0]] == ["batch", "batch"], acct  # each one's script
+        # each run: its batch script, and the srun step that runs train_loop.py on both nodes
+        assert [r[0].split(".")[1] for r in rows if "." in r[0]] == ["batch", "0", "batch", "0"], acct
         runs = out.split("executed (")[1].split("\n\n")[0].splitlines()[1:]
         assert len(runs) == 2 and runs[0].startswith("run 0: steps 1-") and runs[1].endswith("-100")
         assert int(runs[1].split("steps ")[1].split("-")[0]) == int(runs[0].split("-")[1]) + 1

@@ -161,23 +161,30 @@ def test_a_malformed_run_report_is_dropped_and_the_controller_goes_on(controller
     run(cfg, scenario)
 
 
-def test_a_store_error_in_a_loop_is_logged_once_a_minute(controller, caplog):
+def test_a_store_error_in_a_loop_is_logged_once_a_minute(controller, caplog, monkeypatch):
     """Eighth audit: a request the store refused (SQLite's LIKE limit), sent in a loop, logged an
-    outage and its end for each request: 12,000 lines in 10 s. Each request still gets its error."""
+    outage and its end for each request: 12,000 lines in 10 s. Each request still gets its error.
+    Issue 22: with the store's disk full, writes fail and reads succeed in turn; the outage is
+    over only once the store has answered for STORE_QUIET seconds without a failure."""
     from sqlalchemy.exc import OperationalError
+    from hai_cluster.controller import service
     from hai_cluster.controller.errors import StoreUnavailable
     cfg, _agent = controller
+    monkeypatch.setattr(service, "STORE_QUIET", 1.0)
 
     def refused():
-        raise OperationalError("SELECT", {}, Exception("LIKE or GLOB pattern too complex"))
+        raise OperationalError("INSERT", {}, Exception("database or disk is full"))
 
     async def scenario(ctl, api):
         for _ in range(200):
             with pytest.raises(StoreUnavailable):
                 await ctl.db(refused)
             assert await ctl.db(lambda: 1) == 1
-        assert caplog.text.count("the store is unavailable") == 1 and caplog.text.count("the store is back") == 1
-        assert not ctl.store_down
+        assert caplog.text.count("the store is unavailable (database or disk is full)") == 1
+        assert caplog.text.count("the store is back") == 0 and ctl.store_down
+        await asyncio.sleep(1.1)
+        assert await ctl.db(lambda: 1) == 1 and await ctl.db(lambda: 2) == 2
+        assert caplog.text.count("the store is back") == 1 and not ctl.store_down
 
     run(cfg, scenario)
 
@@ -209,16 +216,16 @@ def test_the_applier_refuses_a_start_whose_cpus_were_taken_after_the_snapshot(co
                            user="root", uid=0, gid=0, partition="gpu", now=time.time())
         real_start_runs, refused = ctl.repo.start_runs, []
 
-        def start_runs(starts, now):  # between the pass's snapshot and its apply: the hog starts
+        def start_runs(starts, now, events=None):  # between the pass's snapshot and its apply: the hog starts
             if any(s.job_id == wants for s in starts) and not refused:
                 from hai_cluster.core.model import Placement
                 with ctl.repo.engine.begin() as c:
                     c.exec_driver_sql("UPDATE jobs SET hold = 0 WHERE id = ?", (hog,))
                 assert real_start_runs([(hog, Placement(("n1",), ((),)))], now)[0]
-                out = real_start_runs(starts, now)
+                out = real_start_runs(starts, now, events)
                 refused.extend(r for r in out if not r)
                 return out
-            return real_start_runs(starts, now)
+            return real_start_runs(starts, now, events)
 
         ctl.repo.start_runs = start_runs
         ctl.wake()
