@@ -159,9 +159,15 @@ def test_a_stop_signal_reaches_a_helper_that_left_the_process_group(agent):
             await c.call("terminate_run", key(spec, reason="cancel"))
             return await c.exited(spec["job_id"], timeout=20)  # well inside the grace
 
-    ended = run(body())
-    assert got.read_text() == "term\n"  # its trap ran
-    assert ended["reason"] == "cancel" and ended["killed"] is False, ended
+    try:
+        ended = run(body())
+        assert got.read_text() == "term\n"  # its trap ran
+        assert ended["reason"] == "cancel" and ended["killed"] is False, ended
+    finally:  # a failing run must not leave the helper to the suite's "no test-user process" checks
+        try:
+            os.kill(int(helper_file.read_text()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
 
 
 def test_a_run_whose_shepherd_died_is_killed_through_its_cgroup(agent):
