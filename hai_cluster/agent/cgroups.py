@@ -11,6 +11,15 @@ it needs:
   in between).
 A controller is attached to one hierarchy at a time, so "v2 if v2 has it, else v1" is the whole
 policy. `detect` runs once at agent start; the shepherd builds each run's cgroup from its result.
+
+Where the tree hangs: under systemd (the unit's Delegate=yes) in the agent's own cgroup, as
+systemd's delegation rules ask: the agent moves itself into `<own>/agent` (a cgroup with
+controllers enabled for its children may hold no process) and the runs go to
+`<own>/jobs/<node>-<hash>/`; nothing above `<own>` is written. Without systemd, `/hai/...` below
+the root (the agent then enables the controllers from the root down). After a restart with
+KillMode=process, systemd before v254 (no DelegateSubgroup=) cannot put the new agent back into
+its cgroup, an inner node by then, and puts it higher up: the agent finds its cgroup again from
+the spool's record and moves back in.
 Light imports only: the shepherd imports this module on every job start.
 """
 from __future__ import annotations
@@ -110,12 +119,14 @@ class Capabilities:
         return cls(parent=d["parent"], v2=d["v2"], v1=dict(d["v1"]), features=dict(d["features"]))
 
 
-def _enable_v2(root: str, parent: str, wanted: list[str]) -> list[str]:
-    """Enable controllers in cgroup.subtree_control from the root down to `parent`; the ones that
-    made it all the way. (A cgroup with processes in it cannot delegate: those fail here.)"""
+def _enable_v2(root: str, parent: str, wanted: list[str], top: str = "") -> list[str]:
+    """Enable controllers in cgroup.subtree_control from `top` (relative to the root; "" = the root
+    itself) down to `parent`; the ones that made it all the way. (A cgroup with processes in it
+    cannot delegate: those fail here.)"""
     ok = list(wanted)
-    d = root
-    for part in ["", *parent.split("/")]:
+    d = os.path.join(root, top) if top else root
+    below = parent[len(top):].strip("/") if top else parent
+    for part in ["", *below.split("/")]:
         d = os.path.join(d, part) if part else d
         for c in list(ok):
             try:
@@ -127,10 +138,11 @@ def _enable_v2(root: str, parent: str, wanted: list[str]) -> list[str]:
     return ok
 
 
-def detect(parent: str, mounts: str | None = None) -> Capabilities:
+def detect(parent: str, mounts: str | None = None, top: str = "") -> Capabilities:
     """Create the parent cgroups and find out what each hierarchy offers. Never raises: a node
-    without usable cgroups still runs jobs, without limits."""
-    parent = parent.strip("/")
+    without usable cgroups still runs jobs, without limits. `top`: the cgroup, above `parent`, from
+    which the agent may write (its delegated cgroup; "" = the root)."""
+    parent, top = parent.strip("/"), top.strip("/")
     if mounts is None:
         try:
             mounts = _read("/proc/self/mounts")
@@ -143,12 +155,12 @@ def detect(parent: str, mounts: str | None = None) -> Capabilities:
         base = os.path.join(v2, parent)
         try:
             os.makedirs(base, exist_ok=True)
-            available = _read(os.path.join(v2, "cgroup.controllers")).split()
+            available = _read(os.path.join(v2, top, "cgroup.controllers")).split()
         except OSError as exc:
             log.warning("cgroup v2 at %s is not usable: %s", v2, exc)
             v2 = None
         else:
-            for c in _enable_v2(v2, parent, [c for c in LIMITS if c in available]):
+            for c in _enable_v2(v2, parent, [c for c in LIMITS if c in available], top):
                 features[c] = "v2"
             for f in ("kill", "freeze"):
                 if os.path.exists(os.path.join(base, f"cgroup.{f}")):
@@ -261,6 +273,23 @@ class RunCgroup:
                 pass
         return out
 
+    def usage(self) -> tuple[float | None, int | None]:
+        """(CPU seconds, peak memory bytes) of everything the run ran, exited processes included:
+        v2's cpu.stat usage_usec (there with or without the cpu controller) and memory.peak (v1:
+        memory.max_usage_in_bytes): what the cgroup was charged, page cache included, which is what
+        --mem limits. None for what this node cannot tell."""
+        cpu = mem = None
+        if (d := self.dirs.get("v2")) is not None:
+            usec = _keyed(f"{d}/cpu.stat", "usage_usec")
+            cpu = usec / 1e6 if usec or os.path.exists(f"{d}/cpu.stat") else None
+        if (d := self._dir("memory")) is not None:
+            name = "memory.peak" if self.caps.features["memory"] == "v2" else "memory.max_usage_in_bytes"
+            try:
+                mem = int(_read(f"{d}/{name}").split()[0])
+            except (OSError, ValueError, IndexError):  # memory.peak: kernels from 5.19 on
+                mem = None
+        return cpu, mem
+
     def oom_kills(self) -> int:
         d = self._dir("memory")
         if d is None:
@@ -345,3 +374,70 @@ def agent_cgroup(node: str, spool: str) -> str:
     two agents on one machine (test clusters, concurrent test runs) never share run cgroups."""
     import hashlib
     return f"{node}-{hashlib.sha256(os.path.realpath(spool).encode()).hexdigest()[:8]}"
+
+
+# ---- the agent's own place in the tree -----------------------------------------------------
+AGENT_LEAF = "agent"  # the agent's own cgroup below its delegated one
+BASE_RECORD = "cgroup-base"  # in the spool: the delegated cgroup, for a restart put elsewhere
+
+
+def own_v2(text: str | None = None) -> str | None:
+    """This process's cgroup v2 path (the "0::" line of /proc/self/cgroup), relative to the
+    hierarchy's root ("" for the root); None without one."""
+    if text is None:
+        try:
+            text = _read("/proc/self/cgroup")
+        except OSError:
+            return None
+    for line in text.splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip().strip("/")
+    return None
+
+
+def systemd_service() -> bool:
+    """The agent is the process systemd started for a service (SYSTEMD_EXEC_PID, systemd >= 248,
+    names it: a daemon a service's process forked is not): its cgroup is the unit's, delegated to
+    it by the unit's Delegate=yes."""
+    return (os.environ.get("SYSTEMD_EXEC_PID") == str(os.getpid()) and "INVOCATION_ID" in os.environ
+            and os.path.isdir("/run/systemd/system"))
+
+
+def _within(path: str, ancestor: str) -> bool:
+    return not ancestor or path == ancestor or path.startswith(ancestor + "/")
+
+
+def adopt_delegated(v2: str, spool: str, own: str | None = None) -> str | None:
+    """Settle the agent in its delegated cgroup: find it (its own, or, when a restart left the
+    agent higher up, the one the spool recorded), move the agent into `<it>/agent`, record it.
+    Returns it (relative to the v2 root), or None when the agent has no cgroup of its own to use."""
+    own = own_v2() if own is None else own
+    if own is None:
+        return None
+    if own.rsplit("/", 1)[-1] == AGENT_LEAF:  # moved there by an earlier start (or DelegateSubgroup=agent)
+        own = own.rsplit("/", 1)[0] if "/" in own else ""
+    record = os.path.join(spool, BASE_RECORD)
+    try:
+        recorded = _read(record).strip().strip("/")
+    except OSError:
+        recorded = ""
+    base = own
+    if recorded and recorded != own and _within(recorded, own) and os.path.isdir(os.path.join(v2, recorded)):
+        log.info("cgroups: back into %s, recorded by the agent's previous start (this one began in /%s)",
+                 recorded, own)
+        base = recorded
+    if not base:
+        log.warning("cgroups: the agent runs in the root cgroup: no delegated cgroup to use")
+        return None
+    leaf = os.path.join(v2, base, AGENT_LEAF)
+    try:
+        os.makedirs(leaf, exist_ok=True)
+        _write(os.path.join(leaf, "cgroup.procs"), str(os.getpid()))
+    except OSError as exc:
+        log.warning("cgroups: cannot move the agent into %s: %s", leaf, exc)
+        return None
+    if recorded != base:
+        from .spool import write_bytes_atomic
+        os.makedirs(spool, 0o711, exist_ok=True)  # as RunTable.setup makes it, a moment later
+        write_bytes_atomic(record, (base + "\n").encode())
+    return base

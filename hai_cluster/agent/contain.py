@@ -148,6 +148,10 @@ class Containment:
             return None
         return self.runtime.after_exit(self.ctx, self.launch, wait_status)
 
+    def usage(self) -> tuple[float | None, int | None]:
+        """(CPU seconds, peak memory bytes) the run's cgroup was charged; read before teardown."""
+        return self.cgroup.usage() if self.cgroup is not None else (None, None)
+
     def teardown(self) -> None:
         """The runtime's cleanup (runc delete), then the cgroup; the job's processes are gone."""
         _teardown(self.cgroup, self.launch.cleanup if self.launch else [])

@@ -28,6 +28,32 @@ INITS = ("/usr/bin/tini-static", "/usr/local/bin/tini-static", "/usr/bin/cataton
 _SEARCH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+JOBS_LEVEL = "jobs"  # in a delegated cgroup: <it>/jobs/<node>-<hash>/<job>.<attempt>
+
+
+def detect_cgroups(setting: str, node: str, spool: str) -> cgroups.Capabilities:
+    """The cgroups of this agent's runs, by [isolation] cgroup_parent: "auto" (below the agent's
+    own cgroup when it is a systemd service, else "hai" below the root), "self" (below its own
+    cgroup in any case: a unit whose manager is not systemd, the tests), or a path from the root."""
+    level = cgroups.agent_cgroup(node, spool)
+    if setting in ("auto", "self") and (setting == "self" or cgroups.systemd_service()):
+        v2 = cgroups.parse_mounts(_mounts())[0]
+        base = cgroups.adopt_delegated(v2, spool) if v2 else None
+        if base is not None:
+            return cgroups.detect(f"{base}/{JOBS_LEVEL}/{level}", top=base)
+        log.warning("cgroups: no delegated cgroup to put the runs in; using /hai below the root")
+    root_parent = "hai" if setting in ("auto", "self") else setting.strip("/")
+    return cgroups.detect(f"{root_parent}/{level}")
+
+
+def _mounts() -> str:
+    try:
+        with open("/proc/self/mounts") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 @dataclass(frozen=True)
 class NodeIsolation:
     node: str
@@ -69,7 +95,7 @@ class NodeIsolation:
             init = iso.container_init
         caps = None
         if iso.cgroups:
-            caps = cgroups.detect(f"{iso.cgroup_parent.strip('/')}/{cgroups.agent_cgroup(cfg.name, cfg.spool)}")
+            caps = detect_cgroups(iso.cgroup_parent, cfg.name, cfg.spool)
         node = cls(node=cfg.name, default_runtime=iso.default_runtime,
                    default_container_runtime=iso.default_container_runtime, device_dir=iso.device_dir,
                    pids_limit=iso.pids_limit, rlimits=rlimits.effective(iso.rlimits),
@@ -95,13 +121,17 @@ class NodeIsolation:
 
     def release(self) -> None:
         """At agent exit: remove this agent's level of the cgroup tree if no run is left in it
-        (a busy one stays, with its running jobs, for the next agent)."""
+        (a busy one stays, with its running jobs, for the next agent), and the delegated tree's
+        jobs/ level with it."""
         if self.cgroups is None:
             return
+        parent = self.cgroups.parent
+        above = parent.rpartition("/")[0]
+        levels = [parent, above] if above.endswith(f"/{JOBS_LEVEL}") else [parent]
         for mount in (self.cgroups.v2, *self.cgroups.v1.values()):
-            if mount:
+            for level in levels if mount else ():
                 try:
-                    os.rmdir(os.path.join(mount, self.cgroups.parent))
+                    os.rmdir(os.path.join(mount, level))
                 except OSError:
                     pass
 

@@ -441,6 +441,9 @@ class Shepherd:
             log.error("launch failed: %s", failure)
             status.reason, status.message = "launch_failed", failure
             status.pid = status.exit_code = status.signal = None
+        cpu, peak = self.box.usage()  # every process is gone: the cgroup's totals are final
+        status.cpu_seconds = None if cpu is None else round(cpu, 3)
+        status.mem_peak_kb = None if peak is None else -(-peak // 1024)
         self.box.teardown()
         self.finish(status)
         return 0

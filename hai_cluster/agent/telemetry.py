@@ -69,16 +69,21 @@ def process_groups() -> dict[int, list[int]]:
     return groups
 
 
-def run_pids(run: RunRef, groups: dict[int, list[int]]) -> set[int]:
-    """A run's processes: its cgroup's members (which holds what left the process group too),
-    and its process group."""
-    pids: set[int] = set()
+def run_cgroup(run: RunRef) -> RunCgroup | None:
+    """The run's cgroup, as its shepherd recorded it (None: none, or not yet)."""
     try:
         rec = spool.read_json(run.dir / "isolation.json")
         if isinstance(rec, dict) and rec.get("cgroup"):
-            pids.update(RunCgroup.from_record(rec["cgroup"]).members())
+            return RunCgroup.from_record(rec["cgroup"])
     except (ValueError, KeyError, TypeError):
         pass
+    return None
+
+
+def run_pids(run: RunRef, groups: dict[int, list[int]], cgroup: RunCgroup | None = None) -> set[int]:
+    """A run's processes: its cgroup's members (which holds what left the process group too),
+    and its process group."""
+    pids: set[int] = set(cgroup.members()) if cgroup is not None else set()
     if run.pid is not None:
         pids.update(groups.get(run.pid, ()))
         pids.add(run.pid)
@@ -198,14 +203,18 @@ class Sampler:
         procs = _nvml_value(self.nvml, lambda: self.nvml.nvmlDeviceGetComputeRunningProcesses(handle)) or []
         return [(int(p.pid), int(p.usedGpuMemory or 0) // MIB) for p in procs]
 
-    def run_reading(self, run: RunRef, pids: set[int], gpu_mem: dict[int, int], now: float) -> dict:
-        cpu_seconds, rss = 0.0, 0
+    def run_reading(self, run: RunRef, pids: set[int], gpu_mem: dict[int, int], now: float,
+                    cgroup: RunCgroup | None = None) -> dict:
+        # CPU time: the cgroup's (exited children included); a sum over live processes without one
+        cg_cpu = cgroup.usage()[0] if cgroup is not None else None
+        cpu_seconds, rss = cg_cpu or 0.0, 0
         for pid in pids:
             try:
                 proc = psutil.Process(pid)
                 with proc.oneshot():
-                    t = proc.cpu_times()
-                    cpu_seconds += t.user + t.system
+                    if cg_cpu is None:
+                        t = proc.cpu_times()
+                        cpu_seconds += t.user + t.system
                     rss += proc.memory_info().rss
             except (psutil.Error, OSError):
                 continue  # gone since the listing
@@ -229,7 +238,10 @@ class Sampler:
                 gpu_mem[pid] = gpu_mem.get(pid, 0) + mb
         runs = list(runs)
         groups = process_groups() if runs else {}
-        readings = [self.run_reading(r, run_pids(r, groups), gpu_mem, now) for r in runs]
+        readings = []
+        for r in runs:
+            cg = run_cgroup(r)
+            readings.append(self.run_reading(r, run_pids(r, groups, cg), gpu_mem, now, cg))
         live = {(r.job_id, r.attempt) for r in runs}
         for key in [k for k in self._cpu if k not in live]:
             del self._cpu[key]

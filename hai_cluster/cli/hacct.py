@@ -4,7 +4,9 @@ each followed by its steps as sacct shows them: `12.batch` (the batch script) an
 
 A job that never started has one row with its own state. Fields are sacct's names; the extra ones
 are AllocGPUS, GPUHours, Restarts and Reason, and the GPU telemetry rollups GPUUtil, MaxGPUUtil,
-MaxGPUMem and Energy (sacct's ConsumedEnergy), with AveCPU."""
+MaxGPUMem and Energy (sacct's ConsumedEnergy). AveCPU, MaxRSS, AveRSS and TotalCPU are what the
+run's cgroups were charged (CPU time and memory peaks, exited processes included); AveCPU here is
+a percent of one CPU per rank (sacct's is the CPU time per task)."""
 from __future__ import annotations
 
 import json
@@ -44,6 +46,18 @@ def _elapsed(row: dict) -> int:
     return int((row.get("end_time") or row["now"]) - row["start_time"])
 
 
+def _ranks(row: dict) -> int:
+    return len([n for n in (row.get("nodelist") or "").split(",") if n]) or 1
+
+
+def _avecpu(row: dict) -> float | None:
+    """Percent of one CPU per rank: from the cgroups' CPU time once the run ended, else (running,
+    or a node without cgroups) the telemetry samples' mean."""
+    if row.get("cpu_seconds") is not None and _elapsed(row) > 0:
+        return row["cpu_seconds"] / _elapsed(row) / _ranks(row) * 100
+    return row.get("cpu_mean")
+
+
 def _charged(row: dict) -> float:
     """GPUs the run is charged: whole GPUs, or a sharing run's share (0.25)."""
     return row.get("gpu_charge") or row["gpus"]
@@ -74,10 +88,13 @@ FIELDS: dict[str, Callable[[dict], object]] = {
     "maxgpumem": lambda r: mib(r["gpu_mem_max_mb"]) if r.get("gpu_mem_max_mb") is not None else "",
     "energy": lambda r: energy(r.get("energy_j")),
     "consumedenergy": lambda r: energy(r.get("energy_j")),
-    "avecpu": lambda r: _opt(r.get("cpu_mean"), "{:.1f}%"),
+    "avecpu": lambda r: _opt(_avecpu(r), "{:.1f}%"),
+    "totalcpu": lambda r: "" if r.get("cpu_seconds") is None else format_duration(int(r["cpu_seconds"])),
+    "maxrss": lambda r: "" if r.get("max_rss_kb") is None else mib(-(-r["max_rss_kb"] // 1024)),
+    "averss": lambda r: "" if r.get("ave_rss_kb") is None else mib(-(-r["ave_rss_kb"] // 1024)),
 }
 RIGHT = {"jobid", "alloccpus", "allocgpus", "elapsed", "restarts", "gpuhours", "gpuutil", "maxgpuutil", "maxgpumem",
-         "energy", "consumedenergy", "avecpu"}
+         "energy", "consumedenergy", "avecpu", "totalcpu", "maxrss", "averss"}
 _FIELD = re.compile(r"([A-Za-z]+)(?:%(\d+))?")
 
 

@@ -1,7 +1,8 @@
 """sacct, as Slurm prints it: hacct's rows (one per run, each followed by its steps) with sacct's
 options, field names, widths, `+`-cut values, dashed rule, `-P`/`-p` and SACCT_FORMAT. Fields we
-have no data for (MaxRSS before the job cgroup's figures exist) are empty, as sacct prints a
-field a job did not record."""
+have no data for are empty, as sacct prints a field a job did not record. MaxRSS, AveRSS, AveCPU
+and TotalCPU come from the run's cgroups (its CPU time and memory peaks, as the kernel charged
+them, exited processes included) and are on the job's line: a step has no cgroup of its own."""
 from __future__ import annotations
 
 import getpass
@@ -13,10 +14,10 @@ import click
 
 from ..core.jobids import ArrayError, parse_job_refs, refs_to_wire
 from ..core.states import parse_state
-from ..core.timefmt import parse_datetime, slurm_duration
+from ..core.timefmt import parse_datetime, slurm_cpu_time, slurm_duration
 from .common import call_pages, check_cluster, fail, iso_time, split_list
-from .hacct import FIELDS as OURS, _charged, _elapsed, in_window, rows_for
-from .slurmfmt import Field, sacct_lines
+from .hacct import FIELDS as OURS, _charged, _elapsed, _ranks, in_window, rows_for
+from .slurmfmt import Field, sacct_lines, slurm_bytes
 from .squeue import SLURM_STATE
 
 PROG = "sacct"
@@ -42,6 +43,10 @@ def _alloc_tres(r: dict) -> str:
     if job.get("mem_mb") and r.get("step") is None:
         parts["mem"] = f"{job['mem_mb'] * nodes}M"
     return ",".join(f"{k}={v}" for k, v in sorted(parts.items()))
+
+
+def _kib(kib: int | None) -> str:
+    return slurm_bytes(None if kib is None else kib * 1024)
 
 
 def _tasks(r: dict) -> str:
@@ -84,9 +89,11 @@ FIELDS = {
     "Reason": (22, False, lambda r: r.get("reason") or "None"),
     "Priority": (10, False, lambda r: _job(r).get("priority", "")),
     "Restarts": (8, True, lambda r: str(r["attempt"])),
-    "MaxRSS": (10, False, lambda r: ""),
-    "AveRSS": (10, False, lambda r: ""),
-    "AveCPU": (10, False, OURS["avecpu"]),
+    "MaxRSS": (10, False, lambda r: _kib(r.get("max_rss_kb"))),
+    "AveRSS": (10, False, lambda r: _kib(r.get("ave_rss_kb"))),
+    "AveCPU": (10, False, lambda r: "" if r.get("cpu_seconds") is None
+               else slurm_cpu_time(int(r["cpu_seconds"] / _ranks(r)))),
+    "TotalCPU": (10, False, lambda r: "" if r.get("cpu_seconds") is None else slurm_cpu_time(r["cpu_seconds"])),
     "ConsumedEnergy": (14, False, OURS["consumedenergy"]),
     "CPUTime": (10, False, lambda r: slurm_duration(_elapsed(r) * r["cpus"])),
     "CPUTimeRAW": (10, True, lambda r: str(_elapsed(r) * r["cpus"])),

@@ -13,6 +13,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def slurm_bytes(n: int | None) -> str:
+    """A size as sacct prints MaxRSS (Slurm's convert_num_unit with CONVERT_NUM_UNIT_EXACT, from
+    bytes): divided by 1024 while that loses nothing but a half, K, M, G... after it; "" for none."""
+    if n is None:
+        return ""
+    if n == 0:
+        return "0"
+    num, unit = float(n), 0
+    while num >= 1024 and int(num) % 512 == 0:
+        num /= 1024
+        unit += 1
+    suffix = "\0KMGTP?"[unit] if unit else ""
+    return f"{int(num)}{suffix}" if int(num) == num else f"{num:.2f}{suffix}"
+
+
 class FormatError(ValueError):
     """A format that names a field this command does not have."""
 

@@ -53,7 +53,9 @@ class IsolationConfig:
     default_container_runtime: str = "bwrap"  # for jobs that give --container-image without --runtime
     device_dir: str = "/dev"  # where the GPU device nodes (nvidiaN, nvidiactl, ...) are
     cgroups: bool = True  # false: never create cgroups (no limits, no cgroup kill)
-    cgroup_parent: str = "hai"  # run cgroups: <hierarchy>/<cgroup_parent>/<node>-<spool hash>/<job>.<attempt>
+    # run cgroups: "auto" (below the agent's own, delegated cgroup under systemd; else /hai),
+    # "self" (below its own in any case), or a path from the root: <path>/<node>-<spool hash>/<job>.<attempt>
+    cgroup_parent: str = "auto"
     # most processes+threads per run (a fork bomb stops there, not at the node's pid_max); 0 = no limit
     pids_limit: int = 65536
     # (name, soft, hard) resource limits every job starts with (agent/rlimits.py), -1 = unlimited
@@ -315,8 +317,8 @@ def _isolation(path: str, raw: Any) -> IsolationConfig:
         raise ConfigError(f"{path}: isolation.default_container_runtime must be a container runtime")
     parts = cfg.cgroup_parent.strip("/").split("/")
     if not cfg.cgroup_parent.strip("/") or any(p in ("", ".", "..") for p in parts):
-        raise ConfigError(f"{path}: isolation.cgroup_parent must be a relative path like \"hai\", "
-                          f"got {cfg.cgroup_parent!r}")
+        raise ConfigError(f"{path}: isolation.cgroup_parent must be \"auto\", \"self\" or a relative path "
+                          f"like \"hai\", got {cfg.cgroup_parent!r}")
     if cfg.pids_limit < 0:
         raise ConfigError(f"{path}: isolation.pids_limit must be >= 0 (0: no limit)")
     return cfg

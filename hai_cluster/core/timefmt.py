@@ -68,6 +68,16 @@ def slurm_duration(seconds: float) -> str:
     return f"{days}-{text}" if days else text
 
 
+def slurm_cpu_time(seconds: float) -> str:
+    """sacct's _elapsed_time (TotalCPU, AveCPU): as slurm_duration, but under an hour with the
+    milliseconds when there are any (MM:SS.mmm)."""
+    whole = max(0, int(seconds))
+    millis = int(round((max(0.0, seconds) - whole) * 1e6)) // 1000
+    if whole >= 3600 or not millis:
+        return slurm_duration(whole)
+    return f"{whole // 60 % 60:02d}:{whole % 60:02d}.{millis:03d}"
+
+
 def format_limit(seconds: int | None) -> str:
     """squeue's TIME_LIMIT column: "UNLIMITED" for no limit, else like format_duration."""
     return "UNLIMITED" if seconds is None else format_duration(seconds)

@@ -271,6 +271,9 @@ class RunStatus:
     reason: str | None = None
     killed: bool = False  # SIGKILL was needed after the grace period
     message: str | None = None
+    # what the run's cgroup was charged (agent/cgroups.py RunCgroup.usage); None: no cgroup
+    cpu_seconds: float | None = None
+    mem_peak_kb: int | None = None
 
     @classmethod
     def for_spec(cls, spec: RunSpec, **kw: Any) -> "RunStatus":
@@ -312,6 +315,11 @@ class RunStatus:
         for name in ("reason", "message"):
             if d.get(name) is not None and not isinstance(d[name], str):
                 raise SpecError(f"status.{name} must be a string or nil, got {type(d[name]).__name__}")
+        for name, most in (("cpu_seconds", 1e12), ("mem_peak_kb", 2 ** 53)):  # an older agent: absent
+            v = d.get(name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or not math.isfinite(v) or not 0 <= v <= most):
+                raise SpecError(f"status.{name} must be a non-negative number or nil, got {str(v)[:40]!r}")
         return cls(job_id=d["job_id"], attempt=d["attempt"], rank=d["rank"], state=state, pid=d.get("pid"),
                    start_time=float(d.get("start_time") or 0.0),
                    end_time=None if d.get("end_time") is None else float(d["end_time"]),
@@ -319,7 +327,9 @@ class RunStatus:
                    # the store's columns: a reason of REASONS (32 characters), a message of 64 KiB
                    reason=None if d.get("reason") is None else d["reason"][:32],
                    killed=bool(d.get("killed")),
-                   message=None if d.get("message") is None else d["message"][:65536])
+                   message=None if d.get("message") is None else d["message"][:65536],
+                   cpu_seconds=None if d.get("cpu_seconds") is None else float(d["cpu_seconds"]),
+                   mem_peak_kb=None if d.get("mem_peak_kb") is None else int(d["mem_peak_kb"]))
 
     @classmethod
     def from_disk(cls, d: Any) -> "RunStatus":

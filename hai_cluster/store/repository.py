@@ -70,6 +70,15 @@ def _row(r) -> dict:
     return dict(r._mapping)
 
 
+def usage_of(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A run's cgroup figures from its ranks': CPU seconds summed, memory peaks' max and mean
+    (None where no rank had a cgroup to tell)."""
+    cpu = [r["cpu_seconds"] for r in ranks if r.get("cpu_seconds") is not None]
+    peaks = [r["mem_peak_kb"] for r in ranks if r.get("mem_peak_kb") is not None]
+    return {"cpu_seconds": round(sum(cpu), 3) if cpu else None, "max_rss_kb": max(peaks) if peaks else None,
+            "ave_rss_kb": round(sum(peaks) / len(peaks)) if peaks else None}
+
+
 def _ended_rank(ranks: Sequence[Mapping[str, Any]], node: str) -> int | None:
     return next((r["rank"] for r in ranks if r["node"] == node), None)
 
@@ -500,7 +509,8 @@ class Repository:
         res = c.execute(st.RANK_ENDED, {
             "p_run": run.id, "p_node": node, "p_exit_code": status.exit_code, "p_signal": status.signal,
             "p_reason": status.reason, "p_killed": status.killed, "p_message": status.message,
-            "p_end_time": status.end_time or now})
+            "p_end_time": status.end_time or now, "p_cpu_seconds": status.cpu_seconds,
+            "p_mem_peak_kb": status.mem_peak_kb})
         if res.rowcount == 0:
             return RankEnd(False)
         ranks = [_row(r) for r in c.execute(st.RANKS_OF_RUN, {"p_run": run.id})]
@@ -528,7 +538,7 @@ class Repository:
         why = why[:REASON_LEN] if why else why
         c.execute(*st.update_by_id(runs, run.id, dict(
             state=outcome.state.value, end_time=end, exit_code=outcome.exit_code,
-            exit_signal=outcome.signal, reason=why)))
+            exit_signal=outcome.signal, reason=why, **usage_of(ranks))))
         close_open(c, run.id, end)
         spec = JobSpec.from_wire(full_spec(c, job))
         new_state = job_state_after(outcome.state, spec.requeue)

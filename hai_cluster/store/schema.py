@@ -5,7 +5,7 @@ migrations build exactly these tables.
 """
 from __future__ import annotations
 
-from sqlalchemy import (JSON, Boolean, Column, Float, ForeignKey, Index, Integer, MetaData, String,
+from sqlalchemy import (JSON, BigInteger, Boolean, Column, Float, ForeignKey, Index, Integer, MetaData, String,
                         Table, Text, UniqueConstraint, false, text)
 
 metadata = MetaData()
@@ -117,6 +117,11 @@ runs = Table(
     Column("cpu_mean", Float),  # percent of one CPU, per rank, averaged
     Column("telemetry_samples", Integer),
     Column("gpu_charge", Float),  # 0012: a sharing run's GPU-equivalents (core.sharing.share_charge)
+    # 0026: what the run's cgroups were charged (its ranks' RunStatus): CPU seconds of all ranks,
+    # and the highest and the mean of the ranks' memory peaks (sacct MaxRSS, AveRSS)
+    Column("cpu_seconds", Float),
+    Column("max_rss_kb", BigInteger),
+    Column("ave_rss_kb", BigInteger),
     UniqueConstraint("job_id", "attempt", name="uq_runs_job_attempt"),
 )
 
@@ -139,6 +144,8 @@ run_ranks = Table(
     Column("gpu_mem_mb", Integer),  # 0009: a sharing rank's share of its card (MiB, reserved compute %)
     Column("gpu_compute", Integer),
     Column("mig_uuid", String(100)),  # 0012: the MIG instance a sharing rank holds
+    Column("cpu_seconds", Float),  # 0026: the rank's cgroup, at its end
+    Column("mem_peak_kb", BigInteger),
     Index("ix_run_ranks_node_state", "node", "state"),
     # 0014: the live ranks only, what every pass and every cancel looks for (the history is kept)
     Index("ix_run_ranks_live", "run_id", "node", sqlite_where=text("state != 'ended'"),

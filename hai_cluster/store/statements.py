@@ -37,7 +37,7 @@ RANK_ENDED = update(run_ranks).where(
     run_ranks.c.state != "ended").values(
     state="ended", exit_code=bindparam("p_exit_code"), exit_signal=bindparam("p_signal"),
     reason=bindparam("p_reason"), killed=bindparam("p_killed"), message=bindparam("p_message"),
-    end_time=bindparam("p_end_time"))
+    end_time=bindparam("p_end_time"), cpu_seconds=bindparam("p_cpu_seconds"), mem_peak_kb=bindparam("p_mem_peak_kb"))
 
 
 @lru_cache(maxsize=64)

@@ -247,6 +247,26 @@ def test_sacct_columns_parsable_and_state_filter(cluster):
     assert cluster.cli("sacct", "-X", "-n", "-P", "-o", "jobid", user=OTHER_USER).stdout == ""
 
 
+def test_sacct_reports_what_the_jobs_cgroup_was_charged(cluster):
+    """MaxRSS, AveRSS, AveCPU and TotalCPU from the run's cgroup (issue 22), in Slurm's formats,
+    for work done by children that exited long before the job did."""
+    script = ("python3 -c 'import time; t = time.process_time(); [0 for _ in iter(lambda: time.process_time() - t "
+              "< 1.2, False)]'; python3 -c 'b = bytearray(96 << 20); b[::4096] = b\"x\" * len(b[::4096])'")
+    j = int(cluster.cli("sbatch", "--parsable", "--mem=256M", "-o", "/dev/null", "--wrap", script).stdout)
+    cluster.wait_state(j, "COMPLETED")
+    out = cluster.cli("sacct", "-X", "-n", "-P", "-j", str(j), "-o", "JobID,MaxRSS,AveRSS,AveCPU,TotalCPU").stdout
+    job_id, max_rss, ave_rss, ave_cpu, total_cpu = out.strip().split("|")
+    assert job_id == str(j) and max_rss == ave_rss  # one rank
+    kib = int(max_rss[:-1]) * {"K": 1, "M": 1024}[max_rss[-1]] if max_rss[-1] in "KM" else -1
+    assert 96 << 10 <= kib < 256 << 10, out
+    m = re.fullmatch(r"(\d\d):(\d\d)\.(\d{3})", total_cpu)  # sacct's MM:SS.mmm under an hour
+    assert m and 60 * int(m[1]) + int(m[2]) >= 1, out
+    assert re.fullmatch(r"00:00:0[1-9]", ave_cpu), out  # whole seconds per rank
+    # hacct: the same figures, in its own units
+    row = cluster.cli("hacct", "-X", "-n", "-j", str(j), "-o", "MaxRSS,AveCPU").stdout.split()
+    assert re.fullmatch(r"\d+M", row[0]) and row[1].endswith("%"), row
+
+
 def test_a_job_parses_squeue_and_sacct_with_cut(cluster):
     home = user_dir(cluster.workdir, TEST_USER)
     (home / "watch.sh").write_text(

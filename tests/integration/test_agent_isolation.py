@@ -217,3 +217,19 @@ def test_without_cgroups_jobs_still_run_unlimited():
     finally:
         agent.stop()
         box.cleanup()
+
+
+def test_a_runs_cpu_time_and_memory_peak_come_from_its_cgroup(agent):
+    """Issue 22: accounting from the cgroup, not a sum over live processes. The work is done by
+    children that have exited when the run ends (a data loader's workers, a preprocessing step):
+    a sum over the processes still there would report almost nothing."""
+    box = agent.box
+    burn = (f"{sys.executable} -c 'import time\nt = time.process_time()\n"
+            f"while time.process_time() - t < 1.5: pass'")
+    grab = f"{sys.executable} -c 'b = bytearray(200 << 20); b[::4096] = b\"x\" * len(b[::4096])'"
+    spec = box.spec(f"#!/bin/sh\n{burn}\n{grab}\nsleep 0.2\n", mem_mb=512)
+    ended = run_to_end(agent, spec)
+    status = ended["status"] if "status" in ended else ended
+    assert status["exit_code"] == 0, status
+    assert status["cpu_seconds"] >= 1.5, status  # the exited child's CPU time, counted by the kernel
+    assert 200 << 10 <= status["mem_peak_kb"] < 512 << 10, status  # the 200 MiB it touched, under --mem

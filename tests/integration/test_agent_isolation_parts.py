@@ -128,7 +128,7 @@ def test_isolation_config(tmp_path):
     assert cfg.pids_limit == 4096 and cfg.cgroup_parent == "jobs/hai" and cfg.default_runtime == "none"
     for body, message in [('default_runtime = "docker"', "default_runtime must be one of"),
                           ('default_container_runtime = "none"', "must be a container runtime"),
-                          ('cgroup_parent = "../x"', "cgroup_parent must be a relative path"),
+                          ('cgroup_parent = "../x"', "cgroup_parent must be \"auto\", \"self\" or a relative path"),
                           ("pids_limit = -1", "pids_limit must be >= 0"),
                           ('container_init = "tini"', "container_init must be"),
                           ("memory = 1", "unknown key")]:

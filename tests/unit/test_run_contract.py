@@ -99,7 +99,9 @@ PREVIOUS_STATUS = {"job_id": 42, "attempt": 3, "rank": 1, "state": "ended", "pid
 
 def test_the_controller_reads_a_status_of_the_previous_release_and_ignores_newer_fields():
     status = RunStatus.from_wire({**PREVIOUS_STATUS, "a_field_from_a_newer_agent": [1, 2]})
-    assert status.to_wire() == PREVIOUS_STATUS and status.ended
+    assert status.to_wire() == {**PREVIOUS_STATUS, "cpu_seconds": None, "mem_peak_kb": None} and status.ended
+    usage = RunStatus.from_wire({**PREVIOUS_STATUS, "cpu_seconds": 12, "mem_peak_kb": 4096})
+    assert (usage.cpu_seconds, usage.mem_peak_kb) == (12.0, 4096)
     running = RunStatus.from_wire({"job_id": 1, "attempt": 0, "rank": 0, "state": "running", "pid": 5,
                                    "start_time": 3})
     assert not running.ended and running.start_time == 3.0 and running.exit_code is None
@@ -121,6 +123,10 @@ def test_the_controller_reads_a_status_of_the_previous_release_and_ignores_newer
     ("end_time", float("inf"), "status.end_time must be a finite number"),
     ("end_time", 10**30, "status.end_time must be a finite number"),
     ("message", b"bytes", "status.message must be a string or nil"),
+    ("cpu_seconds", -1.0, "status.cpu_seconds must be a non-negative number or nil"),
+    ("cpu_seconds", float("nan"), "status.cpu_seconds must be a non-negative number or nil"),
+    ("mem_peak_kb", "4096", "status.mem_peak_kb must be a non-negative number or nil"),
+    ("mem_peak_kb", 2**60, "status.mem_peak_kb must be a non-negative number or nil"),
 ])
 def test_a_malformed_status_is_refused_by_field(field, value, message):
     with pytest.raises(SpecError, match=message):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hai_cluster.cli.slurmfmt import Field, FormatError, parse_letters, parse_names, render, sacct_lines
+from hai_cluster.cli.slurmfmt import Field, FormatError, parse_letters, parse_names, render, sacct_lines, slurm_bytes
 
 KNOWN = set("ijTtPu")
 
@@ -63,3 +63,11 @@ def test_sacct_parsable_forms():
     rows = [["12", "CANCELLED by 1000"]]
     assert sacct_lines(fields, rows, parsable="P") == ["JobID|State", "12|CANCELLED by 1000"]
     assert sacct_lines(fields, rows, parsable="p", header=False) == ["12|CANCELLED by 1000|"]
+
+
+@pytest.mark.parametrize("n,shown", [(None, ""), (0, "0"), (1000, "1000"), (4096, "4K"), (12345 * 1024, "12345K"),
+                                     (512 << 20, "512M"), (2560 << 10, "2.50M"), (3 << 29, "1.50G")])
+def test_sizes_as_sacct_prints_maxrss(n, shown):
+    """Slurm's convert_num_unit with CONVERT_NUM_UNIT_EXACT, from bytes: up a unit while nothing
+    but a half would be lost."""
+    assert slurm_bytes(n) == shown

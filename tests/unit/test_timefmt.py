@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from hai_cluster.core.timefmt import format_duration, format_limit, parse_size_mb, parse_time_limit
+from hai_cluster.core.timefmt import format_duration, format_limit, parse_size_mb, parse_time_limit, slurm_cpu_time
 
 
 @pytest.mark.parametrize("text, seconds", [
@@ -120,3 +120,10 @@ def test_a_time_limit_past_what_the_store_holds_is_refused():
     for text in ("99999999999999999999", "35791394:08", "24856-0"):
         with pytest.raises(ValueError, match="longer than 2147483647 seconds"):
             parse_time_limit(text)
+
+
+@pytest.mark.parametrize("seconds,shown", [(0, "00:00:00"), (5, "00:00:05"), (1.234, "00:01.234"),
+                                           (59.5, "00:59.500"), (3600.5, "01:00:00"), (90061, "1-01:01:01")])
+def test_cpu_times_as_sacct_prints_totalcpu(seconds, shown):
+    """sacct's _elapsed_time: milliseconds only under an hour, and only when there are some."""
+    assert slurm_cpu_time(seconds) == shown
