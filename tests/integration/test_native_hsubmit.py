@@ -303,44 +303,42 @@ def submit_key(request: bytes) -> str:
     return minipack.unpackb(request[4:])["b"]["key"]
 
 
+def submit_to_fake(binary: Path, path: Path, *replies: bytes) -> tuple[subprocess.CompletedProcess, list[bytes]]:
+    """`binary --wrap true` against a FakeController answering `replies`; its result, and the
+    requests the fake received."""
+    fake = FakeController(path, *replies)
+    try:
+        proc = subprocess.run([str(binary), "--wrap", "true"], capture_output=True, text=True, timeout=60,
+                              env={"PATH": "/usr/bin:/bin", "HAI_CONTROLLER": str(path)})
+    finally:
+        fake.close()
+    return proc, fake.requests
+
+
 @pytest.mark.parametrize("client", ["c", "py"])
 def test_a_submission_whose_reply_was_lost_is_sent_again_with_its_key(clients, tmp_path, client):
     """The controller died after recording the job (the first connection closes without a word):
     the client sends the same request once more, on a new connection, with the same idempotency
     key, and the controller's answer to it (the job the first one made) is what it prints."""
-    path = tmp_path / "ctl.sock"
-    fake = FakeController(path, b"", response({"job_id": 7, "parsable": False, "wait": False}))
-    try:
-        proc = subprocess.run([str(clients[client]), "--wrap", "true"], capture_output=True, text=True, timeout=60,
-                              env={"PATH": "/usr/bin:/bin", "HAI_CONTROLLER": str(path)})
-    finally:
-        fake.close()
+    proc, requests = submit_to_fake(clients[client], tmp_path / "ctl.sock", b"",
+                                    response({"job_id": 7, "parsable": False, "wait": False}))
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "Submitted batch job 7\n", "")
-    assert len(fake.requests) == 2
-    first_key, second_key = (submit_key(r) for r in fake.requests)
+    assert len(requests) == 2
+    first_key, second_key = (submit_key(r) for r in requests)
     assert first_key == second_key and re.fullmatch(r"[0-9a-f]{32}", first_key)
     # a new submission has a key of its own
-    path = tmp_path / "ctl2.sock"
-    fake = FakeController(path, response({"job_id": 8, "parsable": True, "wait": False}))
-    try:
-        subprocess.run([str(clients[client]), "--wrap", "true"], capture_output=True, timeout=60,
-                       env={"PATH": "/usr/bin:/bin", "HAI_CONTROLLER": str(path)}, check=True)
-    finally:
-        fake.close()
-    assert re.fullmatch(r"[0-9a-f]{32}", submit_key(fake.requests[0])) and submit_key(fake.requests[0]) != first_key
+    proc, requests = submit_to_fake(clients[client], tmp_path / "ctl2.sock",
+                                    response({"job_id": 8, "parsable": True, "wait": False}))
+    assert proc.returncode == 0
+    assert re.fullmatch(r"[0-9a-f]{32}", submit_key(requests[0])) and submit_key(requests[0]) != first_key
 
 
 @pytest.mark.parametrize("client", ["c", "py"])
 def test_a_retry_refused_for_good_says_the_job_may_exist(clients, tmp_path, client):
     """The retry reaches a controller that refuses it (not a "try again" refusal): the user is told
     that the first attempt may have created the job, and where to look."""
-    path = tmp_path / "ctl.sock"
-    fake = FakeController(path, b"", response(None, ok=False, error="the controller says no"))
-    try:
-        proc = subprocess.run([str(clients[client]), "--wrap", "true"], capture_output=True, text=True, timeout=60,
-                              env={"PATH": "/usr/bin:/bin", "HAI_CONTROLLER": str(path)})
-    finally:
-        fake.close()
+    proc, _ = submit_to_fake(clients[client], tmp_path / "ctl.sock", b"",
+                             response(None, ok=False, error="the controller says no"))
     assert (proc.returncode, proc.stdout) == (1, "")
     assert proc.stderr == ("hsubmit: error: the controller closed the connection; the job may have been submitted: "
                            "check hqueue (retrying failed: the controller says no)\n")
@@ -350,16 +348,11 @@ def test_a_retry_refused_for_good_says_the_job_may_exist(clients, tmp_path, clie
 def test_a_retry_waits_while_the_controller_says_try_again(clients, tmp_path, client):
     """A restarting controller refuses requests until its store is open ("...; try again"): the
     retry waits for it within its window instead of giving up at the first refusal."""
-    path = tmp_path / "ctl.sock"
     starting = response(None, ok=False, error="the controller is starting (its store is not open yet); try again")
-    fake = FakeController(path, b"", starting, starting, response({"job_id": 9, "parsable": True, "wait": False}))
-    try:
-        proc = subprocess.run([str(clients[client]), "--wrap", "true"], capture_output=True, text=True, timeout=60,
-                              env={"PATH": "/usr/bin:/bin", "HAI_CONTROLLER": str(path)})
-    finally:
-        fake.close()
+    proc, requests = submit_to_fake(clients[client], tmp_path / "ctl.sock", b"", starting, starting,
+                                    response({"job_id": 9, "parsable": True, "wait": False}))
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "9\n", "")
-    assert len(fake.requests) == 4 and len({submit_key(r) for r in fake.requests}) == 1
+    assert len(requests) == 4 and len({submit_key(r) for r in requests}) == 1
 
 
 def test_c_hsubmit_handles_a_job_list_reply_for_wait(clients, tmp_path):
