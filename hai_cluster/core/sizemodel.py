@@ -51,7 +51,7 @@ def bin_of(seconds: float) -> int:
     """The bin of a service time (seconds)."""
     if seconds < EDGES[0]:
         return 0
-    i = int(2 * math.log2(seconds / EDGES[0])) + 1
+    i = min(NBINS - 1, int(2 * math.log2(seconds / EDGES[0])) + 1)
     # Float rounding at an edge: settle on the bin whose range holds the value.
     while i < NBINS - 1 and seconds >= EDGES[i]:
         i += 1

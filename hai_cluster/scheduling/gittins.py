@@ -66,18 +66,20 @@ def rank_table(probs: tuple[float, ...]) -> tuple[float, ...]:
     return tuple(rank_row(probs, s, prefix) for s in range(NBINS))
 
 
-def finish_within(probs: tuple[float, ...], age: float, seconds: float) -> float:
+def finish_within(probs: tuple[float, ...], age: float, seconds: float, prefix=None) -> float:
     """P(D <= age + seconds | D > age), the mass of each bin spread evenly over it."""
-    def cdf_above(x: float) -> float:  # P(D > x)
+    c0 = (prefix or _prefix(probs))[0]
+    total = c0[-1]
+
+    def above(x: float) -> float:  # P(D > x)
         b = bin_of(x)
         lo = LOWER[b]
         hi = EDGES[b] if b < len(EDGES) else max(x, lo) * 2 + 1
-        inside = probs[b] * max(0.0, hi - x) / (hi - lo) if hi > lo else 0.0
-        return inside + sum(probs[b + 1:])
-    above = cdf_above(age)
-    if above <= 0:
+        return probs[b] * max(0.0, hi - x) / (hi - lo) + (total - c0[b + 1])
+    now = above(age)
+    if now <= 0:
         return 1.0
-    return max(0.0, min(1.0, 1.0 - cdf_above(age + seconds) / above))
+    return max(0.0, min(1.0, 1.0 - above(age + seconds) / now))
 
 
 def quantile_remaining(probs: tuple[float, ...], age: float, q: float) -> float:
@@ -169,14 +171,14 @@ class Ranker:
         return now + (LOWER[nxt] - age) * kind[0] / rate
 
     def finish_within(self, job: JobView, now: float, seconds: float) -> float:
-        """P(it ends within `seconds` more service), at its age bin's lower edge."""
+        """P(it ends within `seconds` more service), given the service it has."""
         kind = self.kind(job)
-        b = bin_of(self.age(job, now))
-        key = ("finish", kind, b, seconds)
-        got = self._memo.get(key)
-        if got is None:
-            got = self._memo[key] = finish_within(self.model.distribution(*kind).probs, LOWER[b], seconds)
-        return got
+        pkey = ("prefix", kind)
+        prefix = self._memo.get(pkey)
+        probs = self.model.distribution(*kind).probs
+        if prefix is None:
+            prefix = self._memo[pkey] = _prefix(probs)
+        return finish_within(probs, self.age(job, now), seconds, prefix)
 
 
 def _gpus(job: JobView) -> float:

@@ -75,6 +75,12 @@ class MlfqConfig:
     # restart costs (its preemption would cost more than waiting for it).
     finish_likely: float = 0.5
     finish_window: float = 2.0
+    # gittins: a job whose time in the system passed max_slowdown x its service so far (at least
+    # slowdown_floor seconds of it) is overdue: pending, it is served as level 0; running, it is not
+    # preempted but by an urgent job. This bounds how far the Gittins order (which puts the longest
+    # jobs last) may stretch a long job, the tail latency FIFO bounds by arrival order. 0: off.
+    max_slowdown: float = 0.0
+    slowdown_floor: float = 3600.0
 
     def __post_init__(self) -> None:
         if list(self.thresholds) != sorted(self.thresholds) or any(t <= 0 for t in self.thresholds):
@@ -155,7 +161,8 @@ class MlfqPass:
             if j.preemptible and j.run_start is not None and j.gpu_share is None:
                 attained = j.attained(self.now)
                 level = self.level(j)
-                ripe = self.now - j.run_start >= self.quantum(level) and not self.likely_done(j)
+                ripe = self.now - j.run_start >= self.quantum(level) and not self.likely_done(j) \
+                    and not self.overdue(j)
                 rank, run_gpus = PRIORITY_RANK.get(j.priority, 2), j.gpus
                 key = (idle_first and not j.idle, -level, -attained, j.id)
                 for node, gpus in j.allocation:
@@ -221,6 +228,14 @@ class MlfqPass:
         window = self.cfg.finish_window * self.cfg.restart_cost
         return window > 0 and self.ranker.finish_within(j, self.now, window) >= self.cfg.finish_likely
 
+    def overdue(self, j: JobView) -> bool:
+        """Gittins: the job has been in the system max_slowdown times its service so far."""
+        cfg = self.cfg
+        if cfg.max_slowdown <= 0 or self.ranker is None:
+            return False
+        served = self.ranker.age(j, self.now)
+        return self.now - j.submit_time >= cfg.max_slowdown * max(served, cfg.slowdown_floor)
+
     def victim_level(self, level: int) -> int:
         """A job of this level may preempt runs of levels above what this returns."""
         return level if self.ranker is None else level + self.cfg.preempt_margin - 1
@@ -255,6 +270,8 @@ class MlfqPass:
             ranks = self._pending_ranks(pending)
             levels = list(map(self.ranker.level_of_rank, ranks))
             self._levels.update(zip([j.id for j in pending], levels))
+            if self.cfg.max_slowdown > 0:
+                levels = [0 if self.overdue(j) else lv for j, lv in zip(pending, levels)]
             if self.cfg.starvation_factor > 0:
                 levels = [self.effective_level(j) for j in pending]
         elif self.cfg.starvation_factor > 0:
