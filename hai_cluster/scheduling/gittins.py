@@ -98,7 +98,7 @@ def quantile_remaining(probs: tuple[float, ...], age: float, q: float) -> float:
 
 @dataclass(frozen=True)
 class RankSettings:
-    level_ratio: float = 2.0  # ranks of adjacent levels differ by this factor
+    level_ratio: float = 4.0  # ranks of adjacent levels differ by this factor
     base_rank: float = 60.0  # GPU-seconds: ranks below are level 0
     levels: int = 40  # the last level takes every rank above
 
@@ -114,14 +114,14 @@ class Ranker:
 
     @staticmethod
     def kind(job: JobView) -> tuple:
-        return (_gpus(job), job.user, job.name)
+        return (service_rate(job), job.user, job.name)
 
     def dist(self, job: JobView) -> Dist:
         return self.model.distribution(*self.kind(job))
 
     def age(self, job: JobView, now: float) -> float:
         """Seconds of service on its GPUs: attained GPU-seconds over its GPU rate."""
-        rate = _gpus(job)
+        rate = service_rate(job)
         return job.attained(now) / rate if rate > 0 else 0.0
 
     def _kind_row(self, kind: tuple, b: int) -> tuple[float, int]:
@@ -181,7 +181,7 @@ class Ranker:
         return finish_within(probs, self.age(job, now), seconds, prefix)
 
 
-def _gpus(job: JobView) -> float:
+def service_rate(job: JobView) -> float:
     """What the job's service is counted on: its GPUs, or its share of a card."""
     return job.gpus if job.gpu_share is None else (job.gpu_charge or job.gpu_share.fraction)
 
@@ -194,7 +194,7 @@ def explain(model: SizeModel, job: JobView, now: float, settings: RankSettings |
     age = r.age(job, now)
     rank = r.rank_at(job, age)
     level = r.level_of_rank(rank)
-    g = _gpus(job)
+    g = service_rate(job)
     median = quantile_remaining(d.probs, age, 0.5)
     mean_total = sum(p * x for p, x in zip(d.probs, POINTS))
     basis = (f"{d.samples:.0f} finished jobs of {d.source}" if d.source != "prior"

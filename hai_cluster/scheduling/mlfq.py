@@ -19,10 +19,11 @@ from functools import partial
 from operator import attrgetter, itemgetter
 
 from ..core.model import PRIORITY_RANK, JobView, NodeView, Snapshot
+from ..core.sizemodel import bin_of
 from ..core.reasons import PRIORITY, RESOURCES, WAITING_FOR_CHECKPOINT
 from ..core.resources import fits
 from ..core.states import JobState
-from .gittins import Ranker, RankSettings
+from .gittins import Ranker, RankSettings, service_rate
 from .placement import place, place_on_each, placement_on, release, reserve, with_usage
 from .plan import Plan, Preempt, Start, Wait
 from .shares import best_effort_room
@@ -65,7 +66,7 @@ class MlfqConfig:
     # Seconds of work a preempted job redoes when it resumes (checkpoint, restart, lost progress):
     # the price preemption weighs against its gain. hai-sim sets it to the replay's restart cost.
     restart_cost: float = 30.0
-    level_ratio: float = 2.0
+    level_ratio: float = 4.0  # chosen on ElasticFlow cluster02, checked on six Philly VCs (docs/BENCHMARKS.md)
     # gittins: a run is preempted only for a job at least this many levels above it.
     preempt_margin: int = 1
     # gittins: a run keeps its GPUs for at least this many restart costs before it may be preempted
@@ -311,15 +312,16 @@ class MlfqPass:
         return out
 
     def _pending_ranks(self, pending: list[JobView]) -> list[float]:
-        """The pending jobs' Gittins ranks; jobs of one kind and service share one look-up (most
-        of a long queue has never run)."""
+        """The pending jobs' Gittins ranks; jobs of one kind and age bin share one look-up (most of
+        a long queue has never run)."""
         seen: dict[tuple, float] = {}
-        ranker, now, out = self.ranker, self.now, []
+        ranker, out = self.ranker, []
         for j in pending:
-            key = (j.nodes, j.gpus_per_node, j.gpu_share, j.user, j.name, j.attained_gpu_seconds)
+            a, rate = j.attained_gpu_seconds, service_rate(j)
+            key = (j.gpus_per_node, j.nodes, j.gpu_share, j.user, j.name, bin_of(a / rate) if a > 0 and rate > 0 else 0)
             r = seen.get(key)
             if r is None:
-                r = seen[key] = ranker.rank(j, now)
+                r = seen[key] = ranker.rank(j, self.now)
             out.append(r)
         self.ranks.update(zip([j.id for j in pending], out))
         return out
