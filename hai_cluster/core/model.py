@@ -10,6 +10,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .reasons import BEGIN_TIME, HELD_ADMIN, HELD_USER
+from .sizemodel import SizeModel
 from .states import JobState
 
 if TYPE_CHECKING:
@@ -247,6 +248,7 @@ class JobView:
     gpu_charge: float = 0.0  # a sharing job's current run: GPU-equivalents charged (sharing.share_charge)
     mig: tuple[str, ...] = ()  # a sharing job on MIG cards: per rank of allocation, its instance ("" none)
     version: int = 0  # the store's row version: the applier starts a job only as the policy saw it
+    name: str = ""  # its job name (--job-name): a key of the learned size model (core.sizemodel)
 
     @property
     def gpus(self) -> int:
@@ -315,6 +317,9 @@ class Snapshot:
     # Fair-share factor per (account, user), in (0, 1]; absent: 1 (core/fairshare.py)
     fairshare: Mapping[tuple[str, str], float] = field(default_factory=dict)
     reservations: tuple[Reservation, ...] = ()  # not ended (core.reservation.apply reads them)
+    # What the cluster learned of job sizes from the jobs that ended before `now` (the MLFQ's
+    # Gittins order); empty: attained-service order until jobs end.
+    sizes: SizeModel = field(default_factory=SizeModel)
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,11 @@ from functools import partial
 from operator import attrgetter, itemgetter
 
 from ..core.model import PRIORITY_RANK, JobView, NodeView, Snapshot
+from ..core.sizemodel import bin_of
 from ..core.reasons import PRIORITY, RESOURCES, WAITING_FOR_CHECKPOINT
 from ..core.resources import fits
 from ..core.states import JobState
+from .gittins import Ranker, RankSettings, service_rate
 from .placement import place, place_on_each, placement_on, release, reserve, with_usage
 from .plan import Plan, Preempt, Start, Wait
 from .shares import best_effort_room
@@ -56,6 +58,30 @@ class MlfqConfig:
     # controller's telemetry) first, whatever their level.
     prefer_idle_victims: bool = False
     gpu_pack: str = "binpack"  # [gpu_sharing] pack: binpack | spread, for card shares (core.sharing)
+    # What sets a job's level: "gittins", its Gittins rank under the size distribution the cluster
+    # learned from its finished jobs (Snapshot.sizes; scheduling/gittins.py), levels `level_ratio`
+    # apart; or "las", its attained GPU-seconds against `thresholds` (Tiresias' 2D-LAS), with
+    # `quanta`.
+    order: str = "gittins"
+    # Seconds of work a preempted job redoes when it resumes (checkpoint, restart, lost progress):
+    # the price preemption weighs against its gain. hai-sim sets it to the replay's restart cost.
+    restart_cost: float = 30.0
+    level_ratio: float = 4.0  # chosen on ElasticFlow cluster02, checked on six Philly VCs (docs/BENCHMARKS.md)
+    # gittins: a run is preempted only for a job at least this many levels above it.
+    preempt_margin: int = 1
+    # gittins: a run keeps its GPUs for at least this many restart costs before it may be preempted
+    # (so that at most 1/min_run_restarts of a time slice goes to redoing work) ...
+    min_run_restarts: float = 10.0
+    # ... and is never preempted while it is at least this likely to end within `finish_window`
+    # restart costs (its preemption would cost more than waiting for it).
+    finish_likely: float = 0.5
+    finish_window: float = 2.0
+    # gittins: a job whose time in the system passed max_slowdown x its service so far (at least
+    # slowdown_floor seconds of it) is overdue: pending, it is served as level 0; running, it is not
+    # preempted but by an urgent job. This bounds how far the Gittins order (which puts the longest
+    # jobs last) may stretch a long job, the tail latency FIFO bounds by arrival order. 0: off.
+    max_slowdown: float = 0.0
+    slowdown_floor: float = 3600.0
 
     def __post_init__(self) -> None:
         if list(self.thresholds) != sorted(self.thresholds) or any(t <= 0 for t in self.thresholds):
@@ -71,10 +97,19 @@ class MlfqConfig:
             raise ValueError(f"mlfq placement must be binpack or spread, got {self.placement!r}")
         if self.gpu_pack not in ("binpack", "spread"):
             raise ValueError(f"gpu_sharing pack must be binpack or spread, got {self.gpu_pack!r}")
+        if self.order not in ("gittins", "las"):
+            raise ValueError(f"mlfq order must be gittins or las, got {self.order!r}")
+        if self.restart_cost < 0 or self.level_ratio <= 1 or self.preempt_margin < 1 or self.min_run_restarts < 0:
+            raise ValueError("mlfq restart_cost >= 0, level_ratio > 1, preempt_margin >= 1 and "
+                             "min_run_restarts >= 0 are required")
 
     @property
     def levels(self) -> int:
-        return len(self.quanta)
+        return RankSettings().levels if self.order == "gittins" else len(self.quanta)
+
+    @property
+    def rank_settings(self) -> RankSettings:
+        return RankSettings(level_ratio=self.level_ratio)
 
     def level_of(self, attained: float) -> int:
         # The first i with attained < thresholds[i] (the thresholds are increasing), in C.
@@ -112,6 +147,8 @@ class MlfqPass:
                 preempting.append(j)
         self._levels: dict[int, int] = {}
         self._lowest = cfg.levels - 1
+        self.ranker = Ranker(snap.sizes, cfg.rank_settings) if cfg.order == "gittins" else None
+        self.ranks: dict[int, float] = {}  # job id -> Gittins rank (GPU-seconds), where computed
         self._promoted: set[int] = set()  # pending jobs the starvation guard moved to level 0
         # Runs that could ever be preempted, per node, cheapest first: lower levels (larger index),
         # then more service already received. Each as a Candidate: what the victim search asks of
@@ -124,8 +161,9 @@ class MlfqPass:
         for j in self.running:
             if j.preemptible and j.run_start is not None and j.gpu_share is None:
                 attained = j.attained(self.now)
-                level = self._levels[j.id] = cfg.level_of(attained)  # what self.level(j) computes
-                ripe = self.now - j.run_start >= cfg.quanta[level]
+                level = self.level(j)
+                ripe = self.now - j.run_start >= self.quantum(level) and not self.likely_done(j) \
+                    and not self.overdue(j)
                 rank, run_gpus = PRIORITY_RANK.get(j.priority, 2), j.gpus
                 key = (idle_first and not j.idle, -level, -attained, j.id)
                 for node, gpus in j.allocation:
@@ -169,8 +207,39 @@ class MlfqPass:
         try:
             return self._levels[j.id]
         except KeyError:
-            level = self._levels[j.id] = self.cfg.level_of(j.attained(self.now))
+            if self.ranker is None:
+                level = self.cfg.level_of(j.attained(self.now))
+            else:
+                rank = self.ranks[j.id] = self.ranker.rank(j, self.now)
+                level = self.ranker.level_of_rank(rank)
+            self._levels[j.id] = level
             return level
+
+    def quantum(self, level: int) -> float:
+        """Seconds a run at this level keeps its GPUs before it may be preempted."""
+        if self.ranker is None:
+            return self.cfg.quanta[level]
+        return self.cfg.min_run_restarts * self.cfg.restart_cost
+
+    def likely_done(self, j: JobView) -> bool:
+        """Gittins: the run is likely to end within a few restart costs, so preempting it costs more
+        than waiting for it."""
+        if self.ranker is None or self.cfg.finish_likely >= 1:
+            return False
+        window = self.cfg.finish_window * self.cfg.restart_cost
+        return window > 0 and self.ranker.finish_within(j, self.now, window) >= self.cfg.finish_likely
+
+    def overdue(self, j: JobView) -> bool:
+        """Gittins: the job has been in the system max_slowdown times its service so far."""
+        cfg = self.cfg
+        if cfg.max_slowdown <= 0 or self.ranker is None:
+            return False
+        served = self.ranker.age(j, self.now)
+        return self.now - j.submit_time >= cfg.max_slowdown * max(served, cfg.slowdown_floor)
+
+    def victim_level(self, level: int) -> int:
+        """A job of this level may preempt runs of levels above what this returns."""
+        return level if self.ranker is None else level + self.cfg.preempt_margin - 1
 
     def starving(self, j: JobView) -> bool:
         return j.id in self._promoted
@@ -197,7 +266,16 @@ class MlfqPass:
         by the rest with one stable sort per field, least significant first, on plain numbers
         (one sort of a tuple per job was a tenth of a large pass)."""
         pending, lowest = self.pending, self._lowest
-        if self.cfg.starvation_factor > 0:
+        ranks: list[float] | None = None
+        if self.ranker is not None:
+            ranks = self._pending_ranks(pending)
+            levels = list(map(self.ranker.level_of_rank, ranks))
+            self._levels.update(zip([j.id for j in pending], levels))
+            if self.cfg.max_slowdown > 0:
+                levels = [0 if self.overdue(j) else lv for j, lv in zip(pending, levels)]
+            if self.cfg.starvation_factor > 0:
+                levels = [self.effective_level(j) for j in pending]
+        elif self.cfg.starvation_factor > 0:
             levels = [self.effective_level(j) for j in pending]
         else:
             # Without the starvation guard a pending job's effective level is its level, from the
@@ -217,10 +295,13 @@ class MlfqPass:
                 groups[key] = [j]
         fairshare = self.snap.fairshare
         out: list[tuple[JobView, int, int]] = []
+        rank_of = self.ranks
         for key in sorted(groups):
             jobs, level, rank = groups[key], key[1], key[2]
             jobs.sort(key=_ID)
             jobs.sort(key=_SUBMIT_TIME)
+            if ranks is not None:  # the lowest Gittins rank first within the level
+                jobs.sort(key=lambda j: rank_of[j.id])
             if fairshare:  # the higher fair-share factor (less past use for its shares) first
                 jobs.sort(key=lambda j: -fairshare.get((j.account, j.user), 1.0))
             if any(j.nice for j in jobs):  # --nice: its owner's say on the order of their own jobs
@@ -228,6 +309,21 @@ class MlfqPass:
             if level == lowest:  # round-robin by the end of the previous run (never-run jobs first)
                 jobs.sort(key=_round_robin_time)
             out.extend([(j, level, rank) for j in jobs])
+        return out
+
+    def _pending_ranks(self, pending: list[JobView]) -> list[float]:
+        """The pending jobs' Gittins ranks; jobs of one kind and age bin share one look-up (most of
+        a long queue has never run)."""
+        seen: dict[tuple, float] = {}
+        ranker, out = self.ranker, []
+        for j in pending:
+            a, rate = j.attained_gpu_seconds, service_rate(j)
+            key = (j.gpus_per_node, j.nodes, j.gpu_share, j.user, j.name, bin_of(a / rate) if a > 0 and rate > 0 else 0)
+            r = seen.get(key)
+            if r is None:
+                r = seen[key] = ranker.rank(j, self.now)
+            out.append(r)
+        self.ranks.update(zip([j.id for j in pending], out))
         return out
 
     def run(self) -> Plan:
@@ -316,7 +412,7 @@ class MlfqPass:
         else:
             reserve(job, placement, self.future)
         self.changed(placement.nodes)
-        self.actions.append(Start(job.id, placement, f"level {level}, first in order that fits"))
+        self.actions.append(Start(job.id, placement, f"level {level}{self._rank_note(job)}, first in order that fits"))
         return True
 
     def wait_for_checkpoint(self, job: JobView) -> bool:
@@ -339,10 +435,11 @@ class MlfqPass:
     # ---- preemption --------------------------------------------------------------------
     def try_preempt(self, job: JobView, level: int) -> bool:
         rank = PRIORITY_RANK.get(job.priority, 2)
+        above = self.victim_level(level)
         if self.victim_search == "scan" or self.cfg.prefer_idle_victims or job.constrained or self.windows_ahead:
-            picked = scan_options(self.search, job, level, rank)
+            picked = scan_options(self.search, job, above, rank)
         else:
-            picked = self.victim_index.options(self.search, job, level, rank)
+            picked = self.victim_index.options(self.search, job, above, rank)
         if picked is None:
             return False
         victims = {v.id: v for o in picked for v in o[3]}
@@ -371,7 +468,7 @@ class MlfqPass:
                     freed.append(node)
             self.victims.add(v.id)
             self.actions.append(Preempt(v.id, f"level {self.level(v)} run past its quantum; GPUs go to "
-                                              f"{why} {job.id}", for_job=job.id))
+                                              f"{why} {job.id}{self._rank_note(job)}", for_job=job.id))
         self.victim_index.took(victims.values())
         self.changed(freed, now=False)
         self.claim(job, placement)
@@ -423,8 +520,23 @@ class MlfqPass:
             self.reserved.add(n.name)
         self.changed(n.name for n in pool[:job.nodes])
 
+    def _rank_note(self, job: JobView) -> str:
+        r = self.ranks.get(job.id)
+        return "" if r is None else f" (Gittins rank {r / 3600:.3g} GPU-h)"
+
     def note_quantum_ends(self) -> None:
         """When a running job's quantum ends or it sinks a level, the plan may change."""
+        if self.ranker is not None:
+            for j in self.running:
+                if j.run_start is None or j.gpu_rate == 0:
+                    continue
+                end = j.run_start + self.quantum(self.level(j))
+                if end > self.now:
+                    self.wake.append(end)
+                change = self.ranker.next_change(j, self.now)
+                if change is not None:
+                    self.wake.append(change)
+            return
         for j in self.running:
             if j.run_start is None or j.gpu_rate == 0:
                 continue

@@ -31,6 +31,7 @@ from ..core.model import JobView, NodeView, Snapshot
 from ..core.reservation import Reservation
 from ..core.resources import placement_misfit
 from ..core.sharing import GpuShare
+from ..core.sizemodel import FinishedJob, SizeModel, observe
 from ..core.states import JobState
 from ..scheduling.plan import Plan, Policy, Preempt, Start, Wait
 from .cluster import Cluster
@@ -116,7 +117,7 @@ class _Job:
             nodelist=tuple(n for n, _ in self.alloc) if running else (),
             allocation=self.alloc if running else (),
             pending_since=self.pending_since, last_run_end=self.last_run_end, time_limit=self.time_limit,
-            gpu_share=self.share, gpu_charge=self.gpus if self.share is not None else 0.0)
+            gpu_share=self.share, gpu_charge=self.gpus if self.share is not None else 0.0, name=self.trace.name)
 
     def account(self, elapsed: float) -> None:
         """Book a run's first `elapsed` seconds: the restart redo first, then real progress."""
@@ -166,6 +167,9 @@ class _Engine:
         self.records: list[JobRecord] = []
         self.events = self.decisions = 0
         self.policy_s = 0.0
+        # Learned from the jobs that ended, in the order they ended, from nothing: as the controller
+        # feeds it (core.sizemodel).
+        self.sizes = SizeModel()
 
     # ---- the loop --------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -219,7 +223,7 @@ class _Engine:
             for idx in tuple(self.dirty):
                 self._node_now(idx)
             snap = Snapshot(now=t, jobs=tuple(self.views.values()), nodes=tuple(self.node_views),
-                            reservations=self.reservations)
+                            reservations=self.reservations, sizes=self.sizes)
             started = time.perf_counter()
             plan = self.policy.decide(snap)
             self.policy_s += time.perf_counter() - started
@@ -348,5 +352,7 @@ class _Engine:
         job.state = COMPLETED
         del self.views[job.id]
         tj = job.trace
+        self.sizes = observe(self.sizes, [FinishedJob(job.gpus, job.attained / job.gpus if job.gpus else 0.0,
+                                                      tj.user if tj.user != "user" else "", tj.name)])
         self.records.append(JobRecord(job.id, tj.id, tj.submit, tj.duration, tj.gpus, job.gpus, job.first_start,
                                       t, job.restarts, job.busy, job.lost))

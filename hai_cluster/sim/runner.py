@@ -1,7 +1,8 @@
 """Run every (policy x sweep point) replay of one trace, reusing what cannot differ.
 
 A run that preempted nothing never paid a restart, so its result is the same at any restart
-cost: it is computed once per load scale and reused across a restart-cost sweep.
+cost: it is computed once per load scale and reused across a restart-cost sweep (not the MLFQ's,
+which is told the restart cost and may decide otherwise at another).
 """
 from __future__ import annotations
 
@@ -62,6 +63,17 @@ def points(base: Point, sweep: dict[str, list[float]]) -> list[Point]:
     return [replace(base, **dict(zip(keys, combo))) for combo in itertools.product(*(sweep[k] for k in keys))]
 
 
+def _policy_options(name: str, opts: dict[str, Any], pt: Point) -> dict[str, Any]:
+    """The MLFQ weighs preemption against the restart cost: it is told the replay's, as an operator
+    sets [scheduler] restart_cost for the cluster, unless -o mlfq.restart_cost says otherwise."""
+    if name != "mlfq" or "restart_cost" in opts:
+        return opts
+    cost = pt.restart_cost + pt.restart_cost_per_gpu  # per-GPU redo: counted for one GPU (a floor)
+    if "config" in opts:
+        return {**opts, "config": replace(opts["config"], restart_cost=cost)}
+    return {**opts, "restart_cost": cost}
+
+
 def run_all(jobs: Sequence[TraceJob], cluster: Cluster, policies: Sequence[str], pts: Sequence[Point], *,
             swept: Sequence[str] = (), options: dict[str, dict[str, Any]] | None = None,
             progress: Callable[[str, int, int], None] | None = None,
@@ -83,11 +95,13 @@ def run_all(jobs: Sequence[TraceJob], cluster: Cluster, policies: Sequence[str],
                 if progress is not None:
                     progress(label, len(res.records), len(res.records))
                 continue
-            res = simulate(make_policy(name, **options.get(name, {})), scaled[pt.load_scale], cluster,
+            res = simulate(make_policy(name, **_policy_options(name, options.get(name, {}), pt)), scaled[pt.load_scale],
+                           cluster,
                            restart_cost=pt.restart_cost, restart_cost_per_gpu=pt.restart_cost_per_gpu,
                            progress=None if progress is None else (lambda d, t, lb=label: progress(lb, d, t)),
                            reservations=reservations)
-            if res.preemptions == 0:
-                calm[key] = res
+            told_cost = name == "mlfq" and "restart_cost" not in options.get(name, {})
+            if res.preemptions == 0 and not told_cost:
+                calm[key] = res  # (not a policy told the restart cost: it may act otherwise at another)
             runs.append(Run(name, pt, label, res))
     return runs

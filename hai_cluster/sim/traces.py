@@ -6,7 +6,7 @@ Formats (times in seconds unless said otherwise; extra columns are ignored):
   philly       timestamp,duration,num_gpus,gpu_time,cluster   (Pollux/Sia processed Philly; the
                timestamp is a datetime or epoch seconds, rows are unsorted, `cluster` is the
                virtual cluster that --vc selects)
-  canonical    submit_time,duration,gpus[,user][,priority]    (ours)
+  canonical    submit_time,duration,gpus[,user][,priority][,name]    (ours)
 Submit times are kept as the trace gives them (philly: seconds since its earliest row); only
 differences matter. Rows asking for no GPUs are set aside with a reason, never silently dropped.
 """
@@ -33,6 +33,7 @@ class TraceJob:
     gpus: int | float  # a float below 1 is a share of one card (Alibaba-style traces have them)
     user: str = "user"
     priority: str = "normal"
+    name: str = ""  # the job's name where the trace has one (Tiresias: model_name)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def _elasticflow(r: dict, line: int) -> TraceJob:
 
 def _tiresias(r: dict, line: int) -> TraceJob:
     return _job(line, r["job_id"], _num(r, "submit_time", line), _num(r, "duration", line),
-                _gpus(r, "num_gpu", line))
+                _gpus(r, "num_gpu", line), name=(r.get("model_name") or "").strip())
 
 
 def _timestamp(text: str, line: int) -> float:
@@ -117,7 +118,8 @@ def _canonical(r: dict, line: int) -> TraceJob:
     if priority not in PRIORITY_CLASSES:
         raise TraceError(f"line {line}: priority {priority!r} is not one of {', '.join(PRIORITY_CLASSES)}")
     return _job(line, r.get("job_id"), _num(r, "submit_time", line), _num(r, "duration", line),
-                _gpus(r, "gpus", line), user=(r.get("user") or "user").strip() or "user", priority=priority)
+                _gpus(r, "gpus", line), user=(r.get("user") or "user").strip() or "user", priority=priority,
+                name=(r.get("name") or "").strip())
 
 
 FORMATS = (

@@ -235,10 +235,10 @@ def test_mlfq_demotes_a_long_sharing_job():
     long = replace(sharing(1, 0.5, state=JobState.RUNNING, alloc=[("a", (0,))], start=0.0), gpu_charge=0.5)
     n = replace(node(cards=1), used_gpus=frozenset({0}), shared=((0, 40960, 50, 1),))
     from hai_cluster.scheduling.mlfq import MlfqPass
-    assert MlfqPass(MlfqConfig(), Snapshot(now=7100.0, jobs=(long,), nodes=(n,))).level(long) == 0  # 3550
-    assert MlfqPass(MlfqConfig(), Snapshot(now=7300.0, jobs=(long,), nodes=(n,))).level(long) == 1
+    assert MlfqPass(MlfqConfig(order="las"), Snapshot(now=7100.0, jobs=(long,), nodes=(n,))).level(long) == 0  # 3550
+    assert MlfqPass(MlfqConfig(order="las"), Snapshot(now=7300.0, jobs=(long,), nodes=(n,))).level(long) == 1
     # At 7100 the policy wakes when the share crosses 3600: (3600 - 3550) / 0.5 = 100 s later.
-    assert MlfqPolicy(MlfqConfig()).decide(Snapshot(now=7100.0, jobs=(long,), nodes=(n,))).wake_at == 7200.0
+    assert MlfqPolicy(MlfqConfig(order="las")).decide(Snapshot(now=7100.0, jobs=(long,), nodes=(n,))).wake_at == 7200.0
     # Requeued after that run, it waits behind a new sharing job when the card has room for one.
     requeued = sharing(3, 0.5, state=JobState.PENDING)
     requeued = replace(requeued, attained_gpu_seconds=3650.0, submit_time=0.0)
@@ -301,7 +301,7 @@ def test_a_preempted_best_effort_share_does_not_take_the_card_back():
     # older than job 2: the freed card goes to job 2 and job 1 waits, instead of the two trading places.
     be = replace(sharing(1, mem=61440, qos="best-effort"), restart_count=1)
     snap = Snapshot(now=5.0, jobs=(be, sharing(2, mem=40960)), nodes=(node(cards=1),))
-    plan = MlfqPolicy(MlfqConfig()).decide(snap)
+    plan = MlfqPolicy(MlfqConfig(order="las")).decide(snap)  # one level for both (the rule is within a level)
     assert [s.job_id for s in plan.starts] == [2] and [(w.job_id, w.reason) for w in plan.waits] == [(1, "Resources")]
 
 

@@ -9,8 +9,9 @@ from hai_cluster.core.states import JobState
 from hai_cluster.scheduling.mlfq import MlfqConfig, MlfqPolicy
 from hai_cluster.scheduling.plan import Preempt, Start, Wait
 
+# The level machinery on attained service (order "las"); the Gittins order: test_mlfq_gittins.py.
 CFG = MlfqConfig(thresholds=(100.0, 1000.0), quanta=(10.0, 50.0, 100.0), starvation_factor=2.0,
-                 starvation_floor=500.0, reservation_after=300.0)
+                 starvation_floor=500.0, reservation_after=300.0, order="las")
 
 
 def node(name, gpus=4, used=()):

@@ -59,7 +59,7 @@ def random_snapshot(seed: int) -> Snapshot:
 @pytest.mark.parametrize("starvation", [0.0, 1.0])
 def test_queue_is_the_order_of_the_single_key(seed, starvation):
     snap = random_snapshot(seed)
-    cfg = MlfqConfig(starvation_factor=starvation, starvation_floor=1000.0)
+    cfg = MlfqConfig(starvation_factor=starvation, starvation_floor=1000.0, order="las")
     queued = [(j.id, level, rank) for j, level, rank in MlfqPass(cfg, snap).queue()]
     assert queued == reference_order(MlfqPass(cfg, snap))
     assert len(queued) == len(snap.jobs)

@@ -157,10 +157,11 @@ def test_priority_class_limit_per_user(policy):
     assert quotas and not Quotas(class_user_gpus={"urgent": 0})
     jobs = [job(1, gpus=2, priority="urgent", state=JobState.RUNNING, alloc=(("a", (0, 1)),), start=0.0),
             job(2, gpus=2, priority="normal", state=JobState.RUNNING, alloc=(("a", (2, 3)),), start=0.0),
-            job(3, gpus=2, priority="urgent", t=1), job(4, gpus=1, priority="urgent", t=2),
+            job(3, gpus=2, priority="urgent", t=1), job(4, gpus=2, priority="urgent", t=2),
             job(5, user="v", gpus=4, priority="urgent", t=3), job(6, gpus=1, priority="normal", t=4)]
     got = outcome(make_policy(policy).decide(snap(jobs, quotas, gpus=16)))
-    # u's urgent jobs: 2 running + 2 (job 3) = 4; job 4 would make 5
+    # u's urgent jobs: 2 running + 2 (job 3) = 4; job 4 would make 6 (of one size with job 3, so
+    # that the MLFQ's Gittins order, which puts smaller jobs first, keeps submit order here)
     assert got[3] == "start" and got[4] == "QuotaLimit", got
     assert got[5] == "start" and got[6] == "start", got
     # a single urgent job over the class limit waits even on an empty cluster
