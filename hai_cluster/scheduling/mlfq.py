@@ -61,8 +61,9 @@ class MlfqConfig:
     # What sets a job's level: "gittins", its Gittins rank under the size distribution the cluster
     # learned from its finished jobs (Snapshot.sizes; scheduling/gittins.py), levels `level_ratio`
     # apart; or "las", its attained GPU-seconds against `thresholds` (Tiresias' 2D-LAS), with
-    # `quanta`.
-    order: str = "gittins"
+    # `quanta`. The production default stays "las" until decide() with the Gittins order is inside
+    # its budget (100 ms at 1,000 nodes x 8 GPUs and 10,000 pending; docs/BENCHMARKS.md).
+    order: str = "las"
     # Seconds of work a preempted job redoes when it resumes (checkpoint, restart, lost progress):
     # the price preemption weighs against its gain. hai-sim sets it to the replay's restart cost.
     restart_cost: float = 30.0

@@ -15,7 +15,7 @@ from hai_cluster.sim.traces import TraceJob
 
 from .test_mlfq import node, pending, running, snapshot
 
-GITTINS = MlfqConfig(restart_cost=30.0)
+GITTINS = MlfqConfig(order="gittins", restart_cost=30.0)
 
 
 def with_sizes(snap: Snapshot, model: SizeModel) -> Snapshot:
