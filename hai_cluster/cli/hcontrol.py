@@ -12,7 +12,7 @@ from ..core.timefmt import format_duration, format_limit
 from ..core.jobids import ArrayError, job_label, parse_job_ref
 from .client import ClientError, ControllerClient
 from ..core.usertext import printable
-from .common import call, call_pages, fail, iso_time
+from .common import call, call_pages, fail, iso_time, print_table
 from .hinfo import node_state
 from .hostnames import print_hostlist, print_hostnames
 from .jobfields import cpus, elapsed, gres, nodelist, preemption, tasks
@@ -337,6 +337,26 @@ def show_qos(name):
               f"MaxWall={format_limit(q['max_time'])} MaxTRESPerUser=gres/gpu={q['max_gpus_per_user']} "
               f"MaxJobsPerUser={q['max_jobs_per_user']} " + (" ".join(allowed) or "Allowed=all")
               + (f" Description={q['description']}" if q["description"] else ""))
+
+
+@show.command("scheduler")
+@click.argument("job_ids", nargs=-1, type=int)
+def show_scheduler(job_ids):
+    """What the scheduler learned of job sizes from the jobs that ended, and where JOB_IDS stand in
+    its order and why."""
+    r = call("hcontrol", "scheduler", {"job_ids": list(job_ids)})
+    print(f"Policy={r['policy']} Order={r['order']} RestartCost={r['restart_cost']:g} "
+          f"LearnedFrom={r['learned_from']} ended jobs")
+    if r["keys"]:
+        print_table(["SIZES OF", "JOBS", "MEDIAN", "P90"],
+                    [[k["key"], f"{k['samples']:.0f}", format_duration(int(k["median_s"])),
+                      format_duration(int(k["p90_s"]))] for k in r["keys"]])
+    else:
+        print("No job has ended yet: the order is by attained service until some do.")
+    for j in r["jobs"]:
+        print(f"Job {j['job_id']}: {j['text']}")
+        if j.get("learned") and j.get("order") != "gittins":
+            print(f"  learned: {j['learned']['text']}")
 
 
 @show.command("node")

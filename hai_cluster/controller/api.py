@@ -23,6 +23,7 @@ HANDLERS = {
     "ping": api_jobs.ping, "jobs": api_jobs.jobs, "show_job": api_jobs.show_job, "telemetry": api_jobs.telemetry,
     "nodes": api_jobs.nodes, "acct": api_jobs.acct, "steps": api_jobs.steps, "events": api_jobs.events,
     "accounts": api_jobs.accounts, "shares": api_jobs.shares, "qos": api_jobs.qos,
+    "scheduler": api_jobs.scheduler,
     "submit": api_submit.submit,
     "cancel": api_control.cancel, "requeue": api_control.requeue, "preempt": api_control.preempt,
     "hold": api_control.hold, "release": api_control.release, "requeuehold": api_control.requeuehold,

@@ -189,3 +189,30 @@ async def shares(ctx: ApiContext, body, caller: Caller):
     rows = await ctx.ctl.db(ctx.ctl.tenancy.current_rows, ctx.repo.engine, time.time())
     return {"half_life": ctx.ctl.cfg.fairshare.half_life, "enabled": ctx.ctl.cfg.fairshare.enabled,
             "rows": [vars(r) for r in rows]}
+
+
+MAX_EXPLAINED = 100  # jobs one `hcontrol show scheduler` may ask about
+
+
+async def scheduler(ctx: ApiContext, body, caller: Caller):
+    """hcontrol show scheduler [JOB...]: what the MLFQ learned of job sizes (the keys with the most
+    ended jobs behind them) and, for each job named that the latest pass saw, its level and why."""
+    from ..scheduling.learned import key_summaries, standing  # the policy's code: only here
+    job_ids = int_list(body, "job_ids") or []
+    if len(job_ids) > MAX_EXPLAINED:  # each is a walk over the model's bins, on the event loop
+        raise RequestError(f"field 'job_ids' has too many entries ({len(job_ids)}; at most {MAX_EXPLAINED})")
+    cfg = ctx.ctl.cfg.scheduler
+    model = ctx.ctl.sizes.model
+    snap = ctx.ctl.last_snapshot
+    seen = {j.id: j for j in snap.jobs} if snap is not None and job_ids else {}
+    jobs = []
+    for job_id in job_ids:
+        job = seen.get(job_id)
+        if job is None:
+            jobs.append({"job_id": job_id, "text": "not pending or running in the latest scheduling pass"})
+        elif cfg.policy != "mlfq":
+            jobs.append({"job_id": job_id, "text": f"the {cfg.policy} policy has no levels"})
+        else:
+            jobs.append({"job_id": job_id, **standing(cfg.mlfq, model, job, snap.now)})
+    return {"policy": cfg.policy, "order": cfg.mlfq.order, "restart_cost": cfg.mlfq.restart_cost,
+            "learned_from": model.seen, "keys": [asdict(k) for k in key_summaries(model)], "jobs": jobs}

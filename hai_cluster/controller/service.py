@@ -13,6 +13,7 @@ import logging
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Callable
 
 from sqlalchemy.exc import DBAPIError
@@ -20,6 +21,7 @@ from sqlalchemy.exc import DBAPIError
 from .. import timeouts
 from ..config import ControllerConfig, NodeConfig, SshConfig
 from ..core.dependency import NEVER
+from ..core.model import Snapshot
 from ..core.reasons import WORK_LOST
 from ..core.states import JobState
 from ..protocol.runspec import RunStatus, SpecError
@@ -40,6 +42,7 @@ from .health import on_health
 from .mail import LIMIT_MARKS, LimitWatch, Mailer
 from .metrics import QueueStats
 from .nodes import AGENT_ERRORS, NodeLink
+from .sizes import SizeLearner
 from .steps import StepHub
 from .telemetry import TelemetryHub
 from .tenancy import Tenancy
@@ -84,6 +87,8 @@ class Controller:
         self._last_retry = 0.0
         self._agent_epoch: Callable[[], int] | None = None
         self.telemetry = TelemetryHub(cfg.telemetry)
+        self.sizes = SizeLearner(self)  # the job sizes learned from the jobs that ended (the policy's)
+        self.last_snapshot: Snapshot | None = None  # the latest pass's, as its policy saw it
         self.mail = Mailer(cfg.mail_program, cfg.cluster_name)  # --mail-type notices
         self.limit_mails = LimitWatch()  # --mail-type=TIME_LIMIT*: when each running job's are due
         self.queue_stats = QueueStats()  # the queue, node and pass series of the metrics page
@@ -140,6 +145,7 @@ class Controller:
         for n in self.cfg.nodes:
             self.open_link(n, self.cfg.ssh)
         await membership.resume(self)  # nodes added with hcontrol node add, and removals under way
+        await self.sizes.start()  # what the scheduler learned, before its first pass
         self._tasks.append(asyncio.create_task(self._loop(), name="scheduler"))
         self._tasks.append(asyncio.create_task(self._persist_telemetry(), name="telemetry"))
         self.mail.start()
@@ -177,6 +183,10 @@ class Controller:
                 log.warning("%d event(s) not written: the store is unavailable", len(self.events.take()))
             except Fenced:  # another controller took over: it writes the history from now on
                 log.warning("%d event(s) not written: no longer the active controller", len(self.events.take()))
+            try:
+                await self.sizes.save()
+            except (StoreUnavailable, Fenced):  # the next start folds in what it lacks from the store
+                pass
         self._executor.shutdown(wait=True)
         self._policy_executor.shutdown(wait=True)
 
@@ -198,8 +208,11 @@ class Controller:
 
     async def decide(self, snapshot):
         """The policy is pure CPU work: off the event loop, so API calls and link pings keep flowing.
-        The snapshot gets the running-GPU limits and fair-share factors first (controller/tenancy.py)."""
+        The snapshot gets the running-GPU limits and fair-share factors first (controller/tenancy.py),
+        and the job sizes learned so far."""
         snapshot = await self.db(self.tenancy.extend, self.repo.engine, snapshot)
+        await self.sizes.catch_up(force=False)
+        snapshot = self.last_snapshot = replace(snapshot, sizes=self.sizes.model)
         return await asyncio.get_running_loop().run_in_executor(self._policy_executor, self.policy.decide, snapshot)
 
     # ---- the loop --------------------------------------------------------------------------

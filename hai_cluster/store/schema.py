@@ -279,3 +279,14 @@ submit_keys = Table(
     Column("created", Float, nullable=False),
     Index("ix_submit_keys_created", "created"),
 )
+
+# 0027: what the scheduler learned (core.sizemodel's wire form), and up to which ended job:
+# the jobs that ended after `through` are folded in at the controller's start (store/sizes.py)
+scheduler_state = Table(
+    "scheduler_state", metadata,
+    Column("name", String(32), primary_key=True),
+    Column("state", JSON, nullable=False),
+    Column("through_end", Float, nullable=False),
+    Column("through_id", BigInteger, nullable=False),
+    Column("updated", Float, nullable=False),
+)
