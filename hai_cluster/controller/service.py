@@ -149,8 +149,10 @@ class Controller:
         self._tasks.append(asyncio.create_task(self._loop(), name="scheduler"))
         self._tasks.append(asyncio.create_task(self._persist_telemetry(), name="telemetry"))
         self.mail.start()
-        await self._watch_running_limits()
         self.started = True
+        # In the background: one record read per running job with a limit must not hold the API
+        # gate shut, and a store error there must not fail the start.
+        self.spawn(self._watch_running_limits())
 
     def open_link(self, node: NodeConfig, ssh: SshConfig) -> None:
         self.links[node.name] = link = NodeLink(node, ssh, self.cfg.ping_interval, on_hello=self._on_hello,
@@ -363,8 +365,14 @@ class Controller:
         def load() -> list:
             rows = self.repo.jobs(states=[JobState.RUNNING.value], columns=["id", "time_limit"])
             return [r for r in (self.repo.job_record(row["id"]) for row in rows if row["time_limit"]) if r is not None]
+        try:
+            running = await self.db(load)
+        except StoreUnavailable:
+            log.warning("the TIME_LIMIT mails of the jobs running at this start are not sent: the store was "
+                        "unavailable")
+            return
         now = time.time()
-        for job in await self.db(load):
+        for job in running:
             if set(job.spec.mail_type) & set(LIMIT_MARKS):
                 self.limit_mails.watch(job, job.start_time, now, skip_passed=True)
 
