@@ -130,6 +130,26 @@ def test_install_controller_makes_its_files_and_is_idempotent(wheel, tmp_path):
     assert os.access(venv / "bin/hai-controller", os.X_OK)
 
 
+@pytest.mark.parametrize("script", ["install-controller", "install-node"])
+def test_installs_use_the_constraints_file(wheel, tmp_path, script):
+    """Both scripts hand conf/constraints.txt to pip: in a copy of scripts/ and conf/ whose pins
+    refuse this very wheel, pip refuses it; a file that is missing stops the install before pip."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(REPO / "scripts", checkout / "scripts")
+    shutil.copytree(REPO / "conf", checkout / "conf")
+    pins = checkout / "conf/constraints.txt"
+    original = pins.read_text()
+    pins.write_text(original + "hai-cluster==0.0.0\n")
+    refused = run(checkout / "scripts" / script, tmp_path / "root", wheel, check=False)
+    assert refused.returncode != 0 and "hai-cluster" in refused.stderr, refused.stderr
+    pins.write_text(original)  # the same run with the real pins installs: the pin was what refused it
+    extra = ("--controller-key", f"{keygen(tmp_path / 'ctl_key')}.pub") if script == "install-node" else ()
+    assert "installed hai-cluster from" in run(checkout / "scripts" / script, tmp_path / "root", wheel, *extra).stdout
+    pins.unlink()
+    missing = run(checkout / "scripts" / script, tmp_path / "root", wheel, check=False)
+    assert missing.returncode != 0 and f"{pins} is missing" in missing.stderr, missing.stderr
+
+
 def test_install_node_makes_its_files_and_is_idempotent(wheel, tmp_path):
     root = tmp_path / "root"
     (root / "etc/ssh/sshd_config.d").mkdir(parents=True)
