@@ -75,7 +75,8 @@ ensure_venv() {  # the package in /opt/hai-cluster/venv; sets venv_changed=1 whe
 install_docs() {  # the checkout's docs and example configs beside the venv
     local f
     for f in README.md docs/OPERATIONS.md docs/BENCHMARKS.md conf/controller.toml conf/agent.toml \
-             conf/hai-controller.service conf/hai-agent.service conf/constraints.txt; do
+             conf/hai-controller.service conf/hai-controller.socket conf/hai-agent.service \
+             conf/constraints.txt; do
         [ -f "$here/$f" ] && put_file "$here/$f" "$R/opt/hai-cluster/$f" 0644
     done
     return 0

@@ -1,7 +1,8 @@
-"""conf/hai-controller.service and conf/hai-agent.service pass `systemd-analyze verify` without a
-warning, and say what operations rely on: Type=notify with a watchdog, restart on failure, and for
-the agent KillMode=process + Delegate=yes (restarting the agent never kills jobs). The agent stays
-root and has no hardening its jobs would inherit to their harm.
+"""conf/hai-controller.service (with its .socket) and conf/hai-agent.service pass `systemd-analyze
+verify` without a warning, and say what operations rely on: Type=notify with a watchdog, restart on
+failure, and for the agent KillMode=process + Delegate=yes (restarting the agent never kills jobs).
+The controller runs as the user hai in a sandbox whose `systemd-analyze security` exposure is
+under 3; the agent stays root and has nothing its jobs would inherit to their harm.
 
 verify wants ExecStart's binary to exist: each unit is checked as a temp copy whose ExecStart
 names this venv's console script instead of /opt/hai-cluster/venv/bin/...; nothing else changes.
@@ -50,7 +51,12 @@ def test_unit_verifies_cleanly(unit, tmp_path):
     assert local.exists(), f"{local}: the console script is missing (pip install -e .)"
     copy = tmp_path / f"{unit}.service"
     copy.write_text(text.replace(f"{INSTALLED_BIN}/{unit}", str(local)))
-    proc = subprocess.run([shutil.which("systemd-analyze"), "verify", str(copy)], capture_output=True, text=True)
+    files = [copy]
+    if (REPO / "conf" / f"{unit}.socket").exists():  # the controller's: its service Requires= it
+        files.append(tmp_path / f"{unit}.socket")
+        shutil.copy(REPO / "conf" / f"{unit}.socket", files[-1])
+    proc = subprocess.run([shutil.which("systemd-analyze"), "verify", *map(str, files)], capture_output=True,
+                          text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "" and proc.stderr.strip() == "", proc.stdout + proc.stderr  # no warnings
 
@@ -89,6 +95,29 @@ def exposure(unit: Path) -> float:
     lines = [line for line in proc.stdout.splitlines() if "Overall exposure level for" in line]
     assert len(lines) == 1, proc.stdout + proc.stderr
     return float(lines[0].split(":", 1)[1].split()[0])
+
+
+def test_controller_runs_as_hai_with_exposure_under_3():
+    unit = REPO / "conf" / "hai-controller.service"
+    service = directives(unit)["Service"]
+    assert service["User"] == service["Group"] == "hai"
+    assert service["StateDirectory"] == "hai" and service["StateDirectoryMode"] == "0700"
+    assert "RuntimeDirectory" not in service  # /run/hai stays root's: the socket unit makes the socket
+    assert exposure(unit) < 3
+    # What it needs stays: notify + watchdog (above), Unix and IP sockets, no PrivateUsers (SO_PEERCRED).
+    assert service["RestrictAddressFamilies"].split() == ["AF_UNIX", "AF_INET", "AF_INET6"]
+    assert "PrivateUsers" not in service and "PrivateNetwork" not in service
+    assert service["ProtectHome"] == "read-only"  # outputcheck reads users' directories' modes
+
+
+def test_controller_socket_is_the_users_socket():
+    from hai_cluster.paths import DEFAULT_CONTROLLER_SOCKET
+
+    sock = directives(REPO / "conf" / "hai-controller.socket")["Socket"]
+    assert sock["ListenStream"] == DEFAULT_CONTROLLER_SOCKET
+    assert f'socket = "{DEFAULT_CONTROLLER_SOCKET}"' in (REPO / "conf" / "controller.toml").read_text()
+    assert sock["SocketMode"] == "0666" and "Accept" not in sock  # anyone connects; one controller serves
+    assert "hai-controller.socket" in directives(REPO / "conf" / "hai-controller.service")["Unit"]["Requires"]
 
 
 # What the agent must not have: each reaches its jobs (they live in its cgroup and inherit its
