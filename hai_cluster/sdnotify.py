@@ -9,6 +9,12 @@ tests, under another supervisor) every call is a no-op.
 `Notifier.from_environment()` removes these variables from os.environ, as sd_notify's
 `unset_environment` does, so that the processes a daemon starts (an agent's shepherds and jobs)
 do not inherit them.
+
+Socket activation (sd_listen_fds): a .socket unit's listening sockets arrive as fds 3, 4, ...
+with $LISTEN_FDS (their count) and $LISTEN_PID (this process); `listened_socket()` takes the one
+a daemon expects and removes those variables too. The controller gets its users' socket so
+(hai-controller.socket): systemd, as root, creates it in /run/hai, and the controller runs as
+its own unprivileged user.
 """
 from __future__ import annotations
 
@@ -23,6 +29,42 @@ from . import timeouts
 log = logging.getLogger(__name__)
 
 ENV_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+LISTEN_VARS = ("LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
+LISTEN_FDS_START = 3
+
+
+class ListenError(Exception):
+    """Sockets systemd passed that are not the one the daemon was configured for."""
+
+
+def listened_socket(path: str, env: MutableMapping[str, str] | None = None) -> socket.socket | None:
+    """The listening Unix stream socket bound to `path` that systemd passed (socket activation), or
+    None when none was passed (started by hand, in tests: the daemon binds its socket itself).
+    Passed sockets are for this process only: $LISTEN_* are removed, whoever they were for."""
+    env = os.environ if env is None else env
+    count, pid = env.get("LISTEN_FDS", ""), env.get("LISTEN_PID", "")
+    for name in LISTEN_VARS:
+        env.pop(name, None)
+    if not count or pid != str(os.getpid()):
+        return None
+    if not count.isdigit() or int(count) != 1:
+        raise ListenError(f"systemd passed {count} sockets (LISTEN_FDS); expected one, the socket {path}: "
+                          f"the .socket unit must have one ListenStream=")
+    fd = LISTEN_FDS_START
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as exc:
+        raise ListenError(f"systemd's socket (fd {fd}) is unusable: {exc.strerror or exc}") from None
+    os.set_inheritable(fd, False)  # nothing the daemon starts gets it
+    bound = sock.getsockname() if sock.family == socket.AF_UNIX else None
+    listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+    if sock.type != socket.SOCK_STREAM or not listening or bound != path:
+        what = f"{sock.family.name} {sock.type.name} {'listening on ' if listening else 'bound to '}{bound!r}"
+        sock.detach()
+        raise ListenError(f"systemd passed a socket that is not a listening Unix stream socket at {path} ({what}): "
+                          f"the .socket unit's ListenStream= and the config's socket must name the same path")
+    sock.setblocking(False)
+    return sock
 
 
 def socket_address(value: str) -> str | bytes | None:

@@ -17,7 +17,8 @@ import click
 from ..config import ConfigError, ControllerConfig, load_controller_config
 from ..core.states import JobState
 from .. import logsetup
-from ..sdnotify import Notifier
+from ..sdnotify import ListenError, Notifier, listened_socket
+from ..store.engine import StoreAccessError
 from ..store.lease import StoreInUse
 from ..protocol.codec import client_limits
 from ..transport.rpc import RpcConnection, Shares
@@ -26,6 +27,7 @@ from .access import caller_from_creds
 from .api import build_api
 from .connlimit import ConnectionCounter
 from .leader import LOST_EXIT, Gate, Leader
+from .runas import RunAsError, become_store_owner, store_directory
 from .metrics import render, start_metrics_server
 from .service import Controller
 
@@ -58,11 +60,23 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
     """Serve the socket; wait as a standby until this controller holds the lease, then run.
     Returns the Leader, whose `lost` says whether we stopped because another controller took over."""
     notifier = notifier or Notifier(None)
-    sock = bind_socket(cfg.socket, 0o666, "controller")  # anyone may connect; the kernel says who
+    sock = listened_socket(cfg.socket)  # systemd's (hai-controller.socket), made as root in /run/hai
+    activated = sock is not None
+    if sock is None:
+        sock = bind_socket(cfg.socket, 0o666, "controller")  # anyone may connect; the kernel says who
+    try:
+        user = become_store_owner(cfg)  # started as root: the store's owner (hai) from here on
+    except RunAsError:
+        sock.close()
+        _remove_socket(cfg.socket, activated)
+        raise
+    if user is not None:
+        log.info("running as %s, the owner of %s, not as root", user, store_directory(cfg))
     ctl = Controller(cfg)
-    leader = Leader(cfg)
+    leader = None
     metrics = None
     try:
+        leader = Leader(cfg)  # opens the store's engine: a file it may not open is said here
         if cfg.telemetry.metrics_listen:  # first: a port in use ends the start before anything else
             try:
                 metrics = await start_metrics_server(cfg.telemetry.metrics_listen,
@@ -75,8 +89,9 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
         if metrics is not None:
             metrics.close()
         sock.close()
-        os.unlink(cfg.socket)
-        leader.close()
+        _remove_socket(cfg.socket, activated)
+        if leader is not None:
+            leader.close()
         raise
     api = Gate(build_api(ctl), leader, ready=lambda: ctl.started)  # not before start() has opened the store
     connections: set[RpcConnection] = set()
@@ -136,7 +151,8 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
         if keeper is not None:
             keeper.cancel()
         log.info("shutting down (running jobs keep running)")
-        await close_server(server, connections, cfg.socket)
+        await close_server(server, connections, None)
+        _remove_socket(cfg.socket, activated)
         if metrics is not None:
             metrics.close()
         if started:
@@ -144,6 +160,19 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
         await leader.release()
         leader.close()
     return leader
+
+
+def _remove_socket(path: str, activated: bool) -> None:
+    """Remove the socket we bound; systemd's stays for the next start. Once the controller is no
+    longer root, root's /run/hai keeps a socket it bound as root: the next start replaces it."""
+    if activated:
+        return
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except PermissionError:
+        log.debug("left %s: this process is no longer root", path)
 
 
 def run_daemon(config_path: str) -> None:
@@ -164,7 +193,7 @@ def run_daemon(config_path: str) -> None:
 
     try:
         leader = asyncio.run(run())
-    except (SocketInUse, StoreInUse, ConfigError) as exc:
+    except (SocketInUse, StoreInUse, StoreAccessError, ListenError, RunAsError, ConfigError) as exc:
         click.echo(f"hai-controller: {exc}", err=True)
         sys.exit(2)
     if leader.lost:  # systemd restarts us (Restart=on-failure) and we come back as a standby
@@ -202,11 +231,20 @@ def _db_target(ctx: click.Context, config_path: str | None):
         cfg = load_controller_config(path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    try:
+        user = become_store_owner(cfg)  # as root: as the service runs, so new files are its user's
+    except RunAsError as exc:
+        raise click.ClickException(str(exc)) from None
+    if user is not None:
+        click.echo(f"hai-controller: running as {user}, the owner of {store_directory(cfg)}", err=True)
     url = make_url(cfg.database)
     shown = url.render_as_string(hide_password=True)
     missing = url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
         and not os.path.exists(url.database)
-    engine = None if missing else make_engine(cfg.database)
+    try:
+        engine = None if missing else make_engine(cfg.database)
+    except StoreAccessError as exc:
+        raise click.ClickException(str(exc)) from None
     return cfg.database, shown, engine, ScriptDirectory(str(_migrations_dir()))
 
 
@@ -285,7 +323,10 @@ def db_upgrade(ctx: click.Context, config_path: str | None, dry_run: bool) -> No
         click.echo("dry run: nothing changed")
         return
     if engine is None:  # a new SQLite file: make_engine creates it (and its directory)
-        engine = make_engine(database)
+        try:
+            engine = make_engine(database)
+        except StoreAccessError as exc:
+            raise click.ClickException(str(exc)) from None
     upgrade(engine)
     click.echo(f"upgraded to {_current(engine)}")
 

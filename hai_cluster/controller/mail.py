@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import stat
 
 from ..core.states import JobState
 from ..core.timefmt import slurm_duration as duration
@@ -45,6 +47,40 @@ def subject(job: JobRecord, kind: str, state: str | None = None, exit_code: int 
     return text
 
 
+# What mail programs run to queue a mail on Debian: mail(1) runs sendmail; exim4's sendmail is
+# setuid root, postfix's runs the setgid postdrop.
+MTA_HELPERS = ("/usr/sbin/sendmail", "/usr/sbin/postdrop")
+
+
+def no_new_privs(status: str = "/proc/self/status") -> bool:
+    try:
+        with open(status) as f:
+            return any(line.split() == ["NoNewPrivs:", "1"] for line in f)
+    except OSError:
+        return False
+
+
+def setid_problem(program: str, helpers: tuple[str, ...] = MTA_HELPERS, nnp: bool | None = None) -> str | None:
+    """Why mail will not go out, said once at start: under hai-controller.service (NoNewPrivileges,
+    the controller as user hai) a setuid or setgid program runs without those privileges, so a
+    local MTA that needs them to queue (exim4, postfix) fails at every mail."""
+    if not (no_new_privs() if nnp is None else nnp):
+        return None
+    for path in (program, *helpers):
+        real = os.path.realpath(path)
+        try:
+            mode = os.stat(real).st_mode
+        except OSError:
+            continue
+        if mode & (stat.S_ISUID | stat.S_ISGID):
+            what = real if real == path else f"{real} (what {path} runs)"
+            return (f"mail_program {program}: {what} is set{'uid' if mode & stat.S_ISUID else 'gid'}, and this "
+                    f"controller runs with no_new_privs (NoNewPrivileges in hai-controller.service), so it gets "
+                    f"no privileges and cannot queue mail: --mail-type mails will fail. Use a sendmail that "
+                    f"hands mail to an SMTP relay (Debian's msmtp-mta; docs/OPERATIONS.md, Mail)")
+    return None
+
+
 class Mailer:
     def __init__(self, program: str, cluster: str) -> None:
         self.program, self.cluster = program, cluster
@@ -53,6 +89,9 @@ class Mailer:
         self._warned = False
 
     def start(self) -> None:
+        problem = setid_problem(self.program)
+        if problem:
+            log.warning("%s", problem)
         self.queue = asyncio.Queue(MAIL_QUEUE)
         self.workers = [asyncio.ensure_future(self._work()) for _ in range(MAIL_AT_ONCE)]
 

@@ -3,14 +3,18 @@ run later): the controller shares the submit host's file system view (hsubmit re
 Unix socket), so the mode bits it reads there are the ones the job's user will meet.
 
 Only a definite "no" refuses: a directory this host does not have (it may exist on the nodes), a
-part of the path made by a pattern (%N, %j ...), a path that cannot be read as root (root-squashed
-NFS): all are left to the run, which reports "opening stdout PATH failed: ..." if it must.
-A file or directory with a POSIX ACL is left to the run too: its mode bits do not tell.
+part of the path made by a pattern (%N, %j ...), a path the controller cannot look into (a
+user's private directory, now that it runs as its own user hai; root-squashed NFS; /tmp, which
+hai-controller.service makes private to it): all are left to the run, which reports "opening
+stdout PATH failed: ..." if it must. A file or directory with a POSIX ACL is left to the run
+too: its mode bits do not tell. (The unit shows it home directories read-only, not hidden: an
+inaccessible /home would read as mode 000 and refuse everyone.)
 
-The controller runs as root, so it looks only where the user could: down the path one directory
-at a time, each searchable by the user before the next is looked at, and never through a
-symbolic link (left to the run, which opens the file as the user). Otherwise the answer told
-whether a path exists inside a directory the user may not search (eleventh audit)."""
+The controller may run as root (by hand, older installs), so it looks only where the user could:
+down the path one directory at a time, each searchable by the user before the next is looked
+at, and never through a symbolic link (left to the run, which opens the file as the user).
+Otherwise the answer told whether a path exists inside a directory the user may not search
+(eleventh audit)."""
 from __future__ import annotations
 
 import os

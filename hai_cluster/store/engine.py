@@ -42,17 +42,51 @@ def _installed_migrations() -> Path | None:
 SQLITE_FILES = ("", "-wal", "-shm", "-journal")
 
 
+class StoreAccessError(Exception):
+    """A file of the store that this process may not open (made by another user: root, by hand)."""
+
+
+def _name(uid: int) -> str:
+    import pwd
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def access_error(path: str, exc: OSError) -> StoreAccessError:
+    """Say which file, whose it is, and who we are: the usual cause is a file root made (a
+    controller or `db upgrade` run as root by an older version) that the service user cannot open."""
+    there = os.path.abspath(path)
+    while not os.path.lexists(there) and there != "/":
+        there = os.path.dirname(there)  # a directory that could not be made: its parent's owner
+    try:
+        owner = _name(os.lstat(there).st_uid)
+    except OSError:
+        owner = "unknown"
+    me = _name(os.geteuid())
+    return StoreAccessError(f"cannot open the store's file {path}: {exc.strerror or exc} ({there} belongs to "
+                            f"{owner}, this controller runs as {me}); the store's files must be its user's: as root, "
+                            f"chown -R {me}: {os.path.dirname(os.path.abspath(path))}")
+
+
 def private_sqlite(path: str) -> None:
-    """The SQLite store and its WAL are root's alone (0600): they hold every job's script and
-    environment. SQLite gives the -wal and -shm files the database file's mode, so the file is
-    made 0600 before SQLite opens it, and files an older version left readable are narrowed."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    """The SQLite store and its WAL are its owner's alone (0600; the controller's user, hai, or
+    root): they hold every job's script and environment. SQLite gives the -wal and -shm files the
+    database file's mode, so the file is made 0600 before SQLite opens it, and files an older
+    version left readable are narrowed."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    except PermissionError as exc:
+        raise access_error(os.path.dirname(os.path.abspath(path)), exc) from None
     for suffix in SQLITE_FILES:
         flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if not suffix else 0)
         try:
             fd = os.open(path + suffix, flags, 0o600)
         except FileNotFoundError:
             continue
+        except PermissionError as exc:
+            raise access_error(path + suffix, exc) from None
         try:
             if os.fstat(fd).st_mode & 0o077:
                 log.warning("%s was readable by others; made 0600", path + suffix)

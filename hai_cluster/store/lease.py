@@ -33,7 +33,7 @@ from typing import Callable, Iterator
 
 from sqlalchemy import Engine, create_engine, insert, select, text, update
 
-from .engine import _alembic_config, make_engine, upgrade
+from .engine import _alembic_config, access_error, make_engine, upgrade
 from .schema import controller_lease
 
 LEASE = "controller"
@@ -90,7 +90,10 @@ class LeaseStore:
             return
         lock = os.path.abspath(path) + ".controller.lock"
         os.makedirs(os.path.dirname(lock), exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except PermissionError as exc:
+            raise access_error(lock, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

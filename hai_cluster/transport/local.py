@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 
 from ..config import NodeConfig
 from .streams import Stream, TransportError, wait_closed_quietly
@@ -29,7 +30,12 @@ async def open_local_stream(node: NodeConfig, *, timeout: float | None = 10.0) -
     except TimeoutError as exc:
         raise TransportError(node.name, f"timed out after {timeout:g} s connecting to socket {path}") from exc
     except OSError as exc:
-        raise TransportError(node.name, describe_socket_error(path, exc)) from exc
+        cause = describe_socket_error(path, exc)
+        if isinstance(exc, PermissionError) and os.geteuid() != 0:
+            # The agent's socket is root's (0600), the controller's user (hai) is not root.
+            cause += (f" (the agent's socket is root's and this controller is not root: reach the agent on this "
+                      f"host over SSH instead, transport = \"ssh\" and address = \"127.0.0.1\", as any node)")
+        raise TransportError(node.name, cause) from exc
 
     async def on_close() -> None:
         await wait_closed_quietly(writer)

@@ -111,11 +111,14 @@ class GatedServer:
         self.sock.close()
 
 
-async def close_server(server, connections, path: str) -> None:
-    """Stop accepting, close every open connection, remove the socket file."""
+async def close_server(server, connections, path: str | None) -> None:
+    """Stop accepting, close every open connection, remove the socket file (path None: the caller
+    removes it, or keeps it)."""
     server.close()
     for conn in list(connections):
         await conn.close()
+    if path is None:
+        return
     try:
         os.unlink(path)
     except FileNotFoundError:

@@ -2,6 +2,8 @@
 # before they read their arguments). They expect, by the time they are called: me (the script's
 # name), R (the --root, "" for /), live (1: this very system), changes (a count that changed()
 # raises), here (the checkout), python, source_path, pip_args.
+# Every install pins the run-time stack with conf/constraints.txt (pip -c): a controller and a node
+# installed a month apart get the same versions (scripts/lib/constraints.py regenerates it).
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }  # the script's header
 die() { echo "$me: $*" >&2; exit 1; }
@@ -41,20 +43,22 @@ source_fingerprint() {  # what a reinstall depends on: the wheel's bytes, or the
     fi
 }
 ensure_venv() {  # the package in /opt/hai-cluster/venv; sets venv_changed=1 when it (re)installed
-    local venv=$R/opt/hai-cluster/venv want
+    local venv=$R/opt/hai-cluster/venv want constraints=$here/conf/constraints.txt
     venv_changed=0
+    [ -f "$constraints" ] || die "$constraints is missing: the versions every host installs come from it"
     "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
         || die "$python is not a Python 3.11 or newer (use --python)"
     if ! "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
         "$python" -m venv "$venv"
         changed "created the virtualenv $venv"
     fi
-    want=$( { source_fingerprint; echo "$pip_args"; } | sha256sum | cut -d' ' -f1)
+    want=$( { source_fingerprint; echo "$pip_args"; cat "$constraints"; } | sha256sum | cut -d' ' -f1)
     if [ "$(cat "$venv/.hai-cluster-source" 2>/dev/null || true)" != "$want" ]; then
         # Same version number, new code: pip would call it satisfied, so remove it first.
         "$venv/bin/python" -m pip uninstall -q -y hai-cluster >/dev/null 2>&1 || true
         # shellcheck disable=SC2086  # pip_args are words on purpose
-        "$venv/bin/python" -m pip install -q --disable-pip-version-check $pip_args "${source_path}[postgres]"
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$constraints" $pip_args \
+            "${source_path}[postgres]"
         echo "$want" > "$venv/.hai-cluster-source"
         venv_changed=1
         changed "installed hai-cluster from $source_path into $venv"
@@ -71,7 +75,8 @@ ensure_venv() {  # the package in /opt/hai-cluster/venv; sets venv_changed=1 whe
 install_docs() {  # the checkout's docs and example configs beside the venv
     local f
     for f in README.md docs/OPERATIONS.md docs/BENCHMARKS.md conf/controller.toml conf/agent.toml \
-             conf/hai-controller.service conf/hai-agent.service; do
+             conf/hai-controller.service conf/hai-controller.socket conf/hai-agent.service \
+             conf/constraints.txt; do
         [ -f "$here/$f" ] && put_file "$here/$f" "$R/opt/hai-cluster/$f" 0644
     done
     return 0

@@ -51,12 +51,15 @@ ensure_venv() {
         rm -rf "$venv"
         "$python" -m venv "$venv"
     fi
-    want=$( { echo "$repo $base $spec compat"; cat setup.cfg; cat pyproject.toml 2>/dev/null || true; } | sha256sum | cut -d' ' -f1)
+    want=$( { echo "$repo $base $spec compat"; cat setup.cfg conf/constraints.txt; cat pyproject.toml 2>/dev/null || true; } \
+            | sha256sum | cut -d' ' -f1)
     if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
         echo "$0: installing $spec into $venv" >&2
         # compat: a plain path in a .pth file. The default editable mode installs an import hook
         # that every Python process loads at start (~10 ms: each CLI call, each job's shepherd).
-        "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$spec" --config-settings editable_mode=compat
+        # -c: the run-time stack the install scripts pin (conf/constraints.txt), so tests run it too.
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check -c conf/constraints.txt -e "$spec" \
+            --config-settings editable_mode=compat
         echo "$want" > "$stamp"
         installed=1
     fi

@@ -209,8 +209,8 @@ def start_local_cluster(*, database: str | None = None, gpus: int = 2, tick: flo
                                      f'spool = "{base}/spool"\n{shepherd_start_toml(agent_toml)}{agent_toml}\n'
                                      f'[gpus]\nbackend = "simulated"\nsimulated_count = {gpus}\n{gpus_toml}\n')
     (base / "controller.toml").write_text(
-        f'[controller]\nsocket = "{base}/ctl.sock"\ndatabase = "{url}"\ntick_seconds = {tick}\n{controller_toml}\n'
-        f'[[nodes]]\nname = "{node}"\ntransport = "local"\nagent_socket = "{base}/agent.sock"\n')
+        f'[controller]\nsocket = "{base}/ctl.sock"\ndatabase = "{url}"\nstate_dir = "{base}"\ntick_seconds = {tick}\n'
+        f'{controller_toml}\n[[nodes]]\nname = "{node}"\ntransport = "local"\nagent_socket = "{base}/agent.sock"\n')
     agent = Daemon(python_daemon("hai_cluster.agent.daemon", base / "agent.toml"), base / "agent.log")
     ctl = Daemon(python_daemon("hai_cluster.controller.daemon", base / "controller.toml"), base / "ctl.log")
     agent.start()

@@ -11,10 +11,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import pwd
 import shutil
+import socket
 import stat
 import subprocess
 import sys
+import tempfile
+import time
 import tomllib
 from pathlib import Path
 
@@ -22,7 +26,7 @@ import pytest
 
 from hai_cluster.native.build import is_compiled
 from tests.infra.fixtures import require_binaries, require_root
-from tests.infra.sshd import keygen, start_sshd
+from tests.infra.sshd import PRIVSEP_DIR, keygen, start_sshd
 
 REPO = Path(__file__).resolve().parents[2]
 CONTROLLER = REPO / "scripts" / "install-controller"
@@ -130,6 +134,26 @@ def test_install_controller_makes_its_files_and_is_idempotent(wheel, tmp_path):
     assert os.access(venv / "bin/hai-controller", os.X_OK)
 
 
+@pytest.mark.parametrize("script", ["install-controller", "install-node"])
+def test_installs_use_the_constraints_file(wheel, tmp_path, script):
+    """Both scripts hand conf/constraints.txt to pip: in a copy of scripts/ and conf/ whose pins
+    refuse this very wheel, pip refuses it; a file that is missing stops the install before pip."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(REPO / "scripts", checkout / "scripts")
+    shutil.copytree(REPO / "conf", checkout / "conf")
+    pins = checkout / "conf/constraints.txt"
+    original = pins.read_text()
+    pins.write_text(original + "hai-cluster==0.0.0\n")
+    refused = run(checkout / "scripts" / script, tmp_path / "root", wheel, check=False)
+    assert refused.returncode != 0 and "hai-cluster" in refused.stderr, refused.stderr
+    pins.write_text(original)  # the same run with the real pins installs: the pin was what refused it
+    extra = ("--controller-key", f"{keygen(tmp_path / 'ctl_key')}.pub") if script == "install-node" else ()
+    assert "installed hai-cluster from" in run(checkout / "scripts" / script, tmp_path / "root", wheel, *extra).stdout
+    pins.unlink()
+    missing = run(checkout / "scripts" / script, tmp_path / "root", wheel, check=False)
+    assert missing.returncode != 0 and f"{pins} is missing" in missing.stderr, missing.stderr
+
+
 def test_install_node_makes_its_files_and_is_idempotent(wheel, tmp_path):
     root = tmp_path / "root"
     (root / "etc/ssh/sshd_config.d").mkdir(parents=True)
@@ -164,6 +188,8 @@ def test_install_node_makes_its_files_and_is_idempotent(wheel, tmp_path):
     check = tmp_path / "sshd_config"
     check.write_text(f"HostKey {host_key}\n" + (root / "etc/ssh/sshd_config").read_text().replace(
         "/etc/ssh/sshd_config.d", str(root / "etc/ssh/sshd_config.d")))
+    os.makedirs(PRIVSEP_DIR, mode=0o755, exist_ok=True)  # sshd -T wants it too (start_sshd makes it otherwise)
+
     def effective(user: str) -> list[str]:
         out = subprocess.run(["/usr/sbin/sshd", "-T", "-f", str(check), "-C", f"user={user},host=x,addr=10.0.0.9"],
                              capture_output=True, text=True)
@@ -401,3 +427,231 @@ def test_db_commands_for_operators(tmp_path):
     assert missing.returncode == 2 and "Missing option '--config'" in missing.stderr
     nofile = hc("db", "current", "--config", str(tmp_path / "nope.toml"), check=False)
     assert nofile.returncode == 1 and "nope.toml" in nofile.stderr
+
+
+def test_db_commands_run_by_root_run_as_the_store_s_owner():
+    """An operator's `sudo hai-controller db upgrade` makes the store as the service would: as the
+    owner of its directory (hai; here haitest), so the service can open it; a file root made
+    anyway is named, with whose it is and what to run."""
+    from tests.e2e.harness import ensure_user
+
+    require_root("running db commands as root")
+    user = ensure_user("haitest")
+    base = Path(tempfile.mkdtemp(prefix="hai-db-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        state = base / "state"
+        state.mkdir(mode=0o700)
+        os.chown(state, user.pw_uid, user.pw_gid)
+        cfg = base / "controller.toml"
+        cfg.write_text(f'[controller]\ndatabase = "sqlite:///{state}/hai.db"\n')
+        ctl = str(Path(sys.executable).parent / "hai-controller")
+        up = subprocess.run([ctl, "db", "upgrade", "--config", str(cfg)], capture_output=True, text=True, timeout=120)
+        assert up.returncode == 0, up.stderr
+        assert f"running as haitest, the owner of {state}" in up.stderr and "upgraded to" in up.stdout
+        files = sorted(state.iterdir())
+        assert files and all(owner(f) == (user.pw_uid, user.pw_gid) and mode(f) == 0o600 for f in files), \
+            [(f, owner(f), oct(mode(f))) for f in files]
+        os.chown(state / "hai.db", 0, 0)  # what an older version's db upgrade, run as root, left
+        bad = subprocess.run([ctl, "db", "current", "--config", str(cfg)], capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 1 and "Traceback" not in bad.stderr, bad.stderr
+        assert (f"cannot open the store's file {state}/hai.db: Permission denied ({state}/hai.db belongs to root, "
+                f"this controller runs as haitest)") in bad.stderr and f"chown -R haitest: {state}" in bad.stderr
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def seeded_root(base: Path) -> Path:
+    """An install root with this host's account files (an image's would be there): useradd
+    --prefix then picks ids nobody here has, so a process may run as the user it creates."""
+    root = base / "root"
+    (root / "etc").mkdir(parents=True)
+    for name in ("passwd", "group", "shadow", "gshadow"):
+        if Path("/etc", name).exists():
+            shutil.copy2(Path("/etc", name), root / "etc" / name)
+    return root
+
+
+def hai_entry(root: Path) -> list[str]:
+    (entry,) = [line.split(":") for line in (root / "etc/passwd").read_text().splitlines() if line.startswith("hai:")]
+    return entry
+
+
+def owner(p: Path) -> tuple[int, int]:
+    st = p.lstat()
+    return st.st_uid, st.st_gid
+
+
+def test_install_controller_creates_hai_and_gives_it_its_files(wheel, tmp_path):
+    """The controller's system user: created once (no login shell, home its state dir), owner of
+    /var/lib/hai and the SSH key, group of the config (which users cannot read); an older
+    install's root-owned store becomes hai's with its directory."""
+    root = seeded_root(tmp_path)
+    old_store = root / "var/lib/hai"  # an install from when the controller ran as root
+    old_store.mkdir(parents=True, mode=0o700)
+    for name in ("hai.db", "hai.db-wal", "hai.db.controller.lock"):
+        (old_store / name).write_bytes(b"x")
+        (old_store / name).chmod(0o600)
+    first = run(CONTROLLER, root, wheel)
+    assert "created the system user hai (no login shell, home /var/lib/hai)" in first.stdout
+    name, _, uid, gid, _, home, shell = hai_entry(root)
+    uid, gid = int(uid), int(gid)
+    assert 0 < uid < 1000 and home == "/var/lib/hai" and shell == "/usr/sbin/nologin"
+    assert f"hai:x:{gid}:" in (root / "etc/group").read_text()
+    with pytest.raises(KeyError):
+        pwd.getpwuid(uid)  # a uid this host does not use: the test below runs a process as it
+    state = root / "var/lib/hai"
+    assert owner(state) == (uid, gid) and mode(state) == 0o700
+    assert all(owner(f) == (uid, gid) and mode(f) == 0o600 for f in state.iterdir())
+    cfg = root / "etc/hai/controller.toml"
+    assert owner(cfg) == (0, gid) and mode(cfg) == 0o640  # hai reads it; users do not
+    key = root / "etc/hai/id_ed25519"
+    assert owner(key) == (uid, gid) and mode(key) == 0o600
+    assert owner(root / "etc/hai/known_hosts") == (0, 0) and owner(root / "etc/hai") == (0, 0)
+    for unit in ("hai-controller.service", "hai-controller.socket"):
+        assert (root / "etc/systemd/system" / unit).read_text() == (REPO / "conf" / unit).read_text()
+    assert os.readlink(root / "etc/systemd/system/sockets.target.wants/hai-controller.socket") == \
+        "/etc/systemd/system/hai-controller.socket"
+
+    before, ids = tree(root), {p: owner(p) for p in (state, cfg, key)}
+    again = run(CONTROLLER, root, wheel)
+    assert "nothing to do: everything was already in place" in again.stdout
+    assert tree(root) == before and {p: owner(p) for p in ids} == ids
+    assert [line for line in (root / "etc/passwd").read_text().splitlines() if line.startswith("hai:")] == \
+        [":".join(hai_entry(root))]  # once
+    # A config an operator opened to everyone is closed again (it may hold a database password).
+    cfg.chmod(0o644)
+    assert "mode 0640 on" in run(CONTROLLER, root, wheel).stdout and mode(cfg) == 0o640
+
+
+def test_the_installed_controller_runs_as_hai_and_serves_users(wheel):
+    """What install-controller made, run as its user: a real controller process as hai (with
+    no_new_privs, as the unit runs it), its socket bound by root and handed over as systemd's
+    hai-controller.socket does, reads the root:hai config, serves the socket to another user
+    (haitest, told apart by SO_PEERCRED), and stores that user's job in hai's SQLite store."""
+    import sqlite3
+
+    from tests.e2e.harness import ensure_user
+
+    require_binaries("running the controller as hai", ["setpriv", "runuser"])
+    user = ensure_user("haitest")
+    base = Path(tempfile.mkdtemp(prefix="hai-inst-", dir="/tmp"))
+    proc = None
+    try:
+        base.chmod(0o755)  # hai and haitest reach the install root and the socket through it
+        root = seeded_root(base)
+        run(CONTROLLER, root, wheel)
+        _, _, uid, gid, *_ = hai_entry(root)
+        state, cfg = root / "var/lib/hai", root / "etc/hai/controller.toml"
+        (base / "run").mkdir(mode=0o755)  # root's, as /run/hai is
+        sock_path = base / "run/controller.sock"
+        text = cfg.read_text()
+        for old, new in (('"/run/hai/controller.sock"', f'"{sock_path}"'),
+                         ('"sqlite:////var/lib/hai/hai.db"', f'"sqlite:///{state}/hai.db"'),
+                         ('state_dir = "/var/lib/hai"', f'state_dir = "{state}"')):
+            assert old in text
+            text = text.replace(old, new)
+        cfg.write_text(text)  # the same file: root:hai 0640
+        assert owner(cfg) == (0, int(gid)) and mode(cfg) == 0o640
+        work = base / "work"
+        work.mkdir()
+        os.chown(work, user.pw_uid, user.pw_gid)
+
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(sock_path))
+        os.chmod(sock_path, 0o666)  # SocketMode=0666
+        listener.listen(64)
+        venv = root / "opt/hai-cluster/venv/bin"
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": SITE, "HOME": "/var/lib/hai", "LANG": "C.UTF-8"}
+        # fd 3 = the socket, LISTEN_PID = the process that execs the controller (sd_listen_fds)
+        start = ('exec 3<&0 </dev/null; export LISTEN_FDS=1 LISTEN_PID=$$; exec setpriv --reuid="$1" '
+                 '--regid="$2" --clear-groups --no-new-privs -- "$3" --config "$4"')
+        log = open(base / "controller.log", "wb")
+        proc = subprocess.Popen(["sh", "-c", start, "sh", uid, gid, str(venv / "hai-controller"), str(cfg)],
+                                stdin=listener.fileno(), stdout=log, stderr=subprocess.STDOUT, env=env)
+        listener.close()
+
+        def as_user(*argv: str) -> subprocess.CompletedProcess:
+            return subprocess.run(["runuser", "-u", user.pw_name, "--", "env", f"HAI_CONTROLLER={sock_path}",
+                                   f"PYTHONPATH={SITE}", *argv], capture_output=True, text=True, timeout=60,
+                                  cwd=work)
+
+        deadline = time.monotonic() + 60
+        while (listed := as_user(str(venv / "hqueue"), "-h")).returncode != 0:
+            assert proc.poll() is None, (base / "controller.log").read_text()
+            assert time.monotonic() < deadline, listed.stderr + (base / "controller.log").read_text()
+            time.sleep(0.3)
+        submitted = as_user(str(venv / "hsubmit"), "--parsable", "--hold", "--job-name=as-hai", "--wrap", "true")
+        assert submitted.returncode == 0, submitted.stderr + (base / "controller.log").read_text()
+        job = int(submitted.stdout.strip())
+        listed = as_user(str(venv / "hqueue"), "-h", "-o", "%i %j %u %T %r")
+        assert listed.stdout.split() == [str(job), "as-hai", user.pw_name, "PENDING", "JobHeldUser"], listed
+
+        processes = subprocess.run(["ps", "-o", "uid=,euid=", "-p", str(proc.pid)], capture_output=True,
+                                   text=True).stdout.split()
+        assert processes == [uid, uid]  # the controller itself, not a root parent
+        proc.terminate()
+        assert proc.wait(30) == 0, (base / "controller.log").read_text()
+        proc = None
+        store = state / "hai.db"
+        assert owner(store) == (int(uid), int(gid)) and mode(store) == 0o600
+        assert all(owner(f)[0] == int(uid) for f in state.iterdir())  # WAL, lock: nothing of root's
+        with sqlite3.connect(store) as c:
+            assert c.execute("SELECT name, user FROM jobs WHERE id = ?", (job,)).fetchall() == [("as-hai", "haitest")]
+        assert sock_path.exists()  # systemd's socket stays for the next start
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_controller_started_as_root_binds_its_socket_then_runs_as_the_store_s_owner():
+    """Without systemd, root starts the controller by hand: it binds the socket in a directory of
+    root's, then becomes the owner of its store's directory (hai; here haiother) before it opens
+    the store, and serves another user (haitest) as that owner."""
+    from tests.e2e.harness import ensure_user
+
+    require_root("starting the controller as root")
+    owner_pw, user = ensure_user("haiother"), ensure_user("haitest")
+    base = Path(tempfile.mkdtemp(prefix="hai-root-", dir="/tmp"))
+    proc = None
+    try:
+        base.chmod(0o755)
+        state, run_dir, work = base / "state", base / "run", base / "work"
+        state.mkdir(mode=0o700)
+        os.chown(state, owner_pw.pw_uid, owner_pw.pw_gid)
+        run_dir.mkdir(mode=0o755)
+        work.mkdir()
+        os.chown(work, user.pw_uid, user.pw_gid)
+        sock = run_dir / "controller.sock"
+        cfg = base / "controller.toml"
+        cfg.write_text(f'[controller]\nsocket = "{sock}"\ndatabase = "sqlite:///{state}/hai.db"\n')
+        log = open(base / "controller.log", "wb")
+        bin_dir = Path(sys.executable).parent
+        proc = subprocess.Popen([str(bin_dir / "hai-controller"), "--config", str(cfg)], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while True:
+            listed = subprocess.run(["runuser", "-u", user.pw_name, "--", "env", f"HAI_CONTROLLER={sock}",
+                                     str(bin_dir / "hqueue"), "-h", "-o", "%i"], capture_output=True, text=True,
+                                    timeout=60, cwd=work)
+            if listed.returncode == 0:
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, (base / "controller.log").read_text()
+            time.sleep(0.3)
+        ids = subprocess.run(["ps", "-o", "ruid=,euid=,suid=", "-p", str(proc.pid)], capture_output=True,
+                             text=True).stdout.split()
+        assert ids == [str(owner_pw.pw_uid)] * 3  # every uid given up: no way back to root
+        assert owner(sock)[0] == 0 and mode(sock) == 0o666  # bound as root, before
+        proc.terminate()
+        assert proc.wait(30) == 0
+        proc = None
+        text = (base / "controller.log").read_text()
+        assert f"running as haiother, the owner of {state}, not as root" in text
+        assert all(owner(f) == (owner_pw.pw_uid, owner_pw.pw_gid) for f in state.iterdir())
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(base, ignore_errors=True)

@@ -1,6 +1,7 @@
 """What an installed hai-cluster needs beyond its package: the Alembic migrations (data files of
 the wheel) are found wherever the installer put them, not only beside a checkout or in sys.prefix
-(pip install --user and --prefix put them elsewhere: "migrations/ directory is missing")."""
+(pip install --user and --prefix put them elsewhere: "migrations/ directory is missing"); and the
+versions of everything it requires are pinned in conf/constraints.txt, which the installs use."""
 import os
 import shutil
 import subprocess
@@ -29,3 +30,32 @@ def test_a_prefix_install_finds_its_migrations(tmp_path):
     assert package.startswith(str(site))
     assert Path(migrations) == prefix / "share" / "hai-cluster" / "migrations"
     assert (Path(migrations) / "versions" / "0024_reservations.py").exists()
+
+
+def _constraints():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("constraints", ROOT / "scripts" / "lib" / "constraints.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_constraints_pin_every_run_time_dependency():
+    """conf/constraints.txt pins each package that setup.cfg's install_requires (and the postgres and
+    plot extras) need, transitively, at the version this venv runs (scripts/test installs it with -c)."""
+    import configparser
+
+    c = _constraints()
+    pins = c.pins((ROOT / "conf" / "constraints.txt").read_text())
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    declared = [line for line in cfg["options"]["install_requires"].splitlines() if line.strip()]
+    for extra in c.EXTRAS:
+        declared += [line for line in cfg["options.extras_require"][extra].splitlines() if line.strip()]
+    names = {c.canonical(c.Requirement(line).name) for line in declared}
+    assert names - set(pins) == set(), "setup.cfg declares these, conf/constraints.txt does not pin them"
+    resolved = {k: v for k, (v, _) in c.closure().items()}
+    assert set(resolved) >= names  # the closure starts from what setup.cfg says
+    regenerate = "regenerate: .venv/bin/python scripts/lib/constraints.py > conf/constraints.txt"
+    assert pins == resolved, f"conf/constraints.txt differs from this venv's stack; {regenerate}"
+    assert "hai-cluster" not in pins
