@@ -104,6 +104,15 @@ def request_of(args: argparse.Namespace) -> StepRequest:
         nodelist=tuple(args.nodelist), exclude=tuple(args.exclude))
 
 
+def kept_per_node(req: StepRequest) -> int | None:
+    """The --ntasks-per-node (given, or the job's) that srun keeps and exports to its tasks as
+    SLURM_NTASKS_PER_NODE: opt.c drops one that is not -n over -N (the tasks then see the job's)."""
+    per = req.ntasks_per_node
+    if per is None or req.ntasks is None or req.nodes is None or per == req.ntasks // req.nodes:
+        return per
+    return None
+
+
 def error(message: str) -> None:
     print(f"{PROG}: error: {printable(message)}", file=sys.stderr)
 
@@ -212,8 +221,11 @@ async def run(args: argparse.Namespace, job_id: int, socket_path: str) -> int:
     cwd = args.chdir or os.getcwd()
     env = dict(os.environ) if args.export.upper() != "NONE" else {
         k: v for k, v in os.environ.items() if k.startswith("SLURM_") or k.startswith("HAI_")}
+    request = request_of(args)
+    if (per_node := kept_per_node(request)) is not None:  # the step's count, as Slurm's srun exports it
+        env["SLURM_NTASKS_PER_NODE"] = str(per_node)
     try:
-        reply = await conn.call("step_create", {"job_id": job_id, "request": request_to_wire(request_of(args)),
+        reply = await conn.call("step_create", {"job_id": job_id, "request": request_to_wire(request),
                                                 "argv": list(args.command), "cwd": cwd, "env": env}, timeout=180)
         warn(args, reply.get("warnings") or ())
         if "refused" in reply:

@@ -3,8 +3,9 @@
 The caller's identity is the uid the kernel reports for the socket peer (SO_PEERCRED); nothing
 the client sends can change it. Bad input is answered with a specific error and changes nothing.
 The handlers are module functions of (context, body, caller): submission in api_submit.py, what
-users read in api_jobs.py, what they change in api_control.py, nodes joining in membership.py;
-what they share in apicontext.py, the checks of a body's fields in requests.py.
+users read in api_jobs.py (sprio's factors in api_priority.py), what they change in
+api_control.py, nodes joining in membership.py; what they share in apicontext.py, the checks of a
+body's fields in requests.py.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from ..transport.rpc import RpcTable
-from . import api_control, api_jobs, api_reservations, api_submit, membership
+from . import api_control, api_jobs, api_priority, api_reservations, api_submit, membership
 from .apicontext import ApiContext
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ HANDLERS = {
     "nodes": api_jobs.nodes, "acct": api_jobs.acct, "steps": api_jobs.steps, "events": api_jobs.events,
     "accounts": api_jobs.accounts, "shares": api_jobs.shares, "qos": api_jobs.qos,
     "scheduler": api_jobs.scheduler,
+    "priorities": api_priority.priorities,
     "submit": api_submit.submit,
     "cancel": api_control.cancel, "requeue": api_control.requeue, "preempt": api_control.preempt,
     "hold": api_control.hold, "release": api_control.release, "requeuehold": api_control.requeuehold,

@@ -65,6 +65,8 @@ class ApiContext:
         self.writable = RecentlyWritable()
         self.rate = SubmitRate(ctl.cfg.access.submit_rate, ctl.cfg.access.submit_burst, time.monotonic)
         self.probe_lock = asyncio.Lock()  # --test-only probes, one at a time (api_submit.would_start)
+        self.priority_lock = asyncio.Lock()  # sprio's order, computed once at a time (api_priority.py)
+        self.priority_cache: tuple[float, float, list] | None = None  # (monotonic, now, rows)
 
     async def take_rate(self, caller: Caller, jobs: int) -> None:
         """Tokens of the caller's submission bucket ([access] submit_rate): a submission's jobs,

@@ -6,7 +6,9 @@ never starved by a stream of small ones; it shows `Resources` itself.
 """
 from __future__ import annotations
 
-from ..core.model import PRIORITY_RANK, Snapshot
+from typing import Iterable
+
+from ..core.model import PRIORITY_RANK, JobView, Snapshot
 from ..core.reasons import PRIORITY, RESOURCES
 from ..core.states import JobState
 from .placement import place, reserve
@@ -21,12 +23,15 @@ class FifoPolicy:
         return decide(snapshot)
 
 
+def service_order(pending: Iterable[JobView]) -> list[JobView]:
+    """Pending jobs in the order FIFO serves them (and sprio's PRIORITY follows): class, --nice,
+    submit time, id."""
+    return sorted(pending, key=lambda j: (PRIORITY_RANK.get(j.priority, 2), j.nice, j.submit_time, j.id))
+
+
 def decide(snapshot: Snapshot) -> Plan:
     nodes = {n.name: n for n in snapshot.nodes}
-    pending = sorted(
-        (j for j in snapshot.jobs if j.state == JobState.PENDING),
-        key=lambda j: (PRIORITY_RANK.get(j.priority, 2), j.nice, j.submit_time, j.id),
-    )
+    pending = service_order(j for j in snapshot.jobs if j.state == JobState.PENDING)
     # partition and reservation: a job that waits blocks those behind it in its lane only (a
     # reservation's jobs use nodes no other job may, and the others nodes they may not)
     blocked: set[tuple[str | None, str | None]] = set()

@@ -17,6 +17,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter, itemgetter
+from typing import Mapping
 
 from ..core.model import PRIORITY_RANK, JobView, NodeView, Snapshot
 from ..core.sizemodel import bin_of
@@ -115,6 +116,66 @@ class MlfqConfig:
     def level_of(self, attained: float) -> int:
         # The first i with attained < thresholds[i] (the thresholds are increasing), in C.
         return bisect_right(self.thresholds, attained)
+
+
+def starvation(cfg: MlfqConfig, j: JobView, now: float) -> tuple[bool, float | None]:
+    """The starvation guard on a pending job: (promoted to level 0 now, else when it will be or None)."""
+    if cfg.starvation_factor > 0 and j.state == _PENDING and j.gpus > 0 and j.attained_gpu_seconds > 0:
+        ran = j.attained_gpu_seconds / j.gpus
+        promote_at = max(cfg.starvation_factor * ran, cfg.starvation_floor)
+        if j.waited(now) >= promote_at:
+            return True, None
+        return False, now + promote_at - j.waited(now)
+    return False, None
+
+
+def pending_levels(cfg: MlfqConfig, pending: list[JobView], now: float) -> list[int]:
+    """Each pending job's level as a pass serves it (the starvation guard's promotion included)."""
+    if cfg.starvation_factor > 0:
+        return [0 if starvation(cfg, j, now)[0] else cfg.level_of(j.attained(now)) for j in pending]
+    # Without the guard a pending job's level is that of the service of its past runs (what
+    # attained() is without a current run); level_of's bisection called from C, not once per job.
+    return list(map(partial(bisect_right, cfg.thresholds), [j.attained_gpu_seconds for j in pending]))
+
+
+def service_order(pending: list[JobView], levels: list[int], lowest: int,
+                  fairshare: Mapping[tuple[str, str], float],
+                  ranks: Mapping[int, float] | None = None) -> list[tuple[JobView, int, int]]:
+    """Pending jobs in service order, each with its level and class rank: the MLFQ's queue, and
+    what sprio's PRIORITY follows (scheduling/priority.py).
+
+    The order is that of the key (urgent first, level, class rank, best-effort share last,
+    round-robin time at the lowest level, lower --nice, higher fair-share factor, the lower
+    Gittins rank where `ranks` (job id -> rank) are given, submit time, id). Its
+    leading fields take few values: the jobs are grouped by them, and each group is ordered
+    by the rest with one stable sort per field, least significant first, on plain numbers
+    (one sort of a tuple per job was a tenth of a large pass)."""
+    groups: dict[tuple[int, int, int, bool], list[JobView]] = {}
+    for j, level in zip(pending, levels):
+        rank = PRIORITY_RANK.get(j.priority, 2)
+        # Best-effort shares only use what is left: after the rest of their level and class (a
+        # guaranteed share that preempted one must not lose the card to it again).
+        best_effort = j.gpu_share is not None and j.gpu_share.qos == "best-effort"
+        key = (0 if rank == 0 else 1, level, rank, best_effort)
+        try:
+            groups[key].append(j)
+        except KeyError:
+            groups[key] = [j]
+    out: list[tuple[JobView, int, int]] = []
+    for key in sorted(groups):
+        jobs, level, rank = groups[key], key[1], key[2]
+        jobs.sort(key=_ID)
+        jobs.sort(key=_SUBMIT_TIME)
+        if ranks is not None:  # the lowest Gittins rank first within the level
+            jobs.sort(key=lambda j: ranks[j.id])
+        if fairshare:  # the higher fair-share factor (less past use for its shares) first
+            jobs.sort(key=lambda j: -fairshare.get((j.account, j.user), 1.0))
+        if any(j.nice for j in jobs):  # --nice: its owner's say on the order of their own jobs
+            jobs.sort(key=_NICE)
+        if level == lowest:  # round-robin by the end of the previous run (never-run jobs first)
+            jobs.sort(key=_round_robin_time)
+        out.extend([(j, level, rank) for j in jobs])
+    return out
 
 
 class MlfqPolicy:
@@ -247,27 +308,18 @@ class MlfqPass:
 
     def effective_level(self, j: JobView) -> int:
         """A pending job that starved is served as if it were new."""
-        if self.cfg.starvation_factor > 0 and j.state == JobState.PENDING and j.gpus > 0:
-            ran = j.attained_gpu_seconds / j.gpus
-            promote_at = max(self.cfg.starvation_factor * ran, self.cfg.starvation_floor)
-            if j.attained_gpu_seconds > 0:
-                if j.waited(self.now) >= promote_at:
-                    self._promoted.add(j.id)
-                    return 0
-                self.wake.append(self.now + promote_at - j.waited(self.now))
+        promoted, wake = starvation(self.cfg, j, self.now)
+        if promoted:
+            self._promoted.add(j.id)
+            return 0
+        if wake is not None:
+            self.wake.append(wake)
         return self.level(j)
 
     # ---- the pass ----------------------------------------------------------------------
     def queue(self) -> list[tuple[JobView, int, int]]:
-        """Pending jobs in service order, each with its (effective) level and class rank.
-
-        The order is that of the key (urgent first, level, class rank, best-effort share last,
-        round-robin time at the lowest level, lower --nice, higher fair-share factor, submit time, id). Its
-        leading fields take few values: the jobs are grouped by them, and each group is ordered
-        by the rest with one stable sort per field, least significant first, on plain numbers
-        (one sort of a tuple per job was a tenth of a large pass)."""
-        pending, lowest = self.pending, self._lowest
-        ranks: list[float] | None = None
+        """Pending jobs in service order, each with its (effective) level and class rank."""
+        pending, ranks = self.pending, None
         if self.ranker is not None:
             ranks = self._pending_ranks(pending)
             levels = list(map(self.ranker.level_of_rank, ranks))
@@ -275,42 +327,13 @@ class MlfqPass:
             if self.cfg.max_slowdown > 0:
                 levels = [0 if self.overdue(j) else lv for j, lv in zip(pending, levels)]
             if self.cfg.starvation_factor > 0:
-                levels = [self.effective_level(j) for j in pending]
+                levels = [self.effective_level(j) for j in pending]  # notes promotions and wake times
         elif self.cfg.starvation_factor > 0:
-            levels = [self.effective_level(j) for j in pending]
+            levels = [self.effective_level(j) for j in pending]  # notes promotions and wake times
         else:
-            # Without the starvation guard a pending job's effective level is its level, from the
-            # service of its past runs (what attained() is without a current run).
-            # (level_of's bisection, called from C instead of once per job from Python)
-            levels = list(map(partial(bisect_right, self.cfg.thresholds), [j.attained_gpu_seconds for j in pending]))
-        groups: dict[tuple[int, int, int, bool], list[JobView]] = {}
-        for j, level in zip(pending, levels):
-            rank = PRIORITY_RANK.get(j.priority, 2)
-            # Best-effort shares only use what is left: after the rest of their level and class (a
-            # guaranteed share that preempted one must not lose the card to it again).
-            best_effort = j.gpu_share is not None and j.gpu_share.qos == "best-effort"
-            key = (0 if rank == 0 else 1, level, rank, best_effort)
-            try:
-                groups[key].append(j)
-            except KeyError:
-                groups[key] = [j]
-        fairshare = self.snap.fairshare
-        out: list[tuple[JobView, int, int]] = []
-        rank_of = self.ranks
-        for key in sorted(groups):
-            jobs, level, rank = groups[key], key[1], key[2]
-            jobs.sort(key=_ID)
-            jobs.sort(key=_SUBMIT_TIME)
-            if ranks is not None:  # the lowest Gittins rank first within the level
-                jobs.sort(key=lambda j: rank_of[j.id])
-            if fairshare:  # the higher fair-share factor (less past use for its shares) first
-                jobs.sort(key=lambda j: -fairshare.get((j.account, j.user), 1.0))
-            if any(j.nice for j in jobs):  # --nice: its owner's say on the order of their own jobs
-                jobs.sort(key=_NICE)
-            if level == lowest:  # round-robin by the end of the previous run (never-run jobs first)
-                jobs.sort(key=_round_robin_time)
-            out.extend([(j, level, rank) for j in jobs])
-        return out
+            levels = pending_levels(self.cfg, pending, self.now)
+        return service_order(pending, levels, self._lowest, self.snap.fairshare,
+                             self.ranks if ranks is not None else None)
 
     def _pending_ranks(self, pending: list[JobView]) -> list[float]:
         """The pending jobs' Gittins ranks; jobs of one kind and age bin share one look-up (most of

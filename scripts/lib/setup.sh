@@ -72,6 +72,40 @@ ensure_venv() {
     fi
 }
 
+# ensure_ml_clients: torch (a CPU build) and Lightning in the venv, for the tests of real ML clients
+# (tests/e2e/test_lightning.py, tests/integration/test_examples.py's torch example). The first time
+# from a local wheel: ~25 s and ~800 MB (torch is 750 MB of it); after that a version check (~0.2 s).
+# Never a CUDA build (GBs of nvidia-* wheels): torch is the CPU wheel in $HAI_TORCH_WHEELS (default
+# /opt/wheels, where CI keeps it), else PyTorch's CPU index. HAI_TEST_ML=0 skips it (those tests
+# then skip); a failed install only warns, for the same reason.
+TORCH_VERSION=2.13.0
+LIGHTNING_FABRIC_VERSION=2.6.6
+ensure_ml_clients() {
+    local tag wheel src
+    [ "${HAI_TEST_ML:-1}" = 0 ] && return 0
+    if "$venv/bin/python" - "$TORCH_VERSION+cpu" "$LIGHTNING_FABRIC_VERSION" 2>/dev/null <<'PY'
+import importlib.metadata as m, sys
+sys.exit(not (m.version("torch") == sys.argv[1] and m.version("lightning-fabric") == sys.argv[2]))
+PY
+    then
+        return 0
+    fi
+    tag=$("$venv/bin/python" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+    wheel=$(ls "${HAI_TORCH_WHEELS:-/opt/wheels}"/torch-"$TORCH_VERSION"+cpu-"$tag"-"$tag"-*.whl 2>/dev/null | head -n 1 || true)
+    if [ -n "$wheel" ]; then
+        src=("$wheel")
+    else
+        src=(--index-url https://download.pytorch.org/whl/cpu "torch==$TORCH_VERSION+cpu")
+    fi
+    echo "$0: installing torch $TORCH_VERSION (CPU) and lightning-fabric $LIGHTNING_FABRIC_VERSION into $venv" >&2
+    # torch alone first, from the CPU source only; then Lightning, which finds it installed
+    if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check "${src[@]}" \
+            || ! "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+                "torch==$TORCH_VERSION+cpu" "lightning-fabric==$LIGHTNING_FABRIC_VERSION"; then
+        echo "$0: warning: torch or lightning-fabric could not be installed; their tests will skip" >&2
+    fi
+}
+
 # ensure_reachable: jobs and the CLI run as other users, who need to reach the checkout (its
 # sources, the venv). Add the traverse bit (not read) to any ancestor directory that lacks it.
 ensure_reachable() {

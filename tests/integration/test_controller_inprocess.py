@@ -195,10 +195,34 @@ def test_a_listing_filter_of_too_many_users_is_refused_by_name(controller):
 
     async def scenario(ctl, api):
         caller = root_caller()
-        for method in ("jobs", "acct", "cancel"):
+        for method in ("jobs", "acct", "cancel", "priorities"):
             with pytest.raises(RequestError, match="field 'users' has too many entries for a filter"):
                 await api.dispatch(method, {"users": [f"u{i}" for i in range(65)]}, caller)
         assert (await api.dispatch("jobs", {"users": [f"u{i}" for i in range(64)]}, caller))["jobs"] == []
+
+    run(cfg, scenario)
+
+
+def test_sprio_pages_list_the_waiting_jobs_in_the_policys_order(controller, tmp_path):
+    cfg, agent = controller
+
+    async def scenario(ctl, api):
+        caller = root_caller()
+        async def submit(*extra):
+            return (await api.dispatch("submit", {"argv": [*extra, "--gpus-per-node=2", "--wrap", "true"],
+                                                  "cwd": str(tmp_path)}, caller))["job_id"]
+        ids = [await submit()]
+        await wait_until(lambda: asyncio.sleep(0, agent.started), "the first to start")
+        ids += [await submit(), await submit("--priority=high"), await submit("--hold")]
+        first = await api.dispatch("priorities", {"limit": 1}, caller)
+        assert ([j["job_id"] for j in first["jobs"]], first["more"], first["next"]) == ([ids[1]], True, ids[1])
+        rest = await api.dispatch("priorities", {"limit": 1, "after": first["next"]}, caller)
+        assert [j["job_id"] for j in rest["jobs"]] == [ids[2]] and not rest["more"]  # not the held one
+        # the high-class job is served first though submitted later
+        assert (first["jobs"][0]["priority"], rest["jobs"][0]["priority"]) == (1, 2)
+        assert first["policy"] == "mlfq" and first["weights"]["qos"] > 0
+        picked = await api.dispatch("priorities", {"ids": [ids[2]], "users": ["nobody"]}, caller)
+        assert picked["jobs"] == []
 
     run(cfg, scenario)
 
@@ -283,6 +307,10 @@ def test_the_api_table_refuses_bad_input_and_changes_nothing(controller, tmp_pat
                 ("show_job", {"job_id": 2**63}, "field 'job_id' is out of range"),
                 ("acct", {"since": 2**64 - 1}, "field 'since' is out of range"),
                 ("cancel", {"tasks": [[1, 2**63]]}, "must be a list of \\[array job id, task id\\] pairs"),
+                ("priorities", {"ids": "7"}, "field 'ids' has the wrong type"),
+                ("priorities", {"tasks": [[1]]}, "must be a list of \\[array job id, task id\\] pairs"),
+                ("priorities", {"partitions": ["gpu\x1b[2J"]}, "partitions"),
+                ("priorities", {"limit": 0}, "limit must be positive"),
                 ("submit", {"argv": ["--array=0-3%99999999999999999999", "--wrap", "true"], "cwd": str(tmp_path)},
                  "invalid task limit"),
                 ("submit", {"argv": ["--dependency=afterok:9223372036854775808", "--wrap", "true"],

@@ -3,8 +3,8 @@ agent does it (notice in $HAI_CONTROL_DIR, then the signal), checkpoints and res
 
 The agent path itself (as a real user, through a real shepherd) is tests/integration/
 test_agent_preempt.py; here the examples run as plain subprocesses, so no root is needed.
-torch_train.py needs torch, which is not a dependency of hai-cluster: that test is skipped where
-torch is not importable.
+torch_train.py needs torch, which is not a dependency of hai-cluster: scripts/test installs its CPU
+build (scripts/lib/setup.sh: ensure_ml_clients); that test is skipped where torch is not importable.
 """
 from __future__ import annotations
 

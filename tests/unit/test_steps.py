@@ -143,3 +143,13 @@ def test_a_master_addr_the_script_exported_reaches_every_task_and_ours_follows_t
     assert task_environment(ours, {}, layout, layout.tasks[0], "10.0.0.2")["MASTER_ADDR"] == "10.0.0.2"
     mine = {**ours, "MASTER_ADDR": "n1"}  # export MASTER_ADDR=$(scontrol show hostnames | head -n 1)
     assert task_environment(mine, {}, layout, layout.tasks[0], "10.0.0.2")["MASTER_ADDR"] == "n1"
+
+
+def test_srun_exports_the_tasks_per_node_it_keeps():
+    """srun's SLURM_NTASKS_PER_NODE for its tasks (srun.c's setup_env): its own count when opt.c
+    keeps it (-n over -N), else the job's stays (Lightning compares it with its `devices`)."""
+    from hai_cluster.cli.srun import kept_per_node
+    assert kept_per_node(env_defaults(ntasks=2, ntasks_per_node=1)) == 1  # srun -n 2 --ntasks-per-node=1
+    assert kept_per_node(env_defaults(ntasks_per_node=1)) is None  # -n 4 from the job: dropped, with a warning
+    assert kept_per_node(env_defaults()) == 2
+    assert kept_per_node(StepRequest(nodes=2, ntasks_per_node=3)) == 3
