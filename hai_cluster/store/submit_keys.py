@@ -4,19 +4,25 @@ retry returns the job the first attempt created instead of a second one. Kept a 
 then pruned with the event history."""
 from __future__ import annotations
 
-from sqlalchemy import Connection, Engine, delete, insert, select
+from sqlalchemy import Connection, Engine, bindparam, delete, insert, select
 
 from .schema import submit_keys
 
 KEEP_SECONDS = 86400  # a retry comes within seconds; a day covers a login host's longest outage
 
+# Built once: every submission runs both (a statement built per call cost more than its query).
+_JOB_OF = select(submit_keys.c.job_id).where(submit_keys.c.uid == bindparam("p_uid"),
+                                             submit_keys.c.key == bindparam("p_key"))
+_ADD = insert(submit_keys)
+
+
 def job_of(c: Connection, uid: int, key: str) -> int | None:
     """The job this uid submitted with this key, if one is kept."""
-    return c.execute(select(submit_keys.c.job_id).where(submit_keys.c.uid == uid, submit_keys.c.key == key)).scalar()
+    return c.execute(_JOB_OF, {"p_uid": uid, "p_key": key}).scalar()
 
 
 def add(c: Connection, uid: int, key: str, job_id: int, now: float) -> None:
-    c.execute(insert(submit_keys).values(uid=uid, key=key, job_id=job_id, created=now))
+    c.execute(_ADD, {"uid": uid, "key": key, "job_id": job_id, "created": now})
 
 
 def prune(engine: Engine, before: float) -> int:
