@@ -40,6 +40,7 @@ from .health import on_health
 from .mail import LIMIT_MARKS, LimitWatch, Mailer
 from .metrics import QueueStats
 from .nodes import AGENT_ERRORS, NodeLink
+from .client_steps import ClientSteps
 from .steps import StepHub
 from .telemetry import TelemetryHub
 from .tenancy import Tenancy
@@ -74,6 +75,8 @@ class Controller:
         self._wake = asyncio.Event()
         self.dispatch = Dispatcher(self)  # starts, ends and signals sent to agents
         self.steps = StepHub(self)  # srun's job steps: what the agents ask on their links
+        self.client_steps = ClientSteps(self)  # salloc's and srun's outside a job: on the client socket
+        self.stopping = False  # shutting down: a client's connection closing ends none of its sessions
         self._tasks: list[asyncio.Task] = []
         self.store_down = False
         self._store_logged = -math.inf  # when an outage was last logged (monotonic)

@@ -2,8 +2,9 @@
 
 A job's level comes from the GPU-seconds it has received over all its runs: new jobs start at
 level 0 and sink as they accumulate service. Pending jobs are served in order (urgent first, then
-level, then priority class, then fair-share factor, then age; the lowest level round-robin by
-last run). A job that does
+level, then interactive jobs before batch ones, then priority class, then fair-share factor, then
+age; the lowest level round-robin by last run). Interactive jobs are never requeued, so
+time-slicing never takes them. A job that does
 not fit may preempt running jobs of a *strictly lower* level (larger index) that have held their
 GPUs for at least their level's quantum, so that a checkpoint is amortised; preempting for a job
 of the same level costs more than it gains on real traces. Urgent jobs preempt lower classes at
@@ -191,7 +192,8 @@ class MlfqPass:
     def queue(self) -> list[tuple[JobView, int, int]]:
         """Pending jobs in service order, each with its (effective) level and class rank.
 
-        The order is that of the key (urgent first, level, class rank, best-effort share last,
+        The order is that of the key (urgent first, level, interactive jobs before batch ones, class
+        rank, best-effort share last,
         round-robin time at the lowest level, lower --nice, higher fair-share factor, submit time, id). Its
         leading fields take few values: the jobs are grouped by them, and each group is ordered
         by the rest with one stable sort per field, least significant first, on plain numbers
@@ -204,13 +206,14 @@ class MlfqPass:
             # service of its past runs (what attained() is without a current run).
             # (level_of's bisection, called from C instead of once per job from Python)
             levels = list(map(partial(bisect_right, self.cfg.thresholds), [j.attained_gpu_seconds for j in pending]))
-        groups: dict[tuple[int, int, int, bool], list[JobView]] = {}
+        groups: dict[tuple[int, int, bool, int, bool], list[JobView]] = {}
         for j, level in zip(pending, levels):
             rank = PRIORITY_RANK.get(j.priority, 2)
             # Best-effort shares only use what is left: after the rest of their level and class (a
             # guaranteed share that preempted one must not lose the card to it again).
             best_effort = j.gpu_share is not None and j.gpu_share.qos == "best-effort"
-            key = (0 if rank == 0 else 1, level, rank, best_effort)
+            # Interactive jobs (salloc, srun) go ahead of the batch jobs of their level: a person waits on them
+            key = (0 if rank == 0 else 1, level, not j.interactive, rank, best_effort)
             try:
                 groups[key].append(j)
             except KeyError:
@@ -218,7 +221,7 @@ class MlfqPass:
         fairshare = self.snap.fairshare
         out: list[tuple[JobView, int, int]] = []
         for key in sorted(groups):
-            jobs, level, rank = groups[key], key[1], key[2]
+            jobs, level, rank = groups[key], key[1], key[3]
             jobs.sort(key=_ID)
             jobs.sort(key=_SUBMIT_TIME)
             if fairshare:  # the higher fair-share factor (less past use for its shares) first
