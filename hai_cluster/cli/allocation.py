@@ -29,7 +29,9 @@ FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_F
 ALLOCATION_SCRIPT = "#!/bin/sh\n# an interactive allocation (salloc, srun): it runs no batch script\n"
 QUICK = 1.0  # seconds a new allocation may take before the client says it waits
 POLL = 0.5  # while pending
-WATCH = 1.0  # while it runs (a scancel is also pushed at once): what keeps the connection from being idle
+# While it runs: a scancel is pushed at once, a time limit or a lost node is seen within this; it
+# also keeps the connection from being idle (and costs the store one read a session)
+WATCH = 5.0
 
 
 class AllocationError(Exception):
@@ -103,8 +105,8 @@ class Allocation:
         self.job_id = int(reply["job_id"])
         return self.job_id
 
-    async def state(self, *, hold: bool = True) -> dict:
-        self.info = await self.ctl.call("allocation", {"job_id": self.job_id, "hold": hold})
+    async def state(self, *, hold: bool = True, env: bool = False) -> dict:
+        self.info = await self.ctl.call("allocation", {"job_id": self.job_id, "hold": hold, "env": env})
         return self.info
 
     async def granted(self, *, salloc: bool, within: float | None, hold: bool = True) -> dict:
@@ -115,7 +117,7 @@ class Allocation:
         said = False
         delay = 0.02
         while True:
-            info = await self.state(hold=hold)
+            info = await self.state(hold=hold, env=True)
             if info["state"] == "RUNNING":
                 if said:
                     self.say(f"job {self.job_id} has been allocated resources")

@@ -233,18 +233,22 @@ class ClientSteps:
     # -- allocations --
 
     async def allocation(self, body: Any, caller: Caller) -> dict:
-        """An interactive job's state for the client waiting on it (salloc, srun); this connection
-        holds it from now on (its close ends the job). Once it runs, the variables salloc sets."""
+        """An interactive job's state for the client waiting on it (salloc, srun); with `hold`
+        (the default) this connection holds it from now on (its close ends the job). With `env`,
+        once it runs, the variables salloc sets."""
         link = _link(caller)
-        check_keys("allocation body", body, ("job_id",), ("hold",))
+        check_keys("allocation body", body, ("job_id",), ("hold", "env"))
+        hold, want_env = body.get("hold", True), body.get("env", False)
+        if not isinstance(hold, bool) or not isinstance(want_env, bool):
+            raise RequestError("hold and env must be true or false")
         job = await self._allocation(nonneg_int("job_id", body["job_id"]), caller, "Allocation")
-        if body.get("hold", True) and JobState(job.state) not in FINAL_STATES:
+        if hold and JobState(job.state) not in FINAL_STATES:
             if job.id not in link.held and len(link.held) >= MAX_HELD_PER_CLIENT:
                 raise RequestError(f"this connection already holds {MAX_HELD_PER_CLIENT} allocations")
             self._hold(link, job.id)
         out = {"state": job.state, "reason": job.end_reason, "nodelist": job.nodelist_names,
                "exit_code": job.exit_code, "ending": job.end_request is not None}
-        if job.state == JobState.RUNNING.value:
+        if job.state == JobState.RUNNING.value and want_env:
             ranks = sorted((r for r in await self.ctl.db(self.ctl.repo.live_ranks, job_id=job.id)),
                            key=lambda r: r.rank)
             if ranks:

@@ -313,6 +313,8 @@ class Controller:
             for row in end_events([(job_id, attempt, node, status)], [result]):  # written with the end
                 emit(row)
             await self._mail_end(job_id, attempt, result.job_state)
+            if result.job_state is not None and result.job_state.is_final:  # salloc hears of its time limit now
+                self.client_steps.revoke(job_id, result.job_state.value)
             rollup = self.telemetry.finish((job_id, attempt))
             if rollup is not None:
                 try:

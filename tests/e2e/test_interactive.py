@@ -54,6 +54,13 @@ def acct(cluster, job_id: int) -> list[list[str]]:
     return [line.split("|") for line in out.splitlines()]
 
 
+def idle(cluster) -> None:
+    """The last allocation has let go of its nodes (its release ends it a moment after srun exits):
+    the next one starts at once, with no "queued" line."""
+    wait_for(lambda: not cluster.call("jobs", {"states": ["RUNNING", "COMPLETING"]})["jobs"], 30,
+             what="the nodes to be free")
+
+
 def job_of(stderr: str, word: str = "Granted job allocation") -> int:
     return int(re.search(rf"{word} (\d+)", stderr).group(1))
 
@@ -96,6 +103,7 @@ def test_srun_outside_a_job_gets_an_allocation_runs_its_step_and_ends_it(cluster
     proc = cluster.cli("srun", "-N2", "-n4", "-l", "hostname", check=False)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert sorted(proc.stdout.splitlines()) == [f"0: {a}", f"1: {a}", f"2: {b}", f"3: {b}"]
+    idle(cluster)
     proc = cluster.cli("srun", "-N", "2", "bash", "-c", "echo $SLURM_JOB_NAME $SLURM_NNODES; exit $((SLURM_PROCID + 3))",
                        check=False)
     assert proc.returncode == 4
@@ -138,6 +146,13 @@ def test_srun_pty_is_a_real_terminal_on_the_node(cluster, names):
         t.resize(30, 100)  # the window changes: the remote terminal follows (SIGWINCH to srun)
         wait_for(lambda: (t.send("stty size\r"), t.expect(r"(\d+ \d+)\r\n"))[1].group(1) == b"30 100", 10,
                  interval=0.3, what="the new window size on the node")
+        (d / "vimtest.txt").unlink(missing_ok=True)
+        t.send("vim -u NONE -N -n vimtest.txt\r")  # full screen: the alternate screen, keys one by one
+        t.expect(r'"vimtest.txt" \[New\]')
+        t.send("ihello from vim\x1b:wq\r")
+        t.expect(r"P\$ ")
+        t.send("cat vimtest.txt\r")
+        t.expect(r"hello from vim\r\n")
         t.send("sleep 60; echo after\r")
         time.sleep(1)
         t.send("\x03")  # Ctrl-C: the foreground process, not the shell
