@@ -28,6 +28,7 @@ from ..transport.rpc import ConnectionLost, RpcConnection, RpcError
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
 ALLOCATION_SCRIPT = "#!/bin/sh\n# an interactive allocation (salloc, srun): it runs no batch script\n"
 QUICK = 1.0  # seconds a new allocation may take before the client says it waits
+FIRST_POLL = 0.05  # while it may start any moment (a pass takes ~50 ms)
 POLL = 0.5  # while pending
 # While it runs: a scancel is pushed at once, a time limit or a lost node is seen within this; it
 # also keeps the connection from being idle (and costs the store one read a session)
@@ -142,7 +143,7 @@ class Allocation:
                 self.say(f"job {self.job_id} queued and waiting for resources")
                 said = True
             await asyncio.sleep(delay)
-            delay = min(delay * 2, POLL)
+            delay = min(delay * 2, FIRST_POLL if waited < QUICK else POLL)
 
     async def ended(self, *, hold: bool = True) -> dict:
         """Return once the running job is ending or has left RUNNING (scancel, time limit, a
