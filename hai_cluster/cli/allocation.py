@@ -51,6 +51,7 @@ class Controller:
         self.conn: RpcConnection | None = None
         self.runner: asyncio.Future | None = None
         self.handlers: list = []
+        self._reconnecting: asyncio.Lock | None = None
 
     async def connect(self) -> None:
         path = client_socket()
@@ -61,6 +62,24 @@ class Controller:
                                   "(is hai-controller running? HAI_CONTROLLER names its socket)") from None
         self.conn = RpcConnection(reader, writer, on_event=self._event, name="controller")
         self.runner = asyncio.ensure_future(self.conn.run())
+
+    async def reconnect(self, within: float) -> bool:
+        """A new connection once the last one is lost (a controller restart), trying for up to
+        `within` seconds; the callers hold what they held again (allocation, step_attach)."""
+        self._reconnecting = self._reconnecting or asyncio.Lock()
+        async with self._reconnecting:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + within
+            while self.conn is None or self.conn.closed:
+                if self.runner is not None:
+                    self.runner.cancel()
+                try:
+                    await self.connect()
+                except AllocationError:
+                    if loop.time() >= deadline:
+                        return False
+                    await asyncio.sleep(0.5)
+            return True
 
     async def _event(self, name: str, body: Any) -> None:
         for handler in self.handlers:
@@ -174,17 +193,8 @@ class Allocation:
         return info if info["state"] != "RUNNING" or info.get("ending") else None
 
     async def reconnect(self) -> bool:
-        """After a lost connection (a controller restart): a new one, holding the job again."""
-        if self.ctl.conn is not None and not self.ctl.conn.closed:
-            return True
-        handlers = list(self.ctl.handlers)
-        await self.ctl.close()
-        try:
-            await self.ctl.connect()
-        except AllocationError:
-            return False
-        self.ctl.handlers = handlers
-        return True
+        """After a lost connection (a controller restart): a new one; the next poll holds the job again."""
+        return await self.ctl.reconnect(within=0)
 
     async def release(self, code: int) -> None:
         """The command ended with `code`: so does the allocation (COMPLETED, or FAILED with it)."""

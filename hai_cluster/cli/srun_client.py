@@ -11,7 +11,7 @@ import signal
 
 from ..core.steps import step_name
 from .allocation import Allocation, AllocationError, Controller
-from .srun_relay import run_step
+from .srun_relay import REATTACH, run_step
 from .srun_step import PROG, error
 
 # srun's options that only the job it creates outside an allocation takes (sbatch's meaning)
@@ -109,6 +109,8 @@ async def _own_allocation(args: argparse.Namespace, ctl: Controller) -> int:
     try:
         code = await run_step(args, ctl, alloc, env, hold=True)
     finally:
+        if ctl.conn.closed:  # lost with the step's end (a controller restart): said once it is back
+            await ctl.reconnect(within=REATTACH)
         if not ctl.conn.closed:
             await alloc.release(code)
     return code

@@ -27,6 +27,7 @@ from .srun_step import Step, error, job_open_mode, report, request_of, step_outc
 from .srun_output import SinkError
 
 LATE_ENDS = 10.0  # seconds the tasks' ends may follow their allocation's end (a stop's grace aside)
+REATTACH = 60.0  # seconds srun tries to reach a restarting controller again (its step waits as long)
 
 
 class StdinReader:
@@ -124,12 +125,15 @@ class _nothing:
 
 async def _follow(args, ctl: Controller, alloc: Allocation, step: Step, io: StepIO, hold: bool) -> None:
     """From the launch to the step's end: stdin, window size and signals go out, the allocation
-    is watched (a scancel, its time limit, a lost node), and the end is recorded."""
+    is watched (a scancel, its time limit, a lost node), a lost connection to the controller (its
+    restart) is made again and the step taken back, and the end is recorded."""
     loop = asyncio.get_running_loop()
     layout = step.layout
+    relayed = asyncio.Event()  # the connection carries the step (cleared while it is made again)
+    relayed.set()
     helpers = []
     if io.pty or io.input != "none":
-        helpers.append(asyncio.ensure_future(_stdin(ctl, step, io)))
+        helpers.append(asyncio.ensure_future(_stdin(ctl, step, io, relayed)))
     if io.pty:
         loop.add_signal_handler(signal.SIGWINCH, lambda: asyncio.ensure_future(_resize(ctl, step)))
     if not io.pty:  # on a terminal, Ctrl-C is a key like any other: it reaches the task's terminal
@@ -142,13 +146,21 @@ async def _follow(args, ctl: Controller, alloc: Allocation, step: Step, io: Step
     watch = asyncio.ensure_future(alloc.ended(hold=hold))
     waiting = asyncio.ensure_future(step.all_ended.wait())
     try:
-        done, _ = await asyncio.wait([waiting, watch, ctl.runner], return_when=asyncio.FIRST_COMPLETED)
+        while True:
+            done, _ = await asyncio.wait([waiting, watch, ctl.runner], return_when=asyncio.FIRST_COMPLETED)
+            if waiting in done or watch in done:
+                break
+            relayed.clear()
+            reason = ctl.conn.close_reason
+            if not await _reattach(ctl, step, io):
+                error(f"lost the connection to the controller: {reason}")
+                break
+            step.conn = ctl.conn
+            relayed.set()
         if waiting not in done:
             if watch in done:
                 info = watch.result()
                 _say(f"Job step aborted: the allocation ended ({info['state']}); waiting for its tasks")
-            else:
-                error(f"lost the connection to the controller: {ctl.conn.close_reason}")
             try:
                 await asyncio.wait_for(step.all_ended.wait(), LATE_ENDS)
             except asyncio.TimeoutError:
@@ -163,28 +175,55 @@ async def _follow(args, ctl: Controller, alloc: Allocation, step: Step, io: Step
             loop.remove_signal_handler(sig)
 
 
-async def _stdin(ctl: Controller, step: Step, io: StepIO) -> None:
+async def _reattach(ctl: Controller, step: Step, io: StepIO) -> bool:
+    """A new connection to the (restarted) controller, and the step taken back on it: what its
+    tasks printed meanwhile waited for this and comes now."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + REATTACH
+    while loop.time() < deadline:
+        if not await ctl.reconnect(within=max(0.0, deadline - loop.time())):
+            return False
+        try:
+            await ctl.call("step_attach", {"job_id": step.layout.job_id, "step_id": step.layout.step_id,
+                                           "io": io.to_wire()}, timeout=30)
+            return True
+        except RpcError as exc:
+            if "try again" not in str(exc):  # not a controller still starting: the step is gone
+                error(f"the step could not be taken back: {exc}")
+                return False
+        except (ConnectionLost, asyncio.TimeoutError):
+            pass
+        await asyncio.sleep(0.5)
+    return False
+
+
+async def _stdin(ctl: Controller, step: Step, io: StepIO, relayed: asyncio.Event) -> None:
     """srun's stdin to the tasks; its end closes theirs (a terminal's never ends)."""
     if not reads_terminal():
         if not io.pty:
-            await _input(ctl, step, b"", True)
+            await _input(ctl, step, b"", True, relayed)
         return
     reader = StdinReader(0)
     while True:
         data = await reader.queue.get()
         if not data and io.pty:
             return
-        if not await _input(ctl, step, data, not data) or not data:
+        if not await _input(ctl, step, data, not data, relayed) or not data:
             return
 
 
-async def _input(ctl: Controller, step: Step, data: bytes, eof: bool) -> bool:
-    try:
-        await ctl.call("step_input", {"job_id": step.layout.job_id, "step_id": step.layout.step_id,
-                                      "data": data, "eof": eof}, timeout=None)
-    except (RpcError, ConnectionLost):
-        return False
-    return True
+async def _input(ctl: Controller, step: Step, data: bytes, eof: bool, relayed: asyncio.Event) -> bool:
+    """One chunk to the tasks; across a controller restart it waits for the step to be taken back."""
+    while True:
+        try:
+            await asyncio.wait_for(relayed.wait(), REATTACH)
+            await ctl.call("step_input", {"job_id": step.layout.job_id, "step_id": step.layout.step_id,
+                                          "data": data, "eof": eof}, timeout=None)
+            return True
+        except ConnectionLost:
+            await asyncio.sleep(0.1)  # _follow sees the loss and makes the connection again
+        except (RpcError, asyncio.TimeoutError):
+            return False
 
 
 async def _resize(ctl: Controller, step: Step) -> None:

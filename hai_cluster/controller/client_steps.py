@@ -9,6 +9,7 @@ may start a step in an allocation, send it input, resize its terminal, signal it
          --step_launch--> controller --step_start--> every node's agent --> its step server
     step server --step_output/step_exit--> agent --> controller --push--> srun
     srun --step_input/step_resize--> controller --> the nodes of the tasks that read it
+    srun --step_attach--> (after a controller restart) the step's output comes to it again
     salloc, srun --allocation--> the job's state (and, once it runs, the variables salloc sets)
          --release--> the first node's step server exits with the client's code: the job ends
 
@@ -29,14 +30,15 @@ from typing import TYPE_CHECKING, Any
 from ..core.hostlist import compress
 from ..core.jobenv import allocation_variables
 from ..core.states import FINAL_STATES, JobState
-from ..core.steps import Allocation, StepError, plan_step, step_end_state, step_name
+from ..core.steps import Allocation, StepError, StepIO, plan_step, step_end_state, step_name
 from ..protocol import steps as wire
 from ..protocol.runspec import SpecError, check_keys, nonneg_int, valid_signal
 from ..transport.rpc import RequestError
 from . import api_control
 from .access import Caller
 from .dispatch import rank_spec
-from .steps import CLIENT_ORIGIN, LAUNCH_WAIT, LiveStep, _remote
+from .nodes import AGENT_ERRORS
+from .steps import CLIENT_ORIGIN, FORWARD_TIMEOUT, LAUNCH_WAIT, RETRY, LiveStep, _remote
 
 if TYPE_CHECKING:
     from .apicontext import ApiContext
@@ -142,12 +144,38 @@ class ClientSteps:
         live.start = {"job_id": job_id, "attempt": attempt, "layout": layout.to_wire(), "argv": argv, "cwd": cwd,
                       "env": env, "master_addr": master, "io": io.to_wire(), "client": True}
         self.hub.live[key] = live
-        link.steps.add(key)
-        link.conn.write_timeout = None  # its own step's output: it may read it as slowly as it likes
+        self._attach(link, key, live)
         self.ctl.events.record("step_start", job_id, CLIENT_ORIGIN, step=f"{job_id}.{step_id}", name=step_name(argv),
                                tasks=layout.ntasks, nodes=compress(list(layout.nodes)))
         asyncio.get_running_loop().call_later(LAUNCH_WAIT, lambda: self.ctl.spawn(self._unlaunched(key, live)))
         return {"layout": layout.to_wire(), "warnings": warnings, "master_addr": master}
+
+    @staticmethod
+    def _attach(link: ClientLink, key: tuple[int, int], live: LiveStep) -> None:
+        live.client = link
+        link.steps.add(key)
+        link.conn.write_timeout = None  # its own step's output: it may read it as slowly as it likes
+        live.attached.set()
+
+    async def attach(self, body: Any, caller: Caller) -> dict:
+        """A client that lost its connection (a controller restart) takes its running step again:
+        the output that waited comes, its keys and window size go out again."""
+        link = _link(caller)
+        check_keys("step_attach body", body, ("job_id", "step_id", "io"))
+        key = (nonneg_int("job_id", body["job_id"]), nonneg_int("step_id", body["step_id"]))
+        io = wire.step_io(body["io"])
+        job = await self._allocation(key[0], caller, "Attach")
+        live = await self.hub._live(key) if job.state == JobState.RUNNING.value else None
+        if live is None or live.origin != CLIENT_ORIGIN:
+            raise RequestError(f"step {key[0]}.{key[1]} is not running")
+        if len(link.steps) >= MAX_STEPS_PER_CLIENT:
+            raise RequestError(f"this connection already runs {MAX_STEPS_PER_CLIENT} steps")
+        old = live.client
+        if old is not None and old is not link:
+            old.steps.discard(key)  # the earlier connection lets go (its close no longer kills the step)
+        live.io = io
+        self._attach(link, key, live)
+        return {"attached": True}
 
     async def _unlaunched(self, key: tuple[int, int], live: LiveStep) -> None:
         if self.hub.live.get(key) is live and live.start is not None:
@@ -177,7 +205,7 @@ class ClientSteps:
         """A chunk of the client's stdin to the tasks that read it (core.steps.StepIO)."""
         key, live = self._step(body, caller, ("data", "eof"))
         data, eof = wire.stdin_chunk(body)
-        io = live.io
+        io = live.io or StepIO()
         if io.pty or io.input != "all":
             task = 0 if io.pty else io.input
             nodes = [live.remote[task]] if task in live.remote else []
@@ -185,15 +213,27 @@ class ClientSteps:
             task, nodes = None, sorted(set(live.remote.values()))
         message = {"job_id": key[0], "attempt": live.attempt, "step_id": key[1], "task": task, "data": data,
                    "eof": eof}
-        results = await asyncio.gather(*(self.hub._call(n, "step_input", message, 120.0) for n in nodes),
+        results = await asyncio.gather(*(self._to_node(n, "step_input", message) for n in nodes),
                                        return_exceptions=True)
         return {"reached": sum(r.get("reached", 0) for r in results if isinstance(r, dict))}
+
+    async def _to_node(self, node: str, method: str, body: dict) -> Any:
+        """A client's keys to a node: across a short break of its link (this controller just
+        started, its agent restarts) tried again, as the tasks' output is the other way."""
+        deadline = time.monotonic() + FORWARD_TIMEOUT
+        while True:
+            try:
+                return await self.hub._call(node, method, body, FORWARD_TIMEOUT)
+            except AGENT_ERRORS:
+                if time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(RETRY)
 
     async def resize(self, body: Any, caller: Caller) -> dict:
         key, live = self._step(body, caller, ("rows", "cols"))
         rows, cols = wire.window(body)
         node = live.remote.get(0)
-        if not live.io.pty or node is None:
+        if live.io is None or not live.io.pty or node is None:
             return {"resized": False}
         try:
             return await self.hub._call(node, "step_resize", {"job_id": key[0], "attempt": live.attempt,
@@ -328,6 +368,10 @@ async def step_create(ctx: "ApiContext", body, caller: Caller):
     return await _guarded(ctx.ctl.client_steps.create(body, caller))
 
 
+async def step_attach(ctx: "ApiContext", body, caller: Caller):
+    return await _guarded(ctx.ctl.client_steps.attach(body, caller))
+
+
 async def step_launch(ctx: "ApiContext", body, caller: Caller):
     return await _guarded(ctx.ctl.client_steps.launch(body, caller))
 
@@ -364,6 +408,6 @@ async def _guarded(coro):
         raise RequestError(str(exc)) from None
 
 
-HANDLERS = {"step_create": step_create, "step_launch": step_launch, "step_input": step_input,
+HANDLERS = {"step_create": step_create, "step_attach": step_attach, "step_launch": step_launch, "step_input": step_input,
             "step_resize": step_resize, "step_signal": step_signal, "step_done": step_done,
             "allocation": allocation, "release_allocation": release_allocation}

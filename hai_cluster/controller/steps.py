@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from .. import timeouts
 from ..core.states import JobState
 from ..core.hostlist import compress
 from ..core.steps import (Allocation, StepError, plan_step, step_end_state, step_name,
@@ -39,6 +40,7 @@ START_TIMEOUT = 90.0  # a node's agent may wait up to a minute for its step serv
 FORWARD_TIMEOUT = 120.0  # srun's agent forwards only as fast as srun reads
 LAUNCH_WAIT = 60.0  # srun's agent asks for the launch right after the layout: one that never does went away
 RETRY = 0.5  # seconds between tries while srun's agent is unreachable
+REATTACH_WAIT = 60.0  # a client's step: how long its output waits for the client to attach again
 
 
 CLIENT_ORIGIN = "(client)"  # run_steps.origin of a client's step: no node's agent ends it
@@ -53,6 +55,7 @@ class LiveStep:
     start: dict | None = None  # what the other nodes are sent, until step_launch sends it
     client: Any = None  # a client's step: its connection (client_steps.ClientLink), None while it has none
     io: Any = None  # a client's step: its StepIO
+    attached: asyncio.Event = field(default_factory=asyncio.Event)  # a client's step: its client is there
 
 
 def _remote(nodes, counts, origin: str) -> dict[int, str]:
@@ -177,6 +180,8 @@ class StepHub:
         if live is not None:
             return live
         row = await self.ctl.db(self.ctl.repo.steps.open_step, *key)
+        if key in self.live:  # rebuilt meanwhile by another message of the step (or its client's attach)
+            return self.live[key]
         if row is None:
             return None
         nodes = tuple(row["nodelist"].split(","))
@@ -237,7 +242,16 @@ class StepHub:
             kind = "exit"
         link = live.client
         if link is None or link.conn is None or link.conn.closed:
-            return {"delivered": False}
+            # after a controller restart (or a break of the client's link) it comes back and
+            # attaches again: the task waits for it, a while
+            live.attached.clear()
+            try:
+                await timeouts.wait_for(live.attached.wait(), REATTACH_WAIT)
+            except asyncio.TimeoutError:
+                return {"delivered": False}
+            link = live.client
+            if link is None or link.conn is None or link.conn.closed:
+                return {"delivered": False}
         try:
             await link.conn.push(kind, message)
         except ConnectionLost:

@@ -248,3 +248,57 @@ def test_salloc_no_shell_immediate_and_a_time_limit(cluster, names):
     job = job_of(proc.stderr)
     assert f"salloc: Job {job} has exceeded its time limit and its allocation has been revoked." in proc.stderr
     assert proc.stdout == "after\n" and proc.returncode == 0  # without -K the command is only told
+
+
+def test_a_terminal_session_goes_on_through_an_agent_restart(cluster, names):
+    """The node's agent restarts under a running `srun --pty`: the step server and its terminal
+    stay, and once the link is back what is typed and shown flows again."""
+    a, b = names
+    d = user_dir(cluster.workdir, TEST_USER)
+    t = Terminal([str(BIN / "srun"), "-w", b, "--pty", "bash", "--norc", "--noprofile"], user=TEST_USER,
+                 env=env_of(cluster, PS1="R$ "), cwd=str(d))
+    try:
+        t.expect(r"R\$ ")
+        t.send("echo one-$((40 + 2))\r")
+        t.expect(r"one-42\r\n")
+        agent = cluster.agents[b]
+        agent.kill()
+        agent.start()
+        cluster.wait_nodes(2)
+
+        def echoed():
+            t.send("echo two-$((40 + 2))\r")
+            try:
+                return t.expect(r"two-42\r\n", timeout=2)
+            except AssertionError:
+                return None
+        wait_for(echoed, 60, interval=0.5, what="the session to answer after the agent's restart")
+        t.send("exit 0\r")
+        assert t.wait(30) == 0
+    finally:
+        t.close()
+
+
+def test_a_terminal_session_goes_on_through_a_controller_restart(cluster, names):
+    """The controller is killed under a running `srun --pty` and started again: srun connects
+    again and takes its step back; what the task printed meanwhile waited; the job still ends
+    with the session."""
+    a, b = names
+    d = user_dir(cluster.workdir, TEST_USER)
+    t = Terminal([str(BIN / "srun"), "-w", b, "--pty", "bash", "--norc", "--noprofile"], user=TEST_USER,
+                 env=env_of(cluster, PS1="C$ "), cwd=str(d))
+    try:
+        t.expect(r"C\$ ")
+        job = int(cluster.call("jobs", {})["jobs"][0]["id"])
+        t.send("sleep 2; echo late-$((40 + 2))\r")  # printed while the controller is away
+        cluster.controller.kill(signal.SIGKILL)
+        cluster.controller.start()
+        cluster.wait_nodes(2)
+        t.expect(r"late-42\r\n", timeout=60)
+        t.send("echo back-$((40 + 2))\r")
+        t.expect(r"back-42\r\n", timeout=30)
+        t.send("exit 3\r")
+        assert t.wait(60) == 3
+    finally:
+        t.close()
+    assert cluster.wait_state(job, "FAILED", "COMPLETED", "CANCELLED")["exit_code"] == 3
