@@ -124,8 +124,17 @@ def build_table(agent: "Agent") -> RpcTable:
     async def step_exit(body: Any, ctx: Any) -> dict:
         return await agent.steps.deliver("exit", body)
 
+    async def step_input(body: Any, ctx: Any) -> dict:
+        return await agent.steps.to_server("input", body)
+
+    async def step_resize(body: Any, ctx: Any) -> dict:
+        return await agent.steps.to_server("resize", body)
+
+    async def step_release(body: Any, ctx: Any) -> dict:
+        return await agent.steps.to_server("release", body)
+
     epochs = EpochGate(agent.cfg.spool)  # commands of a superseded controller are refused
     for fn in (hello, start_run, terminate_run, signal_run, list_runs, forget_run, ping,
-               step_start, step_signal, step_output, step_exit):
+               step_start, step_signal, step_output, step_exit, step_input, step_resize, step_release):
         table.add(fn.__name__, refusing(epochs.wrap(fn.__name__, fn), SpecError, RunError))
     return table

@@ -294,14 +294,16 @@ class StepRelay:
             return self.servers[key]
 
     async def start(self, body: Any) -> dict:
-        check_keys("step_start body", body, ("job_id", "attempt", "layout", "argv", "cwd", "env", "master_addr"))
+        check_keys("step_start body", body, ("job_id", "attempt", "layout", "argv", "cwd", "env", "master_addr"),
+                   ("io", "client"))
         key = (nonneg_int("job_id", body["job_id"]), nonneg_int("attempt", body["attempt"]))
         run = self.agent.runs.get(key)
         if run is None or run.status.ended:
             raise RequestError(f"job {key[0]} is not running on node {self.agent.cfg.name}")
         server = await self._server(key)
+        passed = ("layout", "argv", "cwd", "env", "master_addr", "io", "client")
         try:
-            return await server.conn.call("start", {k: body[k] for k in ("layout", "argv", "cwd", "env", "master_addr")}
+            return await server.conn.call("start", {k: body[k] for k in passed if k in body}
                                           | {"node": self.agent.cfg.name}, timeout=CONTROLLER_TIMEOUT)
         except RpcError as exc:
             raise RequestError(str(exc)) from None
@@ -318,6 +320,26 @@ class StepRelay:
             return await server.conn.call("signal", {"step_id": body["step_id"], "signal": body["signal"]}, timeout=10)
         except (RpcError, ConnectionLost, asyncio.TimeoutError):
             return {"signalled": 0}
+
+    async def to_server(self, method: str, body: Any) -> dict:
+        """A client step's stdin (`input`), its terminal's size (`resize`), or the end of an
+        allocation (`release`), from the controller to the run's step server here."""
+        fields = {"input": ("step_id", "task", "data", "eof"), "resize": ("step_id", "rows", "cols"),
+                  "release": ("exit_code",)}[method]
+        check_keys(f"step_{method} body", body, ("job_id", "attempt", *fields))
+        key = (nonneg_int("job_id", body["job_id"]), nonneg_int("attempt", body["attempt"]))
+        server = self.servers.get(key)
+        if server is None:
+            raise RequestError(f"job {key[0]} has no step server on node {self.agent.cfg.name}")
+        try:  # the step server checks the fields; a terminal that takes no input waits up to the timeout
+            return await server.conn.call(method, {k: body[k] for k in fields}, timeout=CONTROLLER_TIMEOUT)
+        except RpcError as exc:
+            raise RequestError(str(exc)) from None
+        except (ConnectionLost, asyncio.TimeoutError) as exc:
+            if method == "release":  # it exits as it answers
+                return {"released": True}
+            raise RequestError(f"job {key[0]}'s step server on node {self.agent.cfg.name} did not answer: "
+                               f"{exc or 'timeout'}") from None
 
     async def deliver(self, kind: str, body: Any) -> dict:
         """A remote task's output or end, to the srun that waits for it here."""

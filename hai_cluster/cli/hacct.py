@@ -118,14 +118,15 @@ BATCH_STATE = {"TIMEOUT": "CANCELLED", "PREEMPTED": "CANCELLED", "DEADLINE": "CA
 
 
 def step_rows(run: dict, steps: list[dict], job: dict) -> list[dict]:
-    """A started run's steps as rows: its batch step, on the first node, then each srun's."""
+    """A started run's steps as rows: its batch step, on the first node (an allocation of salloc or
+    srun has none, as in Slurm), then each srun's."""
     first = (run.get("nodelist") or "").split(",")[0]
     common = {"job_id": run["job_id"], "array_job_id": run.get("array_job_id"),
               "array_task_id": run.get("array_task_id"), "partition": "", "account": run.get("account"),
               "user": run["user"], "submit_time": run["submit_time"], "now": run["now"], "attempt": run["attempt"],
               "gpus": 0, "reason": ""}
     state = run["state"] if run["end_time"] else "RUNNING"
-    rows = [{**common, "step": "batch", "name": "batch", "state": BATCH_STATE.get(state, state),
+    rows = [] if job.get("interactive") else [{**common, "step": "batch", "name": "batch", "state": BATCH_STATE.get(state, state),
              "exit_code": run["exit_code"], "exit_signal": run["exit_signal"], "start_time": run["start_time"],
              "end_time": run["end_time"], "nodelist": first, "cpus": cpus(job) // max(1, job["nodes"]), "ntasks": 1}]
     for s in steps:

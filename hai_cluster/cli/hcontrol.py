@@ -15,7 +15,7 @@ from ..core.usertext import printable
 from .common import call, call_pages, fail, iso_time, print_table
 from .hinfo import node_state
 from .hostnames import print_hostlist, print_hostnames
-from .jobfields import cpus, elapsed, gres, nodelist, preemption, tasks
+from .jobfields import cpus, elapsed, gres, job_class, nodelist, preemption, tasks
 from .reservations import register as register_reservations
 
 
@@ -48,10 +48,10 @@ def job_lines(job: dict, now: float) -> list[str]:
         [("UserId", f"{job['user']}({job['uid']})"), ("GroupId", job["gid"]), ("Account", job.get("account") or "default")],
         [("Priority", job["priority"]), ("Partition", job["partition"]), ("QOS", job.get("qos") or "normal"),
          ("Nice", job.get("nice") or 0), ("Level", job["level"]),
-         ("Preemptible", preemption(job))],
+         ("Preemptible", preemption(job)), ("Class", job_class(job))],
         [("JobState", job["state"]), ("Reason", job["reason"] or "None"), ("Hold", job["hold"]),
          ("Dependency", job.get("dependency") or "(null)")],
-        [("Restarts", job["restart_count"]), ("ExitCode", f"{job['exit_code'] or 0}:{job['exit_signal'] or 0}")],
+        [("Restarts", job["restart_count"]), ("BatchFlag", 0 if job.get("interactive") else 1), ("ExitCode", f"{job['exit_code'] or 0}:{job['exit_signal'] or 0}")],
         [("RunTime", format_duration(elapsed(job, now))), ("TimeLimit", format_limit(job["time_limit"])),
          ("TimeMin", "N/A" if spec.get("time_min") is None else format_limit(spec["time_min"]))],
         [("SubmitTime", iso_time(job["submit_time"])), ("StartTime", iso_time(job["start_time"])),

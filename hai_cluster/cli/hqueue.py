@@ -119,6 +119,8 @@ def step_rows(reply: dict) -> list[dict]:
         for s in steps_of.get(job["id"], []):
             rows.append({**job, "step": s["step_id"], "step_name": s["name"], "step_start": s["start_time"],
                          "step_nodes": compress(s["nodelist"].split(","))})
+        if job.get("interactive"):
+            continue  # salloc's or srun's allocation runs no batch script, as in Slurm
         first = (job.get("nodelist") or "").split(",")[0]
         rows.append({**job, "step": "batch", "step_name": "batch", "step_start": job["start_time"],
                      "step_nodes": compress([first]) if first else ""})

@@ -55,6 +55,12 @@ def preemption(job: dict) -> str:
     return job.get("resumes") or "no"
 
 
+def job_class(job: dict) -> str:
+    """`interactive` for an allocation of salloc or srun (never preempted, ahead of batch jobs of
+    its level, the [interactive] limits), else `batch`."""
+    return "interactive" if job.get("interactive") else "batch"
+
+
 # letter -> (header, getter); the letters are squeue's where squeue has one.
 FIELDS: dict[str, tuple[str, Callable[[dict, float], str]]] = {
     "i": ("JOBID", lambda j, now: j.get("label") or job_label(j)),
@@ -81,6 +87,7 @@ FIELDS: dict[str, tuple[str, Callable[[dict, float], str]]] = {
     "G": ("GPU_MEM", lambda j, now: used_of_share(j.get("gpu_mem_used_mb"), j.get("gpu_share_mb"))),
     "I": ("IDLE", lambda j, now: "idle" if j.get("idle") else "-"),
     "Y": ("PREEMPT", lambda j, now: preemption(j)),  # ours (squeue's %Y is SCHEDNODES, which we have not)
+    "k": ("CLASS", lambda j, now: job_class(j)),  # ours (squeue's %k is the comment)
 }
 RIGHT = {"i", "M", "l", "D", "C", "q", "L", "g", "G"}
 # letter -> the job keys its getter reads: hqueue asks the controller for only these (and ROW_KEYS).
@@ -91,10 +98,10 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "b": ("gpus_per_node", "gpu_fraction", "gpu_mem_mb", "gpu_compute", "gpu_qos", "gpu_share_mb"),
     "C": ("cpus_per_task", "tasks_per_node", "nodes"), "Q": ("priority",), "p": ("priority",), "q": ("restart_count",),
     "L": ("level",), "g": ("gpu_util",), "G": ("gpu_mem_used_mb", "gpu_share_mb"), "I": ("idle",),
-    "Y": ("preemptible", "resumes"),
+    "Y": ("preemptible", "resumes"), "k": ("interactive",),
 }
 # What every listed row needs besides its columns: pending array tasks collapse to one row.
 ROW_KEYS = ("id", "state", "reason", "array_job_id", "array_task_id")
 # Slurm's columns plus LEVEL: the job's MLFQ level (0 = newest work, served first).
 DEFAULT_FORMAT = "%i %P %j %u %t %M %D %L %R"
-LONG_FORMAT = "%i %P %j %u %a %T %M %l %D %L %Y %q %R"
+LONG_FORMAT = "%i %P %j %u %a %T %M %l %D %L %k %Y %q %R"

@@ -1,6 +1,12 @@
-"""srun inside a job: start a job step of tasks across the allocation, as Slurm's srun does.
+"""srun: start a job step of tasks across an allocation, as Slurm's srun does.
 
     srun [options] command [args...]
+
+Inside a job (its batch script or a step's task: HAI_STEP_SOCKET is set) it goes through its
+node's agent, as below. Inside salloc's command (SLURM_JOB_ID without a node agent), the
+controller relays it (srun_relay.py); outside any allocation srun first gets one (an interactive
+job, with sbatch's options: -t, -p, --gpus-per-node, ...), runs its step there, and the job ends
+with the step; `--pty` runs task 0 on a terminal, and srun's stdin reaches the tasks.
 
 It asks its node's agent ($HAI_STEP_SOCKET) for the step; the controller lays the tasks out
 (core/steps.py) and has the other nodes' step servers start theirs, while this srun starts the
@@ -18,17 +24,18 @@ import asyncio
 import os
 import signal
 import sys
-from typing import Any
-
 from ..core.hostlist import expand
-from ..core.steps import StepRequest, layout_from_wire, task_environment
-from ..core.usertext import printable
-from ..job.tasks import NodeTasks, describe_end
+from ..core.steps import layout_from_wire, task_environment
+from ..job.tasks import NodeTasks
 from ..protocol.steps import request_to_wire
 from ..transport.rpc import ConnectionLost, RpcConnection, RpcError
-from .srun_output import OPEN_MODES, SinkError, Sinks
+from . import srun_client
+from .srun_client import JOB_OPTIONS
+from .srun_output import OPEN_MODES, SinkError
+from .srun_step import (PROG, Step, error, job_open_mode, kept_per_node, report, request_of, step_outcome,
+                        stopped_by_agent, warn)
 
-PROG = "srun"
+
 class Usage(Exception):
     pass
 
@@ -68,7 +75,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-w", "--nodelist", type=_names, default=[])
     p.add_argument("-x", "--exclude", type=_names, default=[])
     p.add_argument("-l", "--label", action="store_true")
-    p.add_argument("-K", "--kill-on-bad-exit", nargs="?", const="1", default=None)
+    p.add_argument("-K", "--kill-on-bad-exit", action="store_const", const="1", default=None)
+    p.add_argument("--kill-on-bad-exit-value", dest="kill_on_bad_exit", help=argparse.SUPPRESS)
     p.add_argument("-W", "--wait", type=int, default=None)
     p.add_argument("-D", "--chdir")
     p.add_argument("--jobid", type=_count)
@@ -84,129 +92,60 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--open-mode", type=_open_mode)
     for opt in ("--mpi", "--cpu-bind", "--hint", "--gpu-bind", "-m", "--mem-bind"):
         p.add_argument(opt)
+    # a step from a client (salloc's srun, srun outside a job): its terminal and stdin
+    p.add_argument("--pty", action="store_true")
+    p.add_argument("-i", "--input", type=_input)
+    # outside an allocation: the job's (sbatch's), and how long to wait for it
+    # --immediate[=S] and --nice[=N]: a value only when attached (normalized() spells them so)
+    p.add_argument("-I", "--immediate", action="store_const", const=0)
+    p.add_argument("--immediate-seconds", dest="immediate", type=_seconds, help=argparse.SUPPRESS)
+    for opt, short in JOB_OPTIONS:
+        p.add_argument(*((short, opt) if short else (opt,)))
+    p.add_argument("--nice", action="store_const", const="100")
+    p.add_argument("--nice-value", dest="nice", help=argparse.SUPPRESS)
+    p.add_argument("-H", "--hold", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER)
     return p
 
 
-def _env_count(name: str) -> int | None:
-    v = os.environ.get(name, "")
-    return int(v) if v.isdigit() and int(v) > 0 else None
+# srun's options that only the job it creates outside an allocation takes (sbatch's meaning)
+def normalized(p: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """srun's options as argparse reads them: `-I5`/`--immediate=5`, `-K1` and `--nice=N` (values
+    only when attached, as getopt's optional arguments) spelled apart; the command left as it is."""
+    out = list(argv)
+    i = 0
+    while i < len(out):
+        tok = out[i]
+        if tok == "--" or not tok.startswith("-") or tok == "-":
+            break
+        name = tok.split("=", 1)[0]
+        if tok.startswith("--immediate=") or (tok.startswith("-I") and tok[2:].isdigit()):
+            out[i] = "--immediate-seconds=" + (tok.split("=", 1)[1] if "=" in tok else tok[2:])
+        elif tok.startswith("--nice="):
+            out[i] = "--nice-value=" + tok.split("=", 1)[1]
+        elif tok.startswith("--kill-on-bad-exit=") or (tok.startswith("-K") and tok[2:].isdigit()):
+            out[i] = "--kill-on-bad-exit-value=" + (tok.split("=", 1)[1] if "=" in tok else tok[2:])
+        else:
+            action = p._option_string_actions.get(name if name.startswith("--") else tok[:2])
+            takes = action is not None and action.nargs is None and not isinstance(
+                action, (argparse._StoreConstAction, argparse._StoreTrueAction, argparse._CountAction))
+            attached = "=" in tok if name.startswith("--") else len(tok) > 2
+            if takes and not attached:
+                i += 1  # its value
+        i += 1
+    return out
 
 
-def request_of(args: argparse.Namespace) -> StepRequest:
-    """srun's options over its input variables, as Slurm's srun reads them."""
-    return StepRequest(
-        nodes=args.nodes or _env_count("SLURM_NNODES"),
-        ntasks=args.ntasks or _env_count("SLURM_NTASKS"),
-        ntasks_per_node=args.ntasks_per_node or _env_count("SLURM_NTASKS_PER_NODE"),
-        cpus_per_task=args.cpus_per_task or _env_count("SLURM_CPUS_PER_TASK"),
-        gpus_per_task=args.gpus_per_task or _env_count("SLURM_GPUS_PER_TASK"),
-        nodelist=tuple(args.nodelist), exclude=tuple(args.exclude))
+def _input(text: str) -> str:
+    if text.lower() in ("all", "none") or text.isdigit():
+        return text.lower()
+    raise argparse.ArgumentTypeError(f"invalid --input {text!r} (all, none or a task id; files not yet)")
 
 
-def kept_per_node(req: StepRequest) -> int | None:
-    """The --ntasks-per-node (given, or the job's) that srun keeps and exports to its tasks as
-    SLURM_NTASKS_PER_NODE: opt.c drops one that is not -n over -N (the tasks then see the job's)."""
-    per = req.ntasks_per_node
-    if per is None or req.ntasks is None or req.nodes is None or per == req.ntasks // req.nodes:
-        return per
-    return None
-
-
-def error(message: str) -> None:
-    print(f"{PROG}: error: {printable(message)}", file=sys.stderr)
-
-
-class Step:
-    """One step: its local tasks, the remote ones' output and ends as the agent passes them on."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.layout = None
-        self.node = ""
-        self.ends: dict[int, tuple[int | None, int | None]] = {}
-        self.all_ended = asyncio.Event()
-        self.width = 1
-        self.sinks = Sinks(sys.stdout.buffer, sys.stderr.buffer)
-        self.local: NodeTasks | None = None
-        self.conn: RpcConnection | None = None
-        self.killed = False
-        self.interrupted = False  # by SIGINT/SIGTERM: the step ends CANCELLED
-        self.early: list[tuple[str, Any]] = []
-        self.next_seq: dict[int, int] = {}  # per remote task: the next output message expected
-
-    def write(self, procid: int, stream: str, data: bytes) -> None:
-        f = self.sinks.target(procid, stream)
-        if f is None:  # -o none, or another task's number
-            return
-        if self.args.label:
-            prefix = f"{procid:>{self.width}}: ".encode()
-            lines = data.splitlines(keepends=True)
-            data = b"".join(prefix + line for line in lines)
-        try:
-            f.write(data)
-            f.flush()
-        except (BrokenPipeError, OSError):
-            pass
-
-    async def on_local_output(self, procid: int, stream: str, data: bytes) -> None:
-        self.write(procid, stream, data)
-
-    async def on_local_exit(self, procid: int, code: int | None, sig: int | None) -> None:
-        self.ended(procid, code, sig)
-
-    def ended(self, procid: int, code: int | None, sig: int | None) -> None:
-        self.ends[procid] = (code, sig)
-        if (code or sig) and self.args.kill_on_bad_exit not in (None, "0") and not self.killed:
-            self.killed = True
-            asyncio.ensure_future(self.signal(signal.SIGKILL))
-        if self.layout is not None and len(self.ends) == self.layout.ntasks:
-            self.all_ended.set()
-
-    async def on_event(self, name: str, body: Any) -> None:
-        # no await before the write: events are handled in the order they came
-        if self.layout is None:  # the other nodes' tasks began before the agent's answer reached us
-            self.early.append((name, body))
-            return
-        self.handle(name, body)
-
-    def started(self, layout) -> None:
-        self.layout = layout
-        self.width = len(str(layout.ntasks - 1))
-        early, self.early = self.early, []
-        for name, body in early:
-            self.handle(name, body)
-
-    def handle(self, name: str, body: Any) -> None:
-        if not isinstance(body, dict) or body.get("step_id") != self.layout.step_id:
-            return
-        task = body.get("task")
-        if not isinstance(task, int) or not 0 <= task < self.layout.ntasks:
-            return
-        if name == "output" and isinstance(body.get("data"), bytes) and body.get("stream") in ("out", "err"):
-            seq = body.get("seq")
-            if not isinstance(seq, int) or seq < self.next_seq.get(task, 0):
-                return  # sent again after an agent restarted: we have it
-            self.next_seq[task] = seq + 1
-            self.write(task, body["stream"], body["data"])
-        elif name == "exit":
-            code, sig = body.get("exit_code"), body.get("signal")
-            self.ended(task, code if isinstance(code, int) else None, sig if isinstance(sig, int) else None)
-
-    def interrupt(self, sig: int) -> None:
-        """srun was sent SIGINT or SIGTERM (scancel, Ctrl-C): passed on to every task."""
-        self.interrupted = True
-        asyncio.ensure_future(self.signal(sig))
-
-    async def signal(self, sig: int) -> None:
-        if self.local is not None:
-            self.local.signal(sig)
-        if self.conn is not None and not self.conn.closed and self.layout is not None:
-            try:
-                await self.conn.call("step_signal", {"job_id": self.layout.job_id, "step_id": self.layout.step_id,
-                                                     "signal": int(sig)}, timeout=10)
-            except (RpcError, ConnectionLost, asyncio.TimeoutError):
-                pass
+def _seconds(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"invalid --immediate {text!r} (seconds)")
+    return int(text)
 
 
 async def run(args: argparse.Namespace, job_id: int, socket_path: str) -> int:
@@ -280,21 +219,6 @@ async def run(args: argparse.Namespace, job_id: int, socket_path: str) -> int:
     return report(step)
 
 
-def job_open_mode() -> str | None:
-    """The job's --open-mode (SLURM_OPEN_MODE, `a` or `t`, as slurmctld sets it): a step's files
-    follow it unless srun is given its own."""
-    return {"a": "append", "t": "truncate"}.get(os.environ.get("SLURM_OPEN_MODE", ""))
-
-
-def stopped_by_agent() -> bool:
-    """The job is being stopped (preempted, cancelled, out of time): its node's agent wrote the
-    notice into $HAI_CONTROL_DIR and then signals every process of the job, srun's tasks too. A
-    signal passed on by srun as well would reach them twice (submitit's handler, run again while it
-    pickles its checkpoint, failed)."""
-    control = os.environ.get("HAI_CONTROL_DIR")
-    return bool(control) and any(os.path.exists(os.path.join(control, name)) for name in ("preempt", "terminate"))
-
-
 async def _done(conn: RpcConnection, job_id: int, step_id: int, code: int, sig: int | None, cancelled: bool) -> None:
     """Tell srun's agent the step is over (it records the end): its routing there can go."""
     try:
@@ -304,37 +228,10 @@ async def _done(conn: RpcConnection, job_id: int, step_id: int, code: int, sig: 
         pass
 
 
-def warn(args: argparse.Namespace, warnings) -> None:
-    if not args.quiet:
-        for w in warnings:
-            print(f"{PROG}: Warning: {printable(str(w))}", file=sys.stderr)
-
-
-def step_outcome(ends) -> tuple[int, int | None]:
-    """The step's exit code for accounting, as Slurm's: the highest code of its tasks, and a fatal
-    signal of one of them."""
-    ends = list(ends)
-    return (max((code or 0 for code, _sig in ends), default=0),
-            max((sig for _code, sig in ends if sig), default=None))
-
-
-def report(step: Step) -> int:
-    """srun's error lines for the tasks that failed, and its exit code."""
-    worst = 0
-    layout = step.layout
-    for procid in sorted(step.ends):
-        code, sig = step.ends[procid]
-        node = layout.nodes[layout.tasks[procid].node]
-        line = describe_end(node, procid, code, sig)
-        if line is not None:
-            error(line)
-        worst = max(worst, 128 + sig if sig else (code or 0))
-    return worst
-
-
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+        p = parser()
+        args = p.parse_args(normalized(p, list(sys.argv[1:] if argv is None else argv)))
     except Usage as exc:
         error(str(exc))
         return 1
@@ -343,13 +240,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
+    if not args.command:
+        error("No command given to execute.")
+        return 1
     job = str(args.jobid) if args.jobid else os.environ.get("SLURM_JOB_ID", "")
     path = os.environ.get("HAI_STEP_SOCKET", "")
-    if not job.isdigit() or not path:
-        error("srun runs inside a job allocation here (SLURM_JOB_ID and HAI_STEP_SOCKET are unset): submit a "
-              "script that calls srun with hsubmit/sbatch; interactive allocations are not available yet")
-        return 1
     try:
-        return asyncio.run(run(args, int(job), path))
+        if job.isdigit() and path:  # in a job: through this node's agent
+            if args.pty:
+                error("--pty starts a terminal for salloc's or your own srun (outside a batch script) only")
+                return 1
+            return asyncio.run(run(args, int(job), path))
+        # through the controller: salloc's command, or srun's own allocation
+        return asyncio.run(srun_client.main(args, int(job) if job.isdigit() else None))
     except KeyboardInterrupt:
         return 130

@@ -12,6 +12,7 @@ from ..paths import DEFAULT_AGENT_SOCKET, DEFAULT_CONTROLLER_SOCKET
 from ..scheduling.mlfq import MlfqConfig
 from ..scheduling.registry import CONTROLLER_POLICIES
 from .common import ConfigError, positive, read_toml, Section
+from .interactive import InteractiveConfig, parse_interactive
 from .qos import NORMAL, QosConfig, parse_qos_tables
 
 
@@ -165,6 +166,7 @@ class ControllerConfig:
     # [[qos]] tables (config/qos.py; "normal" always exists) and the QOS of a job without --qos
     qos: tuple[QosConfig, ...] = (NORMAL,)
     default_qos: str = "normal"
+    interactive: InteractiveConfig = InteractiveConfig()  # [interactive]: limits of salloc's and srun's jobs
     access: AccessConfig = field(default_factory=AccessConfig)
     user_limits: LimitsConfig = USER_LIMIT_DEFAULTS  # [limits]: for every user
     accounts: tuple[AccountConfig, ...] = ()
@@ -214,6 +216,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     telemetry = _controller_telemetry(path, doc.get("telemetry", dict, {}), doc.get("metrics", dict, {}))
     raw_partitions = doc.get("partitions", list, None)
     qos = parse_qos_tables(path, doc.get("qos", list, []))
+    interactive = parse_interactive(path, doc.get("interactive", dict, {}))
     access, user_limits, accounts, fairshare, class_limits = _tenancy(path, doc)
     doc.done()
     tables: tuple[PartitionConfig, ...] = ()
@@ -271,6 +274,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         class_limits=class_limits,
         qos=qos,
         default_qos=c.get("default_qos", str, "normal"),
+        interactive=interactive,
     )
     c.done()
     s.done()

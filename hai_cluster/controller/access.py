@@ -14,7 +14,8 @@ import grp
 import logging
 import os
 import pwd
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..config import AccessConfig
 from ..core.usertext import printable
@@ -33,6 +34,8 @@ class Caller:
     pid: int
     user: str
     role: str = USER
+    # The connection it came on (client_steps.ClientLink): where its steps' output is pushed
+    link: Any = field(default=None, compare=False, repr=False)
 
     @property
     def admin(self) -> bool:

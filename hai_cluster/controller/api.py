@@ -13,14 +13,22 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from ..transport.rpc import RpcTable
-from . import api_control, api_jobs, api_priority, api_reservations, api_submit, membership
+from . import api_control, api_jobs, api_priority, api_reservations, api_submit, client_steps, membership
 from .apicontext import ApiContext
 
 if TYPE_CHECKING:
     from .service import Controller
 
+
+def _merged(base: dict, more: dict) -> dict:
+    """Method tables joined; a name in both is an error (one would silently replace the other)."""
+    if clash := set(base) & set(more):
+        raise RuntimeError(f"API method(s) defined twice: {', '.join(sorted(clash))}")
+    return {**base, **more}
+
+
 # method -> handler(context, body, caller)
-HANDLERS = {
+HANDLERS = _merged({
     "ping": api_jobs.ping, "jobs": api_jobs.jobs, "show_job": api_jobs.show_job, "telemetry": api_jobs.telemetry,
     "nodes": api_jobs.nodes, "acct": api_jobs.acct, "steps": api_jobs.steps, "events": api_jobs.events,
     "accounts": api_jobs.accounts, "shares": api_jobs.shares, "qos": api_jobs.qos,
@@ -33,12 +41,13 @@ HANDLERS = {
     "update_limits": api_control.update_limits,
     "create_reservation": api_reservations.create_reservation,
     "delete_reservation": api_reservations.delete_reservation, "reservations": api_reservations.reservations,
-}
+}, client_steps.HANDLERS)  # salloc and srun outside a job: allocations and their steps
 
 
 def build_api(ctl: Controller) -> RpcTable:
     api = RpcTable()
     ctx = ApiContext(ctl)
+    ctl.client_steps.api = ctx
     for method, handler in HANDLERS.items():
         api.add(method, partial(handler, ctx))
     membership.expose(api, ctl)  # node_add, node_remove

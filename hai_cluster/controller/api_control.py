@@ -86,6 +86,7 @@ async def cancel(ctx: ApiContext, body, caller: Caller):
                 event_row("cancel_requested", i, by=caller.user, state=was)])
             await ctx.ctl.db(ctx.repo.request_end, job["id"], "cancel", f"cancelled by {caller.uid}", events=event)
             event.commit()
+            ctx.ctl.client_steps.revoke(job["id"], JobState.CANCELLED.value)  # salloc hears it first
             await ctx.ctl.dispatch.end_job(job["id"], "cancel")
             done.append(job["id"])
     if pending:  # one that started meanwhile is no longer pending: left as it is, as before
@@ -93,6 +94,8 @@ async def cancel(ctx: ApiContext, body, caller: Caller):
                                                              state=JobState.PENDING.value) for i in ids])
         cancelled = set(await ctx.ctl.db(ctx.repo.cancel_pendings, pending, time.time(), caller.uid, events=events))
         events.commit()
+        for job_id in cancelled:
+            ctx.ctl.client_steps.revoke(job_id, JobState.CANCELLED.value)
         done += [j for j in pending if j in cancelled]
     if refused:  # logged once per request, however many jobs it named
         deny(caller, f"{what} of {', '.join(refused[:5])}{f' and {len(refused) - 5} more' if len(refused) > 5 else ''}")

@@ -135,7 +135,8 @@ async def acct(ctx: ApiContext, body, caller: Caller):
             **more}
 
 
-STEP_JOB_KEYS = ("id", "array_job_id", "array_task_id", "name", "user", "partition", "start_time", "nodelist")
+STEP_JOB_KEYS = ("id", "array_job_id", "array_task_id", "name", "user", "partition", "start_time", "nodelist",
+                 "interactive")
 LIVE = [s.value for s in JobState if s.holds_resources]
 
 

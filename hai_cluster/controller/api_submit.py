@@ -21,6 +21,7 @@ from .apicontext import PARSE_ON_LOOP, ApiContext
 from .events import event_row
 from .outputcheck import outputs_problem
 from .api_reservations import checked_reservation
+from . import interactive as interactive_jobs
 from .partitions import PartitionRefused, admit, admit_qos, groups_of, qos_time_limit
 from .requests import expect, str_list
 
@@ -44,6 +45,10 @@ async def submit(ctx: ApiContext, body, caller: Caller):
     if umask is not None and not 0 <= umask <= 0o777:
         raise RequestError(f"field 'umask' must be between 0 and 0777, got {umask}")
     script_name = expect(body, "script_name", str)
+    # salloc and srun outside a job: an allocation for a client (controller/interactive.py);
+    # `immediate`: refused unless it would start now (salloc --immediate)
+    interactive = expect(body, "interactive", bool, default=False)
+    immediate = expect(body, "immediate", bool, default=False)
     key = submission_key(body)
     too_big = script_too_big(ctx, script, option_args, script_args)
     if too_big:
@@ -59,6 +64,8 @@ async def submit(ctx: ApiContext, body, caller: Caller):
     except (JobScriptError, ValueError) as exc:
         raise RequestError(str(exc)) from None
     spec = replace(sub.spec, umask=umask)
+    if interactive:
+        spec = interactive_jobs.allocation_spec(spec)
     too_big = env_too_big(ctx, spec.environment)  # what --export keeps of it, as it is stored
     if too_big:
         raise RequestError(too_big)
@@ -73,6 +80,8 @@ async def submit(ctx: ApiContext, body, caller: Caller):
                                   admin=caller.admin)
         partition, spec = admit(spec, ctx.ctl.cfg, user=caller.user, groups=groups, admin=caller.admin)
         spec = qos_time_limit(spec, ctx.ctl.cfg, given)
+        if interactive:
+            spec = interactive_jobs.time_limit(spec, ctx.ctl.cfg, given)
     except PartitionRefused as exc:
         raise RequestError(f"Batch job submission failed: {exc}") from None
     if spec.nice < 0 and not caller.admin:
@@ -82,7 +91,7 @@ async def submit(ctx: ApiContext, body, caller: Caller):
         raise deny(caller, f"--priority={spec.priority} is above what users may ask for "
                            f"({ctx.ctl.cfg.scheduler.max_user_priority}); a QOS may give more: hcontrol show qos")
     outputs = (spec.stdout, spec.stderr, spec.workdir, caller.user, caller.uid, caller.gid)
-    if not ctx.writable.fresh(outputs, time.monotonic()):
+    if not interactive and not ctx.writable.fresh(outputs, time.monotonic()):
         problem = await asyncio.to_thread(outputs_problem, *outputs)  # a hung mount must not stall the loop
         if problem:
             raise RequestError(problem)
@@ -106,6 +115,10 @@ async def submit(ctx: ApiContext, body, caller: Caller):
         await checked_reservation(ctx, spec.reservation, caller, account)
     if sub.test_only:
         return {"test_only": await would_start(ctx, spec, partition, caller)}
+    if immediate:  # salloc --immediate: as Slurm's, refused at once unless it would start now
+        probe = await would_start(ctx, spec, partition, caller)
+        if probe["start"] != "now":
+            raise RequestError("Unable to allocate resources: Immediate execution impossible, insufficient priority")
     tasks = len(parse_array(spec.array, None).indices) if spec.array else 1
     if tasks > 1:
         await ctx.take_rate(caller, tasks - 1)  # an array's other tasks
@@ -121,6 +134,8 @@ async def submit(ctx: ApiContext, body, caller: Caller):
 
     def record() -> int:  # on the store thread: no other submission counts in between
         ctx.ctl.tenancy.check_submission(ctx.repo.engine, caller, account, tasks, spec_size(spec.to_wire()))
+        if interactive:
+            interactive_jobs.check_limits(ctx.repo.engine, ctx.ctl.cfg, user=caller.user, account=account, spec=spec)
         return ctx.repo.submit(spec, user=caller.user, uid=caller.uid, gid=caller.gid, partition=partition,
                                now=time.time(), account=account, key=key, events=events)
     job_id = await ctx.ctl.db(record)

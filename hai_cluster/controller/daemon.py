@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import textwrap
+from dataclasses import replace
 
 import click
 
@@ -25,6 +26,7 @@ from ..transport.rpc import RpcConnection, Shares
 from ..transport.unix import GatedServer, SocketInUse, bind_socket, close_server, peer_credentials
 from .access import caller_from_creds
 from .api import build_api
+from .client_steps import ClientLink
 from .connlimit import ConnectionCounter
 from .leader import LOST_EXIT, Gate, Leader
 from .runas import RunAsError, become_store_owner, store_directory
@@ -111,16 +113,19 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
                     shares.close(uid)
             return
         try:
-            caller = caller_from_creds(pid, uid, gid, cfg.access)
+            caller = replace(caller_from_creds(pid, uid, gid, cfg.access), link=ClientLink())
             conn = RpcConnection(reader, writer, table=api, context=caller, name=f"client uid={uid} pid={pid}",
                                  frame_timeout=cfg.access.client_frame_timeout,
                                  idle_timeout=cfg.access.client_idle_timeout, limits=limits,
                                  max_in_flight=cfg.access.max_requests_in_flight, share=share)
+            caller.link.conn = conn
             connections.add(conn)
             try:
                 await conn.run()
             finally:
                 connections.discard(conn)
+                if caller.link.steps or caller.link.held:  # an interactive client went away
+                    ctl.spawn(ctl.client_steps.gone(caller.link, caller))
         finally:
             counter.release(uid)
             if share is not None:
@@ -151,6 +156,7 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
         if keeper is not None:
             keeper.cancel()
         log.info("shutting down (running jobs keep running)")
+        ctl.stopping = True  # the clients' connections close now: their sessions stay
         await close_server(server, connections, None)
         _remove_socket(cfg.socket, activated)
         if metrics is not None:

@@ -40,7 +40,9 @@ def rank_spec(job: JobRecord, attempt: int, rank: int, nodelist: Sequence[str], 
                  restart_count=job.restart_count, **array)
     stdout = resolve_output_path(spec.stdout, spec.workdir, **names)
     stderr = resolve_output_path(spec.stderr, spec.workdir, **names) if spec.stderr else None
-    step_server = rank > 0 and spec.script_once  # not the script: the step server (JobSpec.script_once)
+    # not the script: the step server (JobSpec.script_once); an allocation of salloc or srun has no
+    # script, and its first node serves the client's steps too
+    step_server = spec.script_once and (rank > 0 or spec.interactive)
     if step_server:  # the output file is the batch script's alone (its tasks' come through srun)
         stdout, stderr = os.devnull, None
     ckpt = checkpoint_dir(spec, job.id)

@@ -43,6 +43,7 @@ from .mail import LIMIT_MARKS, LimitWatch, Mailer
 from .metrics import QueueStats
 from .nodes import AGENT_ERRORS, NodeLink
 from .sizes import SizeLearner
+from .client_steps import ClientSteps
 from .steps import StepHub
 from .telemetry import TelemetryHub
 from .tenancy import Tenancy
@@ -77,6 +78,8 @@ class Controller:
         self._wake = asyncio.Event()
         self.dispatch = Dispatcher(self)  # starts, ends and signals sent to agents
         self.steps = StepHub(self)  # srun's job steps: what the agents ask on their links
+        self.client_steps = ClientSteps(self)  # salloc's and srun's outside a job: on the client socket
+        self.stopping = False  # shutting down: a client's connection closing ends none of its sessions
         self._tasks: list[asyncio.Task] = []
         self.store_down = False
         self._store_logged = -math.inf  # when an outage was last logged (monotonic)
@@ -325,6 +328,8 @@ class Controller:
             for row in end_events([(job_id, attempt, node, status)], [result]):  # written with the end
                 emit(row)
             await self._mail_end(job_id, attempt, result.job_state)
+            if result.job_state is not None and result.job_state.is_final:  # salloc hears of its time limit now
+                self.client_steps.revoke(job_id, result.job_state.value)
             rollup = self.telemetry.finish((job_id, attempt))
             if rollup is not None:
                 try:

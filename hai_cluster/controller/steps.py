@@ -8,6 +8,10 @@ and checks the rest against the store: the job runs, this attempt, on that node,
 A step's routing lives in memory, and its record in the store (store/steps.py: its id, command,
 nodes, task counts, times and end, for hacct and hqueue -s): a restarted controller rebuilds an
 open step's routing from its row when the step's next message comes.
+
+A step may also come from a client with no agent of its own (salloc's srun, srun outside a job:
+client_steps.py); its tasks are all on step servers, and their output and ends are pushed to the
+client's connection here, as fast as it reads them.
 """
 from __future__ import annotations
 
@@ -17,13 +21,14 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from .. import timeouts
 from ..core.states import JobState
 from ..core.hostlist import compress
 from ..core.steps import (Allocation, StepError, plan_step, step_end_state, step_name,
                           task_nodes)
 from ..protocol import steps as wire
 from ..protocol.runspec import check_keys, nonneg_int, valid_signal
-from ..transport.rpc import RequestError, RpcError, RpcTable, refusing
+from ..transport.rpc import ConnectionLost, RequestError, RpcError, RpcTable, refusing
 from .nodes import AGENT_ERRORS
 
 if TYPE_CHECKING:
@@ -35,15 +40,22 @@ START_TIMEOUT = 90.0  # a node's agent may wait up to a minute for its step serv
 FORWARD_TIMEOUT = 120.0  # srun's agent forwards only as fast as srun reads
 LAUNCH_WAIT = 60.0  # srun's agent asks for the launch right after the layout: one that never does went away
 RETRY = 0.5  # seconds between tries while srun's agent is unreachable
+REATTACH_WAIT = 60.0  # a client's step: how long its output waits for the client to attach again
+
+
+CLIENT_ORIGIN = "(client)"  # run_steps.origin of a client's step: no node's agent ends it
 
 
 @dataclass
 class LiveStep:
-    origin: str  # the node where srun runs
+    origin: str  # the node where srun runs (CLIENT_ORIGIN: a client's)
     attempt: int
     nodes: tuple[str, ...]
     remote: dict[int, str] = field(default_factory=dict)  # tasks on other nodes not yet ended: their node
     start: dict | None = None  # what the other nodes are sent, until step_launch sends it
+    client: Any = None  # a client's step: its connection (client_steps.ClientLink), None while it has none
+    io: Any = None  # a client's step: its StepIO
+    attached: asyncio.Event = field(default_factory=asyncio.Event)  # a client's step: its client is there
 
 
 def _remote(nodes, counts, origin: str) -> dict[int, str]:
@@ -98,7 +110,7 @@ class StepHub:
         except StepError as exc:  # an answer, not an error: srun prints its warnings first
             return {"refused": str(exc), "warnings": list(exc.warnings)}
         remote = [n for n in layout.nodes if n != node]
-        if nodes[0] in remote:  # only the first node has no step server: its tasks are srun's own
+        if nodes[0] in remote and not job.spec.interactive:  # the batch script's node has no step server
             raise RequestError(f"Unable to create step for job {job_id}: a step on {nodes[0]} (the batch "
                                f"script's node) can only be started from there")
         step_id = await self.ctl.db(self.ctl.repo.steps.begin, job_id, attempt, name=step_name(argv),
@@ -137,8 +149,12 @@ class StepHub:
         live = self.live.get(key)
         if live is None or live.origin != node or live.start is None:
             raise RequestError(f"step {key[0]}.{key[1]} is not waiting for its launch")
+        return await self.start_remote(key, live)
+
+    async def start_remote(self, key: tuple[int, int], live: LiveStep) -> dict:
+        """Have every node of the step but srun's own start its tasks."""
         start, live.start = live.start, None
-        remote = [n for n in live.nodes if n != node]
+        remote = [n for n in live.nodes if n != live.origin]
         results = await asyncio.gather(*(self._call(n, "step_start", start, START_TIMEOUT) for n in remote),
                                        return_exceptions=True)
         failed = [(n, r) for n, r in zip(remote, results) if isinstance(r, BaseException)]
@@ -147,7 +163,7 @@ class StepHub:
             await self._signal_nodes(key[0], live.attempt, key[1], remote, 9)
             n, exc = failed[0]
             raise RequestError(f"Unable to create step for job {key[0]}: node {n}: {exc}")
-        if not live.remote:
+        if not live.remote and live.origin != CLIENT_ORIGIN:
             self.live.pop(key, None)
         return {"launched": len(remote)}
 
@@ -164,6 +180,8 @@ class StepHub:
         if live is not None:
             return live
         row = await self.ctl.db(self.ctl.repo.steps.open_step, *key)
+        if key in self.live:  # rebuilt meanwhile by another message of the step (or its client's attach)
+            return self.live[key]
         if row is None:
             return None
         nodes = tuple(row["nodelist"].split(","))
@@ -190,12 +208,14 @@ class StepHub:
         live = await self._route(body, node, procid)
         reply = await self._forward(live, "step_exit", body)
         live.remote.pop(procid, None)
-        if not live.remote:
+        if not live.remote and live.origin != CLIENT_ORIGIN:  # a client's ends its own (client_steps.py)
             self.live.pop((body["job_id"], body["step_id"]), None)
         return reply
 
     async def _forward(self, live: LiveStep, method: str, body: dict) -> dict:
         """To srun's agent; across a short break of its link (an agent restart), tried again."""
+        if live.origin == CLIENT_ORIGIN:
+            return await self._to_client(live, method, body)
         deadline = time.monotonic() + FORWARD_TIMEOUT
         while True:
             try:
@@ -208,6 +228,35 @@ class StepHub:
                     log.info("job %s: step output to %s dropped: %s", body.get("job_id"), live.origin, exc)
                     return {"delivered": False}
             await asyncio.sleep(RETRY)
+
+    async def _to_client(self, live: LiveStep, method: str, body: dict) -> dict:
+        """A task's output or end, pushed to the client's connection as the agent's relay pushes
+        it to srun (the same event). It waits as long as the client takes to read (the task waits
+        behind it: nothing piles up here but this one chunk per task); a client that is gone,
+        or never came back after a controller restart, gets nothing."""
+        if method == "step_output":
+            message = {k: body[k] for k in ("step_id", "task", "seq", "stream", "data")}
+            kind = "output"
+        else:
+            message = {k: body[k] for k in ("step_id", "task", "exit_code", "signal")}
+            kind = "exit"
+        link = live.client
+        if link is None or link.conn is None or link.conn.closed:
+            # after a controller restart (or a break of the client's link) it comes back and
+            # attaches again: the task waits for it, a while
+            live.attached.clear()
+            try:
+                await timeouts.wait_for(live.attached.wait(), REATTACH_WAIT)
+            except asyncio.TimeoutError:
+                return {"delivered": False}
+            link = live.client
+            if link is None or link.conn is None or link.conn.closed:
+                return {"delivered": False}
+        try:
+            await link.conn.push(kind, message)
+        except ConnectionLost:
+            return {"delivered": False}
+        return {"delivered": True}
 
     async def end(self, body: Any, node: str) -> dict:
         """srun's agent reports the step's end: its worst exit code, or that srun went first."""

@@ -148,3 +148,21 @@ def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, 
         env["SLURM_GPUS_ON_NODE"] = str(len(gpus))
         env["SLURM_JOB_GPUS"] = gpu_list
     return env
+
+
+# What salloc sets for its command on the submit host (Slurm 22.05's salloc, checked): the
+# allocation's variables, none of a node's (SLURMD_NODENAME, SLURM_NODEID, CUDA_VISIBLE_DEVICES ...)
+ALLOCATION_VARIABLES = (
+    "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_NNODES",
+    "SLURM_JOB_NUM_NODES", "SLURM_JOB_CPUS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS", "SLURM_NPROCS",
+    "SLURM_NTASKS_PER_NODE", "SLURM_GPUS_PER_TASK", "SLURM_JOB_PARTITION", "SLURM_SUBMIT_DIR", "SLURM_CLUSTER_NAME",
+    "SLURM_JOB_QOS", "HAI_JOB_ID", "HAI_JOB_NAME", "HAI_NODELIST", "HAI_NNODES", "HAI_PARTITION", "HAI_TIME_LIMIT",
+)
+
+
+def allocation_variables(job_env: Mapping[str, str]) -> dict[str, str]:
+    """salloc's variables, from the environment of the job's first node (job_environment)."""
+    out = {k: job_env[k] for k in ALLOCATION_VARIABLES if k in job_env}
+    if "SLURM_CPUS_PER_TASK" in job_env and job_env.get("SLURM_CPUS_PER_TASK") != "1":
+        out["SLURM_CPUS_PER_TASK"] = job_env["SLURM_CPUS_PER_TASK"]  # salloc sets it for -c only
+    return out

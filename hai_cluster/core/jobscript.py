@@ -257,6 +257,13 @@ def split_command_line(argv: Sequence[str]) -> tuple[list[str], str | None, list
     return list(argv[:end]), argv[operand], list(argv[operand + 1:])
 
 
+def option_span(tokens: Sequence[str]) -> int:
+    """How many of `tokens` the option at tokens[0] takes (1, or 2 with its value), as sbatch
+    reads it: what salloc needs to tell its command from its options."""
+    _, end, _ = _scan([tokens[0], "operand"])  # whatever follows: only the option says if it takes it
+    return max(1, min(end, 2, len(tokens)))
+
+
 # ---- values ---------------------------------------------------------------------------------
 
 

@@ -97,6 +97,10 @@ class JobSpec:
     # --mail-type (BEGIN END FAIL REQUEUE ALL ARRAY_TASKS) and --mail-user (default: the job's user)
     mail_type: tuple[str, ...] = ()
     mail_user: str | None = None
+    # An allocation for an interactive client (salloc, srun outside a job): no batch script runs,
+    # every node (the first too) runs the step server, the client's srun starts the steps; the
+    # interactive class (never preempted, ahead of batch jobs of its level, [interactive] limits).
+    interactive: bool = False
 
     @property
     def tasks_per_node(self) -> int:
@@ -247,6 +251,7 @@ class JobView:
     gpu_share: GpuShare | None = None  # a sharing job: one card share per rank (gpus_per_node is 0)
     gpu_charge: float = 0.0  # a sharing job's current run: GPU-equivalents charged (sharing.share_charge)
     mig: tuple[str, ...] = ()  # a sharing job on MIG cards: per rank of allocation, its instance ("" none)
+    interactive: bool = False  # salloc's or srun's allocation: ahead of batch jobs of its level (MLFQ)
     version: int = 0  # the store's row version: the applier starts a job only as the policy saw it
     name: str = ""  # its job name (--job-name): a key of the learned size model (core.sizemodel)
 

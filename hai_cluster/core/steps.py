@@ -54,6 +54,28 @@ class StepRequest:
 
 
 @dataclass(frozen=True)
+class StepIO:
+    """How a step started from a client (salloc's srun, srun outside a job) meets its terminal:
+    srun's -i/--input (Slurm's default: its stdin to every task; "none"; or one task's id), --pty
+    (task 0 on a pseudo-terminal of rows x cols; what the client types goes to it alone) and -u
+    (output as it comes, not in whole lines; a terminal's always is)."""
+    input: str | int = "all"
+    pty: bool = False
+    rows: int = 24
+    cols: int = 80
+    unbuffered: bool = False
+
+    def reads_input(self, procid: int) -> bool:
+        if self.pty:
+            return procid == 0
+        return self.input == "all" or self.input == procid
+
+    def to_wire(self) -> dict:
+        return {"input": self.input, "pty": self.pty, "rows": self.rows, "cols": self.cols,
+                "unbuffered": self.unbuffered}
+
+
+@dataclass(frozen=True)
 class Task:
     procid: int  # SLURM_PROCID, RANK
     node: int  # index into StepLayout.nodes (SLURM_NODEID counts the step's nodes)

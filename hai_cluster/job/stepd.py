@@ -7,8 +7,14 @@ every other node of the step pass its share of the tasks to this server, which s
 It talks to its node's agent over $HAI_STEP_SOCKET, which knows it by its pid (the run's main
 process). It lives as long as the job holds the node: a stop of the job (cancel, preemption, time
 limit) signals it with everything else of the job; it then waits for its tasks (they got the
-signal too) so that what they print while they checkpoint still reaches srun, and exits. If the
-agent restarts, it connects again and sends what was waiting; the tasks wait meanwhile.
+signal too; a task on a terminal is hung up) so that what they print while they checkpoint still
+reaches srun, and exits. If the agent restarts, it connects again and sends what was waiting; the
+tasks wait meanwhile.
+
+In an allocation of salloc or srun (JobSpec.interactive) every node runs it, the first too, and
+the steps come from a client through the controller: they may have stdin and a terminal
+(`input`, `resize`). The first node's server ends the allocation: `release` kills what is left of
+its steps and exits with the client's exit code, which is then the job's.
 """
 from __future__ import annotations
 
@@ -37,15 +43,19 @@ class StepServer:
         self.steps: dict[int, NodeTasks] = {}
         self.stopping = False
         self.node_env = dict(os.environ)
+        self.exit_code = 0
+        self.released = asyncio.Event()
 
     def table(self) -> RpcTable:
         table = RpcTable()
 
         async def start(body: Any, ctx: Any) -> dict:
             try:
-                check_keys("start body", body, ("layout", "argv", "cwd", "env", "master_addr", "node"))
+                check_keys("start body", body, ("layout", "argv", "cwd", "env", "master_addr", "node"),
+                           ("io", "client"))
                 layout = layout_from_wire(body["layout"])
                 argv, cwd, env = wire.command(body)
+                io = wire.step_io(body.get("io"))
             except (SpecError, ValueError) as exc:
                 raise RequestError(str(exc)) from None
             if layout.job_id != self.job_id or layout.step_id in self.steps:
@@ -53,11 +63,17 @@ class StepServer:
             if self.stopping:
                 raise RequestError(f"job {self.job_id} is ending on this node")
             mine = layout.on(body["node"])
-            tasks = NodeTasks(self._sender(layout.step_id), self._exit_sender(layout.step_id))
+            tasks = NodeTasks(self._sender(layout.step_id), self._exit_sender(layout.step_id),
+                              unbuffered=io.unbuffered)
             self.steps[layout.step_id] = tasks
             master = body["master_addr"] if isinstance(body["master_addr"], str) else ""
-            await tasks.start(argv, cwd, [(t.procid, task_environment(env, self.node_env, layout, t, master))
-                                          for t in mine])
+            # A client's environment is the submit host's: the job's own variables come from here
+            base = {**self.node_env, **env} if body.get("client") is True else env
+            await tasks.start(argv, cwd, [(t.procid, task_environment(base, self.node_env, layout, t, master))
+                                          for t in mine],
+                              stdin=[t.procid for t in mine if io.reads_input(t.procid)],
+                              pty=0 if io.pty and any(t.procid == 0 for t in mine) else None,
+                              size=(io.rows, io.cols))
             asyncio.ensure_future(self._forget(layout.step_id, tasks))
             return {"started": len(mine)}
 
@@ -70,8 +86,47 @@ class StepServer:
             tasks = self.steps.get(step)
             return {"signalled": tasks.signal(sig) if tasks else 0}
 
+        async def input_step(body: Any, ctx: Any) -> dict:
+            try:
+                check_keys("input body", body, ("step_id", "task", "data", "eof"))
+                step = nonneg_int("step_id", body["step_id"])
+                task = None if body["task"] is None else nonneg_int("task", body["task"])
+                data, eof = wire.stdin_chunk(body)
+            except SpecError as exc:
+                raise RequestError(str(exc)) from None
+            tasks = self.steps.get(step)
+            return {"reached": await tasks.write_input(task, data, eof) if tasks else 0}
+
+        async def resize(body: Any, ctx: Any) -> dict:
+            try:
+                check_keys("resize body", body, ("step_id", "rows", "cols"))
+                step = nonneg_int("step_id", body["step_id"])
+                rows, cols = wire.window(body)
+            except SpecError as exc:
+                raise RequestError(str(exc)) from None
+            tasks = self.steps.get(step)
+            return {"resized": tasks.resize(rows, cols) if tasks else False}
+
+        async def release(body: Any, ctx: Any) -> dict:
+            try:
+                check_keys("release body", body, ("exit_code",))
+                code = body["exit_code"]
+                if not isinstance(code, int) or isinstance(code, bool) or not 0 <= code <= 255:
+                    raise SpecError("exit_code must be 0-255")
+            except SpecError as exc:
+                raise RequestError(str(exc)) from None
+            self.exit_code = code
+            for tasks in self.steps.values():  # as Slurm's: steps still running go with the allocation
+                tasks.hang_up()
+                tasks.signal(signal.SIGKILL)
+            self.released.set()
+            return {"released": True}
+
         table.add("start", start)
         table.add("signal", signal_step)
+        table.add("input", input_step)
+        table.add("resize", resize)
+        table.add("release", release)
         return table
 
     async def _forget(self, step: int, tasks: NodeTasks) -> None:
@@ -148,6 +203,8 @@ class StepServer:
         """The job is being stopped: its tasks got the signal too; let what they print get out."""
         self.stopping = True
         for tasks in list(self.steps.values()):
+            tasks.hang_up()
+        for tasks in list(self.steps.values()):
             await tasks.wait()
 
 
@@ -171,10 +228,13 @@ async def amain() -> int:
     for sig in {signal.SIGUSR1, signal.SIGUSR2} - stops:
         loop.add_signal_handler(sig, lambda: None)
     serving = asyncio.ensure_future(server.serve())
-    await stop.wait()
+    released = asyncio.ensure_future(server.released.wait())
+    await asyncio.wait([asyncio.ensure_future(stop.wait()), released], return_when=asyncio.FIRST_COMPLETED)
     await server.stop()
+    if released.done():
+        await asyncio.sleep(0.2)  # the answer to `release` on its way out
     serving.cancel()
-    return 0
+    return server.exit_code
 
 
 def main() -> None:

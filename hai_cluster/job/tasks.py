@@ -4,8 +4,14 @@ lines, report how each ended. srun runs its own node's tasks with this; the step
 
 Tasks stay in the caller's process group and cgroup (the job's), so the job's cancel, time limit
 and preemption reach them like everything else of the job. A task's output is passed on only in
-whole lines (a line longer than MAX_LINE in pieces of that size), and the next read waits until
-the last piece was taken: a slow reader slows the task down, nothing is dropped.
+whole lines (a line longer than MAX_LINE in pieces of that size; `unbuffered`, srun -u: as it
+comes), and the next read waits until the last piece was taken: a slow reader slows the task down,
+nothing is dropped.
+
+A step started from a client (salloc's srun, srun outside a job) may also have stdin: the tasks
+read what the client sends (`write_input`), or, for `srun --pty`, task 0 runs on a terminal
+(terminal.py) in a session of its own (a terminal's job control needs one): a stop of the job
+hangs its terminal up, as closing a terminal does.
 """
 from __future__ import annotations
 
@@ -14,6 +20,8 @@ import os
 import shutil
 import signal
 from typing import Awaitable, Callable, Iterable, Mapping, Sequence
+
+from . import terminal
 
 READ_CHUNK = 64 * 1024
 MAX_LINE = 64 * 1024
@@ -31,35 +39,100 @@ def exit_status(returncode: int) -> tuple[int | None, int | None]:
 
 
 class NodeTasks:
-    def __init__(self, on_output: Output, on_exit: Ended) -> None:
+    def __init__(self, on_output: Output, on_exit: Ended, *, unbuffered: bool = False) -> None:
         self.on_output, self.on_exit = on_output, on_exit
+        self.unbuffered = unbuffered
         self.procs: dict[int, asyncio.subprocess.Process] = {}
         self.watchers: list[asyncio.Task] = []
+        self.stdin: frozenset[int] = frozenset()  # tasks whose stdin is a pipe write_input feeds (else /dev/null)
+        self.pty: int | None = None  # the task on a terminal
+        self.master: int | None = None  # its terminal's master side, while it runs
+        self.starting = 0  # tasks not yet spawned (or failed to): input waits for them
+        self.spawned = asyncio.Event()
 
-    async def start(self, argv: Sequence[str], cwd: str, envs: Iterable[tuple[int, Mapping[str, str]]]) -> None:
+    async def start(self, argv: Sequence[str], cwd: str, envs: Iterable[tuple[int, Mapping[str, str]]], *,
+                    stdin: Iterable[int] = (), pty: int | None = None, size: tuple[int, int] = (24, 80)) -> None:
+        """`stdin`: these tasks read what write_input sends; `pty`: that task runs on a terminal
+        of `size` (rows, columns)."""
+        self.stdin, self.pty = frozenset(stdin), pty
+        envs = list(envs)
+        self.starting = len(envs)
+        if not envs:
+            self.spawned.set()
         for procid, env in envs:
-            self.watchers.append(asyncio.ensure_future(self._run(procid, argv, cwd, dict(env))))
+            run = self._run_pty(procid, argv, cwd, dict(env), size) if procid == pty else \
+                self._run(procid, argv, cwd, dict(env))
+            self.watchers.append(asyncio.ensure_future(run))
         await asyncio.sleep(0)  # let them spawn before a signal could be sent
 
-    async def _run(self, procid: int, argv: Sequence[str], cwd: str, env: dict[str, str]) -> None:
+    def _started(self) -> None:
+        """One more task spawned, or failed to."""
+        self.starting -= 1
+        if self.starting <= 0:
+            self.spawned.set()
+
+    async def _cannot_start(self, procid: int, argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> str | None:
+        """Slurmstepd's complaint and the task's end when argv[0] cannot run; the directory to
+        run in otherwise."""
         if not os.path.isdir(cwd):  # as slurmstepd: the task runs on, in /tmp
             await self.on_output(procid, "err", f"slurmstepd: error: couldn't chdir to `{cwd}': No such file "
                                                f"or directory: going to /tmp instead\n".encode())
             cwd = "/tmp"
         missing = _missing(argv[0], env.get("PATH", os.defpath), cwd)
         if missing is not None:
+            self._started()
             await self.on_output(procid, "err", f"slurmstepd: error: execve(): {argv[0]}: {missing}\n".encode())
             await self.on_exit(procid, 2, None)
+            return None
+        return cwd
+
+    async def _run_pty(self, procid: int, argv: Sequence[str], cwd: str, env: dict[str, str],
+                       size: tuple[int, int]) -> None:
+        cwd = await self._cannot_start(procid, argv, cwd, env)
+        if cwd is None:
+            return
+        master, slave = terminal.open_pty(*size)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "/bin/sh", "-c", _SHIM, "srun-task", *argv, cwd=cwd, env=env, stdin=slave, stdout=slave,
+                stderr=slave, start_new_session=True, preexec_fn=terminal.become_session_leader_of_tty)
+        except OSError as exc:
+            os.close(master)
+            self._started()
+            await self.on_output(procid, "err", f"slurmstepd: error: execve(): {argv[0]}: {exc.strerror}\n".encode())
+            await self.on_exit(procid, 2, None)
+            return
+        finally:
+            os.close(slave)  # the task holds it now: EIO on the master once every holder closed it
+        self.procs[procid], self.master = proc, master
+        self._started()
+        exited = asyncio.Event()
+        pumping = asyncio.ensure_future(terminal.pump(master, lambda data: self.on_output(procid, "out", data),
+                                                      exited))
+        code, sig = exit_status(await proc.wait())
+        exited.set()
+        await pumping
+        del self.procs[procid]
+        self.master = None
+        os.close(master)  # hangs up what the task left behind on its terminal
+        await self.on_exit(procid, code, sig)
+
+    async def _run(self, procid: int, argv: Sequence[str], cwd: str, env: dict[str, str]) -> None:
+        cwd = await self._cannot_start(procid, argv, cwd, env)
+        if cwd is None:
             return
         try:
             proc = await asyncio.create_subprocess_exec(
-                "/bin/sh", "-c", _SHIM, "srun-task", *argv, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+                "/bin/sh", "-c", _SHIM, "srun-task", *argv, cwd=cwd, env=env,
+                stdin=asyncio.subprocess.PIPE if procid in self.stdin else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         except OSError as exc:
+            self._started()
             await self.on_output(procid, "err", f"slurmstepd: error: execve(): {argv[0]}: {exc.strerror}\n".encode())
             await self.on_exit(procid, 2, None)
             return
         self.procs[procid] = proc
+        self._started()
         await asyncio.gather(self._pump(procid, "out", proc.stdout), self._pump(procid, "err", proc.stderr))
         code, sig = exit_status(await proc.wait())
         del self.procs[procid]
@@ -74,23 +147,78 @@ class NodeTasks:
                     await self.on_output(procid, stream, buf)
                 return
             buf += data
-            cut = buf.rfind(b"\n") + 1
+            cut = len(buf) if self.unbuffered else buf.rfind(b"\n") + 1
             if cut == 0 and len(buf) >= MAX_LINE:
                 cut = len(buf)
             if cut:
                 out, buf = buf[:cut], buf[cut:]
                 await self.on_output(procid, stream, out)
 
+    async def write_input(self, procid: int | None, data: bytes, eof: bool) -> int:
+        """The client's stdin, to task `procid` (None: every task here), as fast as they take it;
+        `eof`: then their stdin ends (a terminal has no end: Ctrl-D is a byte like any other).
+        How many tasks it reached: a task that ended or closed its stdin takes nothing more."""
+        await self.spawned.wait()
+        targets = [(p, proc) for p, proc in self.procs.items() if procid is None or p == procid]
+        reached = 0
+        for p, proc in targets:
+            try:
+                if p == self.pty:
+                    if self.master is None:
+                        continue
+                    if data:
+                        await terminal.write_all(self.master, data)
+                elif proc.stdin is None:  # /dev/null: it reads nothing of it
+                    continue
+                else:
+                    if data:
+                        proc.stdin.write(data)
+                        await proc.stdin.drain()
+                    if eof:
+                        proc.stdin.close()
+                reached += 1
+            except (OSError, RuntimeError):  # the task's end of the pipe is gone
+                pass
+        return reached
+
+    def resize(self, rows: int, cols: int) -> bool:
+        """The client's window changed: the terminal's too (its foreground processes get SIGWINCH)."""
+        if self.master is None:
+            return False
+        try:
+            terminal.set_size(self.master, rows, cols)
+        except OSError:
+            return False
+        return True
+
     def signal(self, sig: int) -> int:
-        """Send `sig` to every task still running; how many."""
+        """Send `sig` to every task still running; how many. A terminal's task gets it in its
+        foreground process group too (where Ctrl-C would send it)."""
         sent = 0
-        for proc in list(self.procs.values()):
+        for procid, proc in list(self.procs.items()):
             try:
                 proc.send_signal(sig)
                 sent += 1
             except ProcessLookupError:
-                pass
+                continue
+            if procid == self.pty and self.master is not None:
+                try:
+                    group = os.tcgetpgrp(self.master)
+                    if group != proc.pid:
+                        os.killpg(group, sig)
+                except OSError:
+                    pass
         return sent
+
+    def hang_up(self) -> None:
+        """The job is stopping: a terminal's session is hung up (an interactive shell ignores
+        SIGTERM but not SIGHUP, and passes it to its jobs)."""
+        proc = self.procs.get(self.pty) if self.pty is not None else None
+        if proc is not None and self.master is not None:
+            try:
+                terminal.hang_up(self.master, proc.pid)
+            except OSError:
+                pass
 
     async def wait(self) -> None:
         if self.watchers:

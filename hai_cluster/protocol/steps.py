@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.steps import StepRequest
+from ..core.steps import StepIO, StepRequest
 from .runspec import SpecError, check_keys, nonneg_int, valid_signal
 
 MAX_ARGV = 4096  # arguments of a step's command
 MAX_ENV = 4096  # variables of srun's environment
 MAX_OUTPUT_CHUNK = 256 * 1024  # bytes of one task's output in one message
+MAX_INPUT_CHUNK = 64 * 1024  # bytes of a client's stdin in one message
+MAX_WINDOW = 10_000  # rows or columns of a terminal
 STREAMS = ("out", "err")
 REQUEST_FIELDS = ("nodes", "ntasks", "ntasks_per_node", "cpus_per_task", "gpus_per_task", "nodelist", "exclude")
 
@@ -88,3 +90,39 @@ def task_exit(d: Any, *extra: str) -> tuple[int, int, int, int | None, int | Non
     if sig is not None:
         valid_signal("signal", sig)
     return nonneg_int("job_id", d["job_id"]), nonneg_int("step_id", d["step_id"]), nonneg_int("task", d["task"]), code, sig
+
+
+def step_io(d: Any) -> StepIO:
+    """A client step's -i/--pty/-u (core.steps.StepIO); None: the defaults."""
+    if d is None:
+        return StepIO()
+    check_keys("step io", d, ("input", "pty", "rows", "cols", "unbuffered"))
+    inp = d["input"]
+    if inp not in ("all", "none") and not (isinstance(inp, int) and not isinstance(inp, bool) and 0 <= inp < 1_000_000):
+        raise SpecError(f"input must be 'all', 'none' or a task id, got {inp!r}")
+    for k in ("pty", "unbuffered"):
+        if not isinstance(d[k], bool):
+            raise SpecError(f"{k} must be true or false")
+    for k in ("rows", "cols"):
+        if not isinstance(d[k], int) or isinstance(d[k], bool) or not 1 <= d[k] <= MAX_WINDOW:
+            raise SpecError(f"{k} must be between 1 and {MAX_WINDOW}")
+    return StepIO(inp, d["pty"], d["rows"], d["cols"], d["unbuffered"])
+
+
+def window(d: Any) -> tuple[int, int]:
+    """(rows, cols) of a terminal's new size."""
+    rows, cols = d.get("rows"), d.get("cols")
+    for k, v in (("rows", rows), ("cols", cols)):
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_WINDOW:
+            raise SpecError(f"{k} must be between 1 and {MAX_WINDOW}")
+    return rows, cols
+
+
+def stdin_chunk(d: Any) -> tuple[bytes, bool]:
+    """(data, eof) of a client's stdin message."""
+    data, eof = d.get("data"), d.get("eof")
+    if not isinstance(data, bytes) or len(data) > MAX_INPUT_CHUNK:
+        raise SpecError(f"data must be at most {MAX_INPUT_CHUNK} bytes")
+    if not isinstance(eof, bool):
+        raise SpecError("eof must be true or false")
+    return data, eof

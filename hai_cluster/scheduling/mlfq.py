@@ -2,8 +2,9 @@
 
 A job's level comes from the GPU-seconds it has received over all its runs: new jobs start at
 level 0 and sink as they accumulate service. Pending jobs are served in order (urgent first, then
-level, then priority class, then fair-share factor, then age; the lowest level round-robin by
-last run). A job that does
+level, then interactive jobs before batch ones, then priority class, then fair-share factor, then
+age; the lowest level round-robin by last run). Interactive jobs are never requeued, so
+time-slicing never takes them. A job that does
 not fit may preempt running jobs of a *strictly lower* level (larger index) that have held their
 GPUs for at least their level's quantum, so that a checkpoint is amortised; preempting for a job
 of the same level costs more than it gains on real traces. Urgent jobs preempt lower classes at
@@ -144,26 +145,28 @@ def service_order(pending: list[JobView], levels: list[int], lowest: int,
     """Pending jobs in service order, each with its level and class rank: the MLFQ's queue, and
     what sprio's PRIORITY follows (scheduling/priority.py).
 
-    The order is that of the key (urgent first, level, class rank, best-effort share last,
+    The order is that of the key (urgent first, level, interactive jobs before batch ones, class
+    rank, best-effort share last,
     round-robin time at the lowest level, lower --nice, higher fair-share factor, the lower
     Gittins rank where `ranks` (job id -> rank) are given, submit time, id). Its
     leading fields take few values: the jobs are grouped by them, and each group is ordered
     by the rest with one stable sort per field, least significant first, on plain numbers
     (one sort of a tuple per job was a tenth of a large pass)."""
-    groups: dict[tuple[int, int, int, bool], list[JobView]] = {}
+    groups: dict[tuple[int, int, bool, int, bool], list[JobView]] = {}
     for j, level in zip(pending, levels):
         rank = PRIORITY_RANK.get(j.priority, 2)
         # Best-effort shares only use what is left: after the rest of their level and class (a
         # guaranteed share that preempted one must not lose the card to it again).
         best_effort = j.gpu_share is not None and j.gpu_share.qos == "best-effort"
-        key = (0 if rank == 0 else 1, level, rank, best_effort)
+        # Interactive jobs (salloc, srun) go ahead of the batch jobs of their level: a person waits on them
+        key = (0 if rank == 0 else 1, level, not j.interactive, rank, best_effort)
         try:
             groups[key].append(j)
         except KeyError:
             groups[key] = [j]
     out: list[tuple[JobView, int, int]] = []
     for key in sorted(groups):
-        jobs, level, rank = groups[key], key[1], key[2]
+        jobs, level, rank = groups[key], key[1], key[3]
         jobs.sort(key=_ID)
         jobs.sort(key=_SUBMIT_TIME)
         if ranks is not None:  # the lowest Gittins rank first within the level

@@ -62,6 +62,7 @@ class JobRecord:
     qos: str | None
     nice: int
     reservation: str | None
+    interactive: bool
     spec: JobSpec
 
     @classmethod

@@ -41,7 +41,8 @@ SNAPSHOT_COLUMNS = [jobs.c[name] for name in (
     "priority", "hold", "hold_admin", "version", "restart_count", "attained_gpu_seconds", "start_time", "nodelist",
     "preemptible", "pending_since", "last_run_end", "time_limit", "runtime", "begin_time", "array_job_id",
     "array_task_limit", "dependency", "name", "account", "gpu_fraction", "gpu_mem_mb", "gpu_compute", "gpu_qos",
-    "tasks_per_node", "resumes", "exclusive", "required_nodes", "excluded_nodes", "constraint", "qos", "nice", "reservation")]
+    "tasks_per_node", "resumes", "exclusive", "required_nodes", "excluded_nodes", "constraint", "qos", "nice", "reservation",
+    "interactive")]
 # What job listings return: everything but the spec (script and environment can be large).
 LISTING_COLUMNS = [c for c in jobs.c if c.name not in ("spec", "spec_bytes")]
 

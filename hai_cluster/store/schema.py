@@ -85,6 +85,8 @@ jobs = Table(
     Column("qos", String(64)),  # 0022: its [[qos]] table's name; None: jobs from before QOS ("normal")
     Column("nice", Integer, nullable=False, default=0, server_default="0"),  # 0023: --nice
     Column("reservation", String(64)),  # 0024: --reservation (core.reservation)
+    # 0028: an allocation of salloc or srun (JobSpec.interactive): the interactive class
+    Column("interactive", Boolean, nullable=False, default=False, server_default=false()),
 )
 
 # 0013: an array's spec, stored once for all its tasks. A task's own `spec` holds only what was

@@ -35,7 +35,7 @@ def spec_columns(spec: JobSpec) -> dict:
         preemptible=spec.requeue, resumes=spec.resumes, runtime=required_runtime(spec),
         exclusive=spec.exclusive, required_nodes=",".join(spec.required_nodes) or None,
         excluded_nodes=",".join(spec.excluded_nodes) or None, constraint=spec.constraint, qos=spec.qos,
-        nice=spec.nice, reservation=spec.reservation,
+        nice=spec.nice, reservation=spec.reservation, interactive=spec.interactive,
         begin_time=spec.begin_time,
         dependency=spec.dependency, gpu_fraction=spec.gpu_fraction, gpu_mem_mb=spec.gpu_mem_mb,
         gpu_compute=spec.gpu_compute, gpu_qos=spec.gpu_qos)
@@ -141,4 +141,4 @@ def job_view(j, ranks=(), dependency: str | None = None) -> JobView:
         gpu_share=share_of(j.gpu_fraction, j.gpu_mem_mb, j.gpu_compute, j.gpu_qos),
         gpu_charge=(ranks[0].gpu_charge or 0.0) if ranks else 0.0,
         mig=tuple(r.mig_uuid or "" for r in ranks) if any(r.mig_uuid for r in ranks) else (),
-        version=j.version)
+        interactive=bool(j.interactive), version=j.version)

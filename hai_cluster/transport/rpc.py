@@ -191,6 +191,9 @@ class RpcConnection:
         self._closed = asyncio.Event()
         self.close_reason: str | None = None
         self._frame_timeout = frame_timeout or None  # 0: off
+        # How long one frame may wait to be written: the frame timeout, unless the peer may read
+        # as slowly as it likes (an interactive client whose own step's output this is)
+        self.write_timeout = self._frame_timeout
         self._idle_timeout = idle_timeout or None
         self._last_activity = time.monotonic()  # a frame received or a request answered
         self._limits = limits
@@ -214,9 +217,9 @@ class RpcConnection:
         async with self._write_lock:
             try:
                 self._writer.write(frame)
-                await timeouts.wait_for(self._writer.drain(), self._frame_timeout)
+                await timeouts.wait_for(self._writer.drain(), self.write_timeout)
             except asyncio.TimeoutError:
-                reason = f"peer read nothing for {self._frame_timeout:g} s"
+                reason = f"peer read nothing for {self.write_timeout:g} s"
                 if _closings.allow():
                     log.warning("closing connection to %s: %s", self.name, reason)
                 self._shutdown(reason, abort=True)

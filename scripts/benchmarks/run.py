@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "BENCHMARKS.md"
 sys.path.insert(0, str(REPO))
 
-from scripts.benchmarks import decide_time, dependency_pass, preemption, shepherd_start, simulation, steps, telemetry, vs_slurm  # noqa: E402
+from scripts.benchmarks import decide_time, dependency_pass, interactive, preemption, shepherd_start, simulation, steps, telemetry, vs_slurm  # noqa: E402
 
 
 def machine() -> str:
@@ -56,7 +56,7 @@ def section_preemption(args) -> str:
 SECTIONS = {"decide": section_decide, "preemption": section_preemption,
             "simulation": lambda args: simulation.section(), "slurm": vs_slurm.section,
             "telemetry": telemetry.section, "shepherd": lambda args: shepherd_start.section(reps=3),
-            "dependencies": dependency_pass.section, "steps": steps.section}
+            "dependencies": dependency_pass.section, "steps": steps.section, "interactive": interactive.section}
 
 
 def rewrite(name: str, body: str, command: str) -> None:

@@ -85,7 +85,7 @@ install_docs() {  # the checkout's docs and example configs beside the venv
 # --link-commands; Slurm's (sbatch squeue ...) only with --slurm-names too, and never over a file
 # that is not one of our links (a real Slurm client stays what `sbatch` runs).
 OUR_COMMANDS="hsubmit hqueue hcancel hinfo hacct hcontrol hstat hshare"
-SLURM_COMMANDS="sbatch srun squeue scancel sinfo sacct scontrol sshare sprio"
+SLURM_COMMANDS="sbatch srun salloc squeue scancel sinfo sacct scontrol sshare sprio"
 link_commands() {  # WHICH: "ours" or "ours slurm"
     local dir=$R/usr/local/bin venv=/opt/hai-cluster/venv/bin names=$OUR_COMMANDS c dest
     case $1 in *slurm*) names="$names $SLURM_COMMANDS" ;; esac

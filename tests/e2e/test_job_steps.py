@@ -247,10 +247,12 @@ def test_a_job_run_on_every_node_as_before_steps(cluster, names):
         assert (text_dir / f"each-{name}.out").read_text() == f"on {name} rank={rank}\n"
 
 
-def test_srun_outside_a_job_says_so(cluster):
-    proc = cluster.cli("srun", "hostname", check=False)
-    assert proc.returncode == 1
-    assert re.match(r"srun: error: srun runs inside a job allocation here", proc.stderr)
+def test_srun_pty_in_a_batch_script_says_it_is_for_interactive_use(cluster):
+    """Outside a job srun gets an allocation of its own (test_interactive.py); in a batch script
+    a terminal has nobody to type into it."""
+    text = run_script(cluster, "pty.sh", "#!/bin/bash\nsrun --pty true; echo \"rc=$?\"\n")
+    assert text.splitlines() == ["srun: error: --pty starts a terminal for salloc's or your own srun (outside a "
+                                 "batch script) only", "rc=1"]
 
 
 def test_no_user_reaches_another_users_job_through_the_step_socket(cluster, names):

@@ -73,3 +73,64 @@ def test_a_signal_reaches_every_task_and_task_pid_is_its_own():
     for _, _, data in out:
         a, b = data.split()
         assert a == b
+
+
+def test_stdin_reaches_the_tasks_that_read_it_and_its_end_closes_theirs():
+    out: list[tuple[int, str, bytes]] = []
+
+    async def go():
+        async def on_output(procid, stream, data):
+            out.append((procid, stream, data))
+
+        async def on_exit(procid, code, sig):
+            pass
+        tasks = NodeTasks(on_output, on_exit)
+        envs = [(i, {**os.environ, "SLURM_PROCID": str(i)}) for i in range(3)]
+        await tasks.start(["bash", "-c", 'echo "$SLURM_PROCID:$(wc -c)"'], "/tmp", envs, stdin=[0, 2])
+        assert await tasks.write_input(None, b"x" * 200_000, False) == 2  # more than a pipe holds: it waits
+        assert await tasks.write_input(2, b"yy", True) == 1
+        assert await tasks.write_input(0, b"", True) == 1
+        await tasks.wait()
+        assert await tasks.write_input(None, b"late", True) == 0  # ended: nothing to reach
+    asyncio.run(go())
+    assert sorted(d for _, _, d in out) == [b"0:200000\n", b"1:0\n", b"2:200002\n"]  # task 1: /dev/null
+
+
+def test_a_task_on_a_terminal_gets_its_keys_size_and_signals_as_it_comes():
+    out: list[bytes] = []
+    ends = {}
+
+    async def go():
+        async def on_output(procid, stream, data):
+            out.append(data)
+
+        async def on_exit(procid, code, sig):
+            ends[procid] = (code, sig)
+        tasks = NodeTasks(on_output, on_exit)
+        env = {**os.environ, "PS1": "P$ ", "TERM": "dumb"}
+        await tasks.start(["bash", "--norc", "--noprofile", "-i"], "/tmp", [(0, env)], pty=0, size=(24, 80))
+
+        async def shown(text: bytes, timeout: float = 10.0):
+            for _ in range(int(timeout / 0.05)):
+                if text in b"".join(out):
+                    return
+                await asyncio.sleep(0.05)
+            raise AssertionError(f"{text!r} not shown: {b''.join(out)!r}")
+        await shown(b"P$ ")
+        await tasks.write_input(0, b"tty -s && stty size\r", False)
+        await shown(b"24 80\r\n")  # not line-buffered: the prompt came without a newline
+        assert tasks.resize(40, 120)
+        await tasks.write_input(0, b"stty size\r", False)
+        await shown(b"40 120\r\n")
+        await tasks.write_input(0, b"sleep 30; echo slept\r", False)
+        await asyncio.sleep(0.5)
+        await tasks.write_input(0, b"\x03", False)  # Ctrl-C: the foreground sleep, not the shell
+        await tasks.write_input(0, b"echo rc=$?\r", False)
+        await shown(b"rc=130")
+        assert b"\nslept" not in b"".join(out)  # (its echo as typed aside)
+        await tasks.write_input(0, b"sleep 30\r", False)
+        await asyncio.sleep(0.5)
+        tasks.hang_up()  # the job stops: the terminal's session is hung up
+        await asyncio.wait_for(tasks.wait(), 10)
+    asyncio.run(go())
+    assert ends == {0: (None, signal.SIGHUP)}
