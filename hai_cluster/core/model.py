@@ -187,6 +187,11 @@ class NodeView:
     def free_gpus(self) -> tuple[int, ...]:
         return tuple(g.index for g in self.gpus if g.index not in self.used_gpus)
 
+    @cached_property  # (kept by the policy's working copies, whose cards never change)
+    def linked(self) -> bool:
+        """Whether any card lists its links to the others (core.topology chooses cards by them)."""
+        return any(g.links for g in self.gpus)
+
 
 def attained_service(ended_runs: float, gpu_rate: float, run_start: float | None, now: float) -> float:
     """GPU-seconds a job has received: its ended runs' plus the current run's so far (the rule of

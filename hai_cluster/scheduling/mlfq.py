@@ -149,6 +149,8 @@ class MlfqPass:
         self._lowest = cfg.levels - 1
         self.ranker = Ranker(snap.sizes, cfg.rank_settings) if cfg.order == "gittins" else None
         self.ranks: dict[int, float] = {}  # job id -> Gittins rank (GPU-seconds), where computed
+        self._facts: dict[int, tuple] = {}  # job id -> Ranker.running_facts, where computed
+        self._notes: dict[float, str] = {}  # rank -> its words in a reason
         self._promoted: set[int] = set()  # pending jobs the starvation guard moved to level 0
         # Runs that could ever be preempted, per node, cheapest first: lower levels (larger index),
         # then more service already received. Each as a Candidate: what the victim search asks of
@@ -158,12 +160,19 @@ class MlfqPass:
         self.candidates: dict[str, list[Candidate]] = {}
         keyed: dict[str, list[tuple]] = {}  # node -> (sort key, candidate); the key's service read once per run
         idle_first = cfg.prefer_idle_victims
+        ranker, facts_of, now = self.ranker, self._facts, self.now
+        quantum = self.quantum(0)  # (gittins: the same at every level)
         for j in self.running:
             if j.preemptible and j.run_start is not None and j.gpu_share is None:
-                attained = j.attained(self.now)
-                level = self.level(j)
-                ripe = self.now - j.run_start >= self.quantum(level) and not self.likely_done(j) \
-                    and not self.overdue(j)
+                attained = j.attained(now)
+                if ranker is None:
+                    level = self.level(j)
+                    ripe = now - j.run_start >= self.quantum(level)
+                else:  # (level() and likely_done(), inlined: this runs for every running job)
+                    facts = facts_of[j.id] = ranker.running_facts(j, now)
+                    self.ranks[j.id], level = facts[3], facts[4]
+                    self._levels[j.id] = level
+                    ripe = now - j.run_start >= quantum and not self.likely_done(j) and not self.overdue(j)
                 rank, run_gpus = PRIORITY_RANK.get(j.priority, 2), j.gpus
                 key = (idle_first and not j.idle, -level, -attained, j.id)
                 for node, gpus in j.allocation:
@@ -184,6 +193,14 @@ class MlfqPass:
                     release(j, node, gpus, self.future)
                     leaving.append(node)
         self.free_now = FreeIndex(self.nodes, cfg.placement)
+        self._no_room_now: set[tuple] = set()  # job shapes place_in found no room for now (see there)
+        # ... once the leaving runs have left: shape -> how many rooms had been left then
+        self._no_room_future: dict[tuple, int] = {}
+        # Room the pass's preemptions left in the future copy beyond what they were made for: per
+        # preemption that left any, the most free GPUs it left on a node (a shape of g GPUs per
+        # node that found no room finds none until a node is left with g free).
+        self._rooms_left: list[float] = []
+        self._fit_reads_limit = any(n.free_for is not None or n.reservation is not None for n in snap.nodes)
         # A reservation ahead makes fits() read the job's time limit, which the victim index's
         # shapes leave out: then (and for constrained jobs) the reference scan picks victims.
         self.windows_ahead = any(n.free_for is not None for n in snap.nodes)
@@ -196,10 +213,9 @@ class MlfqPass:
         """Nodes whose working copies (or reservations, or victims) the pass just changed;
         now=False: only the future copy."""
         names = list(names)
-        for name in names:
-            if now:
-                self.free_now.update(name)
-            self.free_future.update(name)
+        if now:
+            self.free_now.update_all(names)
+        self.free_future.update_all(names)
         self.victim_index.changed(names)
 
     # ---- levels and order --------------------------------------------------------------
@@ -210,8 +226,8 @@ class MlfqPass:
             if self.ranker is None:
                 level = self.cfg.level_of(j.attained(self.now))
             else:
-                rank = self.ranks[j.id] = self.ranker.rank(j, self.now)
-                level = self.ranker.level_of_rank(rank)
+                facts = self._facts[j.id] = self.ranker.running_facts(j, self.now)
+                self.ranks[j.id], level = facts[3], facts[4]
             self._levels[j.id] = level
             return level
 
@@ -227,7 +243,12 @@ class MlfqPass:
         if self.ranker is None or self.cfg.finish_likely >= 1:
             return False
         window = self.cfg.finish_window * self.cfg.restart_cost
-        return window > 0 and self.ranker.finish_within(j, self.now, window) >= self.cfg.finish_likely
+        if window <= 0:
+            return False
+        facts = self._facts.get(j.id)
+        if facts is None:
+            return self.ranker.finish_within(j, self.now, window) >= self.cfg.finish_likely
+        return self.ranker.finish_prob(facts[0], facts[1], window) >= self.cfg.finish_likely
 
     def overdue(self, j: JobView) -> bool:
         """Gittins: the job has been in the system max_slowdown times its service so far."""
@@ -268,8 +289,7 @@ class MlfqPass:
         pending, lowest = self.pending, self._lowest
         ranks: list[float] | None = None
         if self.ranker is not None:
-            ranks = self._pending_ranks(pending)
-            levels = list(map(self.ranker.level_of_rank, ranks))
+            ranks, levels = self._pending_ranks(pending)
             self._levels.update(zip([j.id for j in pending], levels))
             if self.cfg.max_slowdown > 0:
                 levels = [0 if self.overdue(j) else lv for j, lv in zip(pending, levels)]
@@ -294,6 +314,7 @@ class MlfqPass:
             except KeyError:
                 groups[key] = [j]
         fairshare = self.snap.fairshare
+        niced = any(map(_NICE, pending))
         out: list[tuple[JobView, int, int]] = []
         rank_of = self.ranks
         for key in sorted(groups):
@@ -304,27 +325,30 @@ class MlfqPass:
                 jobs.sort(key=lambda j: rank_of[j.id])
             if fairshare:  # the higher fair-share factor (less past use for its shares) first
                 jobs.sort(key=lambda j: -fairshare.get((j.account, j.user), 1.0))
-            if any(j.nice for j in jobs):  # --nice: its owner's say on the order of their own jobs
+            if niced and any(map(_NICE, jobs)):  # --nice: its owner's say on the order of their own jobs
                 jobs.sort(key=_NICE)
             if level == lowest:  # round-robin by the end of the previous run (never-run jobs first)
                 jobs.sort(key=_round_robin_time)
             out.extend([(j, level, rank) for j in jobs])
         return out
 
-    def _pending_ranks(self, pending: list[JobView]) -> list[float]:
-        """The pending jobs' Gittins ranks; jobs of one kind and age bin share one look-up (most of
-        a long queue has never run)."""
-        seen: dict[tuple, float] = {}
-        ranker, out = self.ranker, []
+    def _pending_ranks(self, pending: list[JobView]) -> tuple[list[float], list[int]]:
+        """The pending jobs' Gittins ranks and levels, from the ranker's table of each job kind and
+        age bin (a pending job's age is the service of its past runs; most of a long queue has
+        none). Ranker.running_facts, inlined: this runs for every pending job."""
+        ranker = self.ranker
+        memo, row = ranker._memo, ranker._kind_row
+        out = []
         for j in pending:
-            a, rate = j.attained_gpu_seconds, service_rate(j)
-            key = (j.gpus_per_node, j.nodes, j.gpu_share, j.user, j.name, bin_of(a / rate) if a > 0 and rate > 0 else 0)
-            r = seen.get(key)
-            if r is None:
-                r = seen[key] = ranker.rank(j, self.now)
-            out.append(r)
-        self.ranks.update(zip([j.id for j in pending], out))
-        return out
+            rate = j.nodes * j.gpus_per_node if j.gpu_share is None else service_rate(j)
+            a = j.attained_gpu_seconds
+            kind = (rate, j.user, j.name)
+            b = bin_of(a / rate) if a > 0 and rate > 0 else 0
+            r = memo.get(("row", kind, b))
+            out.append(row(kind, b) if r is None else r)
+        ranks = [r[0] for r in out]
+        self.ranks.update(zip([j.id for j in pending], ranks))
+        return ranks, [r[1] for r in out]
 
     def run(self) -> Plan:
         waiting_ahead: dict[str | None, int] = {}  # partition -> best level of a job left waiting
@@ -391,8 +415,27 @@ class MlfqPass:
             # The reference, card shares (their room is not a free-GPU count) and jobs that may use
             # several partitions (place() tries them one by one): every node that is not reserved.
             return place(job, nodes, self.cfg.placement, only=[n for n in nodes if n not in self.reserved], pack=pack)
+        # A shape (what fits() reads of the job) that found no room finds none again while the
+        # working copy has gained none: the copy of now never does in a pass (starts and claims
+        # only take room), the future one only when a preemption leaves GPUs free (_rooms_left).
+        key = (job.gpus_per_node, job.nodes, job.partition, job.cpus_per_node, job.mem_mb, job.runtime,
+               job.time_limit if self._fit_reads_limit else None)
+        if free is self.free_now:
+            if key in self._no_room_now:
+                return None
+        else:
+            seen = self._no_room_future.get(key)
+            if seen is not None and (seen == len(self._rooms_left)
+                                     or max(self._rooms_left[seen:]) < job.gpus_per_node):
+                return None
         chosen = free.first_fitting(job, self.reserved)
-        return None if chosen is None else placement_on(job, chosen)
+        if chosen is None:
+            if free is self.free_now:
+                self._no_room_now.add(key)
+            elif job.gpus_per_node > 0:  # (room for CPU-only jobs is not counted in GPUs)
+                self._no_room_future[key] = len(self._rooms_left)
+            return None
+        return placement_on(job, chosen)
 
     def try_start(self, job: JobView, level: int, waiting_ahead: dict) -> bool:
         placement = self.place_in(job, self.nodes, self.free_now)
@@ -426,10 +469,13 @@ class MlfqPass:
 
     def claim(self, job: JobView, placement) -> None:
         reserve(job, placement, self.future)
-        # What is free now on those nodes is kept for this job too.
+        # What is free now on those nodes is kept for this job too (GPUs still busy now, a
+        # victim's, need no new copy).
+        nodes = self.nodes
         for name, gpus in zip(placement.nodes, placement.gpus):
-            n = self.nodes[name]
-            self.nodes[name] = with_usage(n, n.used_gpus | frozenset(gpus), n.used_cpus, n.used_mem_mb)
+            n = nodes[name]
+            if not n.used_gpus.issuperset(gpus):
+                nodes[name] = with_usage(n, n.used_gpus.union(gpus), n.used_cpus, n.used_mem_mb)
         self.changed(placement.nodes)
 
     # ---- preemption --------------------------------------------------------------------
@@ -442,12 +488,13 @@ class MlfqPass:
             picked = self.victim_index.options(self.search, job, above, rank)
         if picked is None:
             return False
-        victims = {v.id: v for o in picked for v in o[3]}
+        # (one node's victims are distinct runs; a gang's options may share a gang victim)
+        victims = picked[0][3] if len(picked) == 1 else list({v.id: v for o in picked for v in o[3]}.values())
         if not victims:
             return False  # room without preempting anyone would have been found earlier
         # Tentatively free the victims on the picked nodes and place the job there.
         trial = {o[2]: self.future[o[2]] for o in picked}
-        for v in victims.values():
+        for v in victims:
             for node, gpus in v.allocation:
                 if node in trial:
                     release(v, node, gpus, trial)
@@ -460,18 +507,21 @@ class MlfqPass:
         future = self.future
         future.update(trial)  # the picked nodes, their victims released
         freed = list(trial)
-        why = ("urgent job" if rank == 0 else f"level {level} job")
-        for v in victims.values():
+        why = f"{'urgent job' if rank == 0 else f'level {level} job'} {job.id}{self._rank_note(job)}"
+        for v in victims:
             for node, gpus in v.allocation:  # a gang victim frees its other nodes too
                 if node in future and node not in trial:
                     release(v, node, gpus, future)
                     freed.append(node)
             self.victims.add(v.id)
-            self.actions.append(Preempt(v.id, f"level {self.level(v)} run past its quantum; GPUs go to "
-                                              f"{why} {job.id}{self._rank_note(job)}", for_job=job.id))
-        self.victim_index.took(victims.values())
+            self.actions.append(Preempt(v.id, f"level {self.level(v)} run past its quantum; GPUs go to {why}",
+                                        for_job=job.id))
+        self.victim_index.took(victims)
         self.changed(freed, now=False)
         self.claim(job, placement)
+        left = max(len(future[name].free_gpus) for name in freed)
+        if left:
+            self._rooms_left.append(left)  # the victims left room beyond this job's
         self.actions.append(Wait(job.id, WAITING_FOR_CHECKPOINT))
         return True
 
@@ -501,6 +551,7 @@ class MlfqPass:
                                                   f"job {job.id}", for_job=job.id))
             self.changed([name], now=False)
             self.claim(job, placement)
+            self._rooms_left.append(math.inf)  # (a card may be left free)
             self.actions.append(Wait(job.id, WAITING_FOR_CHECKPOINT))
             return True
         return False
@@ -522,20 +573,28 @@ class MlfqPass:
 
     def _rank_note(self, job: JobView) -> str:
         r = self.ranks.get(job.id)
-        return "" if r is None else f" (Gittins rank {r / 3600:.3g} GPU-h)"
+        if r is None:
+            return ""
+        note = self._notes.get(r)  # (ranks repeat: one per job kind and age bin)
+        if note is None:
+            note = self._notes[r] = f" (Gittins rank {r / 3600:.3g} GPU-h)"
+        return note
 
     def note_quantum_ends(self) -> None:
         """When a running job's quantum ends or it sinks a level, the plan may change."""
         if self.ranker is not None:
+            ranker, now, wake, facts_of = self.ranker, self.now, self.wake.append, self._facts
+            quantum = self.quantum(0)  # the same at every level
             for j in self.running:
                 if j.run_start is None or j.gpu_rate == 0:
                     continue
-                end = j.run_start + self.quantum(self.level(j))
-                if end > self.now:
-                    self.wake.append(end)
-                change = self.ranker.next_change(j, self.now)
+                end = j.run_start + quantum
+                if end > now:
+                    wake(end)
+                facts = facts_of.get(j.id) or ranker.running_facts(j, now)
+                change = ranker.next_change_of(facts[0], facts[1], facts[2], now, j.gpu_rate)
                 if change is not None:
-                    self.wake.append(change)
+                    wake(change)
             return
         for j in self.running:
             if j.run_start is None or j.gpu_rate == 0:
