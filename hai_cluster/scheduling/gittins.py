@@ -187,6 +187,30 @@ class Ranker:
             got = self._memo[key] = (probs, _tails(prefix[0]))
         return _finish_within(got[0], got[1], age, seconds)
 
+    def likely_within(self, kind: tuple, age: float, b: int, seconds: float, p: float) -> bool:
+        """finish_prob(kind, age, seconds) >= p, for an age in bin b; first against a bound kept per
+        kind and bin (the mass of the bins the window can reach over the mass above bin b), which
+        settles most runs (long past the window's reach) without the exact sum."""
+        key = ("fbound", kind, b, seconds)
+        bound = self._memo.get(key)
+        if bound is None:
+            probs = self.model.distribution(*kind).probs
+            pkey = ("prefix", kind)
+            prefix = self._memo.get(pkey)
+            if prefix is None:
+                prefix = self._memo[pkey] = _prefix(probs)
+            c0 = prefix[0]
+            above = c0[-1] - c0[b + 1]
+            if b >= _NEDGES or above <= 0:
+                bound = INF
+            else:
+                reach = bin_of(EDGES[b] + seconds)
+                bound = (c0[reach + 1] - c0[b]) / above
+            self._memo[key] = bound
+        if bound < p:
+            return False
+        return self.finish_prob(kind, age, seconds) >= p
+
     def running_facts(self, job: JobView, now: float) -> tuple[tuple, float, int, float, int]:
         """(kind, age, age bin, rank, level) of a job, computed once (a pass asks a running job's
         several times: its level, whether it likely ends soon, when its level changes)."""

@@ -82,6 +82,12 @@ class MlfqConfig:
     # jobs last) may stretch a long job, the tail latency FIFO bounds by arrival order. 0: off.
     max_slowdown: float = 0.0
     slowdown_floor: float = 3600.0
+    # At most this many runs are told to leave in one pass (a job's victims are never split); the
+    # jobs that would preempt after that wait for the next pass (the controller's next tick; the
+    # simulator decides again at once after a plan that preempted). It bounds the checkpoints one
+    # tick sets off on the agents and the time decide() takes when a burst of arrivals outranks
+    # thousands of runs at once (docs/BENCHMARKS.md). 0: no bound.
+    max_preemptions: int = 256
 
     def __post_init__(self) -> None:
         if list(self.thresholds) != sorted(self.thresholds) or any(t <= 0 for t in self.thresholds):
@@ -99,6 +105,8 @@ class MlfqConfig:
             raise ValueError(f"gpu_sharing pack must be binpack or spread, got {self.gpu_pack!r}")
         if self.order not in ("gittins", "las"):
             raise ValueError(f"mlfq order must be gittins or las, got {self.order!r}")
+        if self.max_preemptions < 0:
+            raise ValueError("mlfq max_preemptions must not be negative (0: no bound)")
         if self.restart_cost < 0 or self.level_ratio <= 1 or self.preempt_margin < 1 or self.min_run_restarts < 0:
             raise ValueError("mlfq restart_cost >= 0, level_ratio > 1, preempt_margin >= 1 and "
                              "min_run_restarts >= 0 are required")
@@ -248,7 +256,7 @@ class MlfqPass:
         facts = self._facts.get(j.id)
         if facts is None:
             return self.ranker.finish_within(j, self.now, window) >= self.cfg.finish_likely
-        return self.ranker.finish_prob(facts[0], facts[1], window) >= self.cfg.finish_likely
+        return self.ranker.likely_within(facts[0], facts[1], facts[2], window, self.cfg.finish_likely)
 
     def overdue(self, j: JobView) -> bool:
         """Gittins: the job has been in the system max_slowdown times its service so far."""
@@ -360,33 +368,38 @@ class MlfqPass:
         covered: set[tuple] = set()
         now, act = self.now, self.actions.append  # (names read once: this loop runs per pending job)
         for job, level, rank in self.queue():
-            if (why := job.ineligible(now)) is not None:
+            if (job.hold or job.dependency is not None or job.begin_time is not None) \
+                    and (why := job.ineligible(now)) is not None:
                 act(Wait(job.id, why))
                 if job.begin_time is not None and job.begin_time > now:
                     self.wake.append(job.begin_time)
                 continue
             # A constrained job (-w -x -C --exclusive --reservation) neither uses nor leaves a
             # failed shape: its nodes are not the others' (a reservation's are only its own).
-            if job.gpu_share is None and not job.constrained and job.partition in failed:
-                shape = (job.partition, level, job.gpus_per_node, job.nodes, rank)
+            whole = job.gpu_share is None and not job.constrained
+            partition = job.partition
+            if whole and partition in failed:
+                shape = (partition, level, job.gpus_per_node, job.nodes, rank)
                 if shape in covered or any(level >= lv and job.gpus_per_node >= g and job.nodes >= n and rank >= c
-                                           for lv, g, n, c in failed[job.partition]):
+                                           for lv, g, n, c in failed[partition]):
                     # A job at least as big and no more important already found no room: so does
                     # this. It was left waiting in this partition, so this one waits for Priority.
                     covered.add(shape)
                     act(Wait(job.id, PRIORITY))
                     continue
-            if self.try_start(job, level, waiting_ahead):
+            # What the free-GPU and victim indexes serve: whole GPUs in one partition.
+            plain = whole and job.nodes >= 1 and (not partition or "," not in partition)
+            if self.try_start(job, level, waiting_ahead, plain):
                 continue
-            if self.wait_for_checkpoint(job):
-                waiting_ahead.setdefault(job.partition, level)
+            if self.wait_for_checkpoint(job, plain):
+                waiting_ahead.setdefault(partition, level)
                 continue
-            if self.try_preempt(job, level) or self.preempt_best_effort(job):
-                waiting_ahead.setdefault(job.partition, level)
+            if self.try_preempt(job, level, plain) or self.preempt_best_effort(job):
+                waiting_ahead.setdefault(partition, level)
                 continue
             reason = self._blocked_reason(job, waiting_ahead)
             waiting_ahead.setdefault(job.partition, level)
-            if job.gpu_share is None and not job.constrained:  # a share's room is not a GPU count
+            if whole:  # a share's room is not a GPU count
                 shape = (level, job.gpus_per_node, job.nodes, rank)
                 failed[job.partition] = [f for f in failed.get(job.partition, ()) if any(a < b for a, b in zip(f, shape))]
                 failed[job.partition].append(shape)
@@ -406,15 +419,17 @@ class MlfqPass:
     def _blocked_reason(self, job: JobView, waiting_ahead: dict) -> str:
         return PRIORITY if job.partition in waiting_ahead else RESOURCES
 
-    def place_in(self, job: JobView, nodes: dict[str, NodeView], free: FreeIndex):
+    def place_in(self, job: JobView, nodes: dict[str, NodeView], free: FreeIndex, plain: bool | None = None):
         """place() on the nodes this job may use (not those reserved for a starving job), looking
-        at them in place()'s order through the free-GPU index and stopping at the first that fit."""
-        pack = self.cfg.gpu_pack
-        if (self.victim_search == "scan" or job.gpu_share is not None or len(job.partitions) > 1 or job.nodes < 1
-                or job.constrained):  # -w, -x, --exclusive: the free-GPU index knows none of them
+        at them in place()'s order through the free-GPU index and stopping at the first that fit.
+        plain: the job asks whole GPUs in one partition and is not constrained (the caller knows)."""
+        if plain is None:
+            plain = job.gpu_share is None and len(job.partitions) <= 1 and job.nodes >= 1 and not job.constrained
+        if self.victim_search == "scan" or not plain:  # -w, -x, --exclusive: the free-GPU index knows none of them
             # The reference, card shares (their room is not a free-GPU count) and jobs that may use
             # several partitions (place() tries them one by one): every node that is not reserved.
-            return place(job, nodes, self.cfg.placement, only=[n for n in nodes if n not in self.reserved], pack=pack)
+            return place(job, nodes, self.cfg.placement, only=[n for n in nodes if n not in self.reserved],
+                         pack=self.cfg.gpu_pack)
         # A shape (what fits() reads of the job) that found no room finds none again while the
         # working copy has gained none: the copy of now never does in a pass (starts and claims
         # only take room), the future one only when a preemption leaves GPUs free (_rooms_left).
@@ -437,8 +452,8 @@ class MlfqPass:
             return None
         return placement_on(job, chosen)
 
-    def try_start(self, job: JobView, level: int, waiting_ahead: dict) -> bool:
-        placement = self.place_in(job, self.nodes, self.free_now)
+    def try_start(self, job: JobView, level: int, waiting_ahead: dict, plain: bool | None = None) -> bool:
+        placement = self.place_in(job, self.nodes, self.free_now, plain)
         if placement is None:
             return False
         if not (job.preemptible and job.resumable) and job.partition in waiting_ahead \
@@ -458,9 +473,9 @@ class MlfqPass:
         self.actions.append(Start(job.id, placement, f"level {level}{self._rank_note(job)}, first in order that fits"))
         return True
 
-    def wait_for_checkpoint(self, job: JobView) -> bool:
+    def wait_for_checkpoint(self, job: JobView, plain: bool | None = None) -> bool:
         """Room will be there once the runs already told to leave have left: wait, and claim it."""
-        placement = self.place_in(job, self.future, self.free_future)
+        placement = self.place_in(job, self.future, self.free_future, plain)
         if placement is None:
             return False
         self.claim(job, placement)
@@ -479,10 +494,17 @@ class MlfqPass:
         self.changed(placement.nodes)
 
     # ---- preemption --------------------------------------------------------------------
-    def try_preempt(self, job: JobView, level: int) -> bool:
+    def preemptions_spent(self) -> bool:
+        """The pass told as many runs to leave as one pass may (max_preemptions)."""
+        return 0 < self.cfg.max_preemptions <= len(self.victims)
+
+    def try_preempt(self, job: JobView, level: int, plain: bool | None = None) -> bool:
+        if self.preemptions_spent():
+            return False
         rank = PRIORITY_RANK.get(job.priority, 2)
         above = self.victim_level(level)
-        if self.victim_search == "scan" or self.cfg.prefer_idle_victims or job.constrained or self.windows_ahead:
+        constrained = job.constrained if plain is None else not plain and job.constrained
+        if self.victim_search == "scan" or self.cfg.prefer_idle_victims or constrained or self.windows_ahead:
             picked = scan_options(self.search, job, above, rank)
         else:
             picked = self.victim_index.options(self.search, job, above, rank)
@@ -498,7 +520,11 @@ class MlfqPass:
             for node, gpus in v.allocation:
                 if node in trial:
                     release(v, node, gpus, trial)
-        if job.gpu_share is None and len(job.partitions) <= 1:
+        if plain and len(trial) == 1 == job.nodes:  # (place_on_each for one node: no -w, no -C)
+            node = next(iter(trial.values()))
+            placement = placement_on(job, [node]) if len(node.free_gpus) >= job.gpus_per_node and fits(job, node) \
+                else None
+        elif plain or job.gpu_share is None and len(job.partitions) <= 1:
             placement = place_on_each(job, list(trial.values()))  # one node per rank was picked
         else:
             placement = place(job, trial, self.cfg.placement)
@@ -528,7 +554,7 @@ class MlfqPass:
     def preempt_best_effort(self, job: JobView) -> bool:
         """A guaranteed sharing job takes its share from best-effort sharing runs on a card, at
         once, whatever their level (they only ever use idle compute)."""
-        if job.gpu_share is None or job.gpu_share.qos != "guaranteed":
+        if job.gpu_share is None or job.gpu_share.qos != "guaranteed" or self.preemptions_spent():
             return False
         for name in self.node_order:
             node = self.future[name]

@@ -6,6 +6,7 @@ import pytest
 
 from hai_cluster.core.model import Snapshot
 from hai_cluster.core.sizemodel import FinishedJob, SizeModel, rebuild
+from hai_cluster.core.states import JobState
 from hai_cluster.scheduling.gittins import Ranker, RankSettings, explain, rank_table
 from hai_cluster.scheduling.mlfq import MlfqConfig, MlfqPass, MlfqPolicy
 from hai_cluster.scheduling.plan import Preempt, Start
@@ -122,3 +123,23 @@ def test_the_simulator_feeds_only_jobs_that_ended_and_starts_empty():
     rec2 = Recorder()
     simulate(rec2, jobs, Cluster(1, 1), restart_cost=0.0)
     assert rec2.seen == rec.seen  # a fresh model in each run: the same replay twice
+
+
+@pytest.mark.parametrize("order", ["gittins", "las"])
+def test_a_pass_tells_at_most_max_preemptions_runs_to_leave(order):
+    # Six old 1-GPU runs fill six nodes; six new jobs outrank them. With a bound of 4, the first
+    # pass takes 4 runs (and never splits a job's victims), the next pass takes the rest.
+    nodes = [node(f"n{i}", gpus=1) for i in range(6)]
+    runs = [running(i + 1, [(f"n{i}", [0])], start=0.0, attained=1e6) for i in range(6)]
+    new = [pending(10 + i, t=5000.0) for i in range(6)]
+    cfg = MlfqConfig(order=order, max_preemptions=4, thresholds=(100.0,), quanta=(10.0, 10.0))
+    plan = MlfqPolicy(cfg).decide(snapshot(10_000.0, nodes, runs + new))
+    assert len(plan.preempts) == 4
+    taken = {p.job_id for p in plan.preempts}
+    leaving = [replace(j, state=JobState.PREEMPTING) if j.id in taken else j for j in runs]
+    plan2 = MlfqPolicy(cfg).decide(snapshot(10_000.0, nodes, leaving + new))
+    assert len(plan2.preempts) == 2 and not {p.job_id for p in plan2.preempts} & taken
+    unbounded = MlfqPolicy(replace(cfg, max_preemptions=0)).decide(snapshot(10_000.0, nodes, runs + new))
+    assert len(unbounded.preempts) == 6
+    with pytest.raises(ValueError):
+        MlfqConfig(max_preemptions=-1)
