@@ -187,6 +187,14 @@ class Ranker:
             got = self._memo[key] = (probs, _tails(prefix[0]))
         return _finish_within(got[0], got[1], age, seconds)
 
+    def service_quantile(self, kind: tuple, q: float) -> float:
+        """The q-quantile of the total service (seconds on its GPUs) of a job of this kind."""
+        key = ("quantile", kind, q)
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo[key] = quantile_remaining(self.model.distribution(*kind).probs, 0.0, q)
+        return got
+
     def likely_within(self, kind: tuple, age: float, b: int, seconds: float, p: float) -> bool:
         """finish_prob(kind, age, seconds) >= p, for an age in bin b; first against a bound kept per
         kind and bin (the mass of the bins the window can reach over the mass above bin b), which

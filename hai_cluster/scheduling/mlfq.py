@@ -88,6 +88,15 @@ class MlfqConfig:
     # tick sets off on the agents and the time decide() takes when a burst of arrivals outranks
     # thousands of runs at once (docs/BENCHMARKS.md). 0: no bound.
     max_preemptions: int = 256
+    # gittins: a job whose time in the system passed lift_factor x the service that 90 % of its
+    # kind need (as the cluster learned it; at least lift_floor seconds) is old: pending, it goes first (old jobs
+    # in submit order) and may preempt runs that are not old; running, it is preempted by no
+    # one but an urgent job. Each job turns old once and then runs to its end, so this bounds
+    # the tail (the Gittins order puts the longest jobs last) without preemption cascades, at a
+    # price in mean JCT that no factor tried made worth paying on every trace (docs/BENCHMARKS.md):
+    # off (0) by default, for a cluster that values its tail more.
+    lift_factor: float = 0.0
+    lift_floor: float = 3600.0
 
     def __post_init__(self) -> None:
         if list(self.thresholds) != sorted(self.thresholds) or any(t <= 0 for t in self.thresholds):
@@ -160,6 +169,7 @@ class MlfqPass:
         self._facts: dict[int, tuple] = {}  # job id -> Ranker.running_facts, where computed
         self._notes: dict[float, str] = {}  # rank -> its words in a reason
         self._promoted: set[int] = set()  # pending jobs the starvation guard moved to level 0
+        self._lifted: set[int] = set()  # pending jobs that are old (lift_factor)
         # Runs that could ever be preempted, per node, cheapest first: lower levels (larger index),
         # then more service already received. Each as a Candidate: what the victim search asks of
         # a run, computed once instead of once per node and job shape it is looked at for. Card
@@ -180,7 +190,8 @@ class MlfqPass:
                     facts = facts_of[j.id] = ranker.running_facts(j, now)
                     self.ranks[j.id], level = facts[3], facts[4]
                     self._levels[j.id] = level
-                    ripe = now - j.run_start >= quantum and not self.likely_done(j) and not self.overdue(j)
+                    ripe = now - j.run_start >= quantum and not self.likely_done(j) and not self.overdue(j) \
+                        and not self.old(j)
                 rank, run_gpus = PRIORITY_RANK.get(j.priority, 2), j.gpus
                 key = (idle_first and not j.idle, -level, -attained, j.id)
                 for node, gpus in j.allocation:
@@ -266,6 +277,17 @@ class MlfqPass:
         served = self.ranker.age(j, self.now)
         return self.now - j.submit_time >= cfg.max_slowdown * max(served, cfg.slowdown_floor)
 
+    def lift_at(self, j: JobView) -> float:
+        """When the job turns old (lift_factor; inf when off)."""
+        cfg = self.cfg
+        if cfg.lift_factor <= 0 or self.ranker is None:
+            return math.inf
+        kind = self.ranker.kind(j)
+        return j.submit_time + max(cfg.lift_factor * self.ranker.service_quantile(kind, 0.9), cfg.lift_floor)
+
+    def old(self, j: JobView) -> bool:
+        return self.now >= self.lift_at(j)
+
     def victim_level(self, level: int) -> int:
         """A job of this level may preempt runs of levels above what this returns."""
         return level if self.ranker is None else level + self.cfg.preempt_margin - 1
@@ -301,6 +323,15 @@ class MlfqPass:
             self._levels.update(zip([j.id for j in pending], levels))
             if self.cfg.max_slowdown > 0:
                 levels = [0 if self.overdue(j) else lv for j, lv in zip(pending, levels)]
+            if self.cfg.lift_factor > 0:
+                lift = list(map(self.lift_at, pending))
+                now = self.now
+                for j, t in zip(pending, lift):
+                    if t <= now:
+                        self._lifted.add(j.id)
+                    else:
+                        self.wake.append(t)
+                levels = [0 if t <= now else lv for t, lv in zip(lift, levels)]
             if self.cfg.starvation_factor > 0:
                 levels = [self.effective_level(j) for j in pending]
         elif self.cfg.starvation_factor > 0:
@@ -331,6 +362,10 @@ class MlfqPass:
             jobs.sort(key=_SUBMIT_TIME)
             if ranks is not None:  # the lowest Gittins rank first within the level
                 jobs.sort(key=lambda j: rank_of[j.id])
+                if level == 0 and self._lifted:  # old jobs first, in submit order
+                    lifted = self._lifted
+                    jobs[:] = sorted((j for j in jobs if j.id in lifted), key=_SUBMIT_TIME) + \
+                        [j for j in jobs if j.id not in lifted]
             if fairshare:  # the higher fair-share factor (less past use for its shares) first
                 jobs.sort(key=lambda j: -fairshare.get((j.account, j.user), 1.0))
             if niced and any(map(_NICE, jobs)):  # --nice: its owner's say on the order of their own jobs

@@ -143,3 +143,21 @@ def test_a_pass_tells_at_most_max_preemptions_runs_to_leave(order):
     assert len(unbounded.preempts) == 6
     with pytest.raises(ValueError):
         MlfqConfig(max_preemptions=-1)
+
+
+def test_an_old_job_goes_first_preempts_a_young_run_and_is_not_preempted_when_running():
+    # Every job of this kind runs ~1000 s: with lift_factor 3 a job is old 3000 s after submission.
+    model = rebuild([FinishedJob(1, 1000.0)] * 200)
+    cfg = replace(GITTINS, lift_factor=3.0, lift_floor=0.0)
+    # 2000 s of service, past the kind's ~1000 s: one of the rare long ones, far down the order
+    young_run = replace(running(1, [("a", [0])], start=1700.0), submit_time=1600.0)
+    old_job, new_job = pending(2, t=0.0, attained=900.0), pending(3, t=3600.0)
+    snap = with_sizes(snapshot(3700.0, [node("a", gpus=1)], [young_run, old_job, new_job]), model)
+    assert [j.id for j, _, _ in MlfqPass(cfg, snap).queue()][0] == 2
+    plan = MlfqPolicy(cfg).decide(snap)
+    assert [p.job_id for p in plan.preempts] == [1]
+    # Running, an old job is not a victim (the young one would outrank it in the Gittins order).
+    old_run = replace(running(2, [("a", [0])], start=1700.0), submit_time=0.0)
+    snap = with_sizes(snapshot(3700.0, [node("a", gpus=1)], [old_run, pending(3, t=3600.0)]), model)
+    assert not MlfqPolicy(cfg).decide(snap).preempts
+    assert MlfqPolicy(replace(cfg, lift_factor=0.0)).decide(snap).preempts
