@@ -114,11 +114,16 @@ class MlfqConfig:
             raise ValueError(f"gpu_sharing pack must be binpack or spread, got {self.gpu_pack!r}")
         if self.order not in ("gittins", "las"):
             raise ValueError(f"mlfq order must be gittins or las, got {self.order!r}")
-        if self.max_preemptions < 0:
-            raise ValueError("mlfq max_preemptions must not be negative (0: no bound)")
-        if self.restart_cost < 0 or self.level_ratio <= 1 or self.preempt_margin < 1 or self.min_run_restarts < 0:
-            raise ValueError("mlfq restart_cost >= 0, level_ratio > 1, preempt_margin >= 1 and "
-                             "min_run_restarts >= 0 are required")
+        if self.level_ratio <= 1:
+            raise ValueError(f"mlfq level_ratio must be > 1, got {self.level_ratio!r}")
+        if self.preempt_margin < 1:
+            raise ValueError(f"mlfq preempt_margin must be >= 1 (levels), got {self.preempt_margin!r}")
+        if not 0 < self.finish_likely <= 1:
+            raise ValueError(f"mlfq finish_likely must be a probability in (0, 1] (1: off), got {self.finish_likely!r}")
+        for key in ("restart_cost", "min_run_restarts", "finish_window", "max_slowdown", "slowdown_floor",
+                    "max_preemptions", "lift_factor", "lift_floor"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"mlfq {key} must not be negative, got {getattr(self, key)!r}")
 
     @property
     def levels(self) -> int:
