@@ -4,6 +4,7 @@ The snapshot is random but seeded: job sizes 1/2/4/8 GPUs (8-GPU jobs on 1, 2 or
 attained service spread over every MLFQ level, running jobs started up to 6 hours ago."""
 from __future__ import annotations
 
+import gc
 import random
 import statistics
 import time
@@ -56,15 +57,18 @@ def measure(policies=VARIANTS, reps: int = 3, **shape) -> list[dict]:
     variants = [(p, p, {}) if isinstance(p, str) else p for p in policies]
     made = [(label, make_policy(name, **opts)) for label, name, opts in variants]
     times: dict[str, list[float]] = {label: [] for label, _ in made}
-    plans = {}
+    counts = {}
     for _ in range(reps):
         for label, policy in made:
+            gc.collect()  # (the previous pass's garbage is not this one's cost)
             t0 = time.perf_counter()
-            plans[label] = policy.decide(snap)
+            plan = policy.decide(snap)
             times[label].append(time.perf_counter() - t0)
+            counts[label] = (len(plan.starts), len(plan.preempts), len(plan.waits))
+            del plan
     out = []
     for label, _ in made:
-        ts, plan = times[label], plans[label]
+        ts, (starts, preempts, waits) = times[label], counts[label]
         out.append({"policy": label, "median_s": statistics.median(ts), "min_s": min(ts), "max_s": max(ts),
-                    "starts": len(plan.starts), "preempts": len(plan.preempts), "waits": len(plan.waits)})
+                    "starts": starts, "preempts": preempts, "waits": waits})
     return out
