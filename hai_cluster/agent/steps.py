@@ -278,7 +278,9 @@ class StepRelay:
             del self.sruns[key]
 
     def _served(self, caller: Caller, job: int) -> Key:
-        if caller.serves is None or caller.serves[0] != job:
+        # the job's registered step server itself: another connection from the run's pid (its
+        # code is the user's) does not multiply what may be in flight to the controller
+        if caller.serves is None or caller.serves[0] != job or self.servers.get(caller.serves) is not caller:
             raise RequestError(f"this connection is not job {job}'s step server")
         return caller.serves
 

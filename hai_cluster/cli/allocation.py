@@ -33,6 +33,7 @@ POLL = 0.5  # while pending
 # While it runs: a scancel is pushed at once, a time limit or a lost node is seen within this; it
 # also keeps the connection from being idle (and costs the store one read a session)
 WATCH = 5.0
+RETRY_WINDOW = 20.0  # seconds a lost submission's retry waits for a controller that restarts (hsubmit's)
 
 
 class AllocationError(Exception):
@@ -112,16 +113,23 @@ class Allocation:
         if not self.quiet:
             print(f"{self.prog}: {printable(text)}", file=sys.stderr, flush=True)
 
-    async def submit(self, option_args: list[str], *, immediate: bool) -> int:
+    async def submit(self, option_args: list[str], *, immediate: bool, detached: bool = False) -> int:
+        """The allocation's job. `detached` (salloc --no-shell): no client holds it, and the
+        controller must not end it as one whose client is gone. A lost reply is asked again once,
+        with the same idempotency key: the controller answers with the job it already made."""
         body = {"script": ALLOCATION_SCRIPT, "option_args": option_args, "script_args": [], "cwd": os.getcwd(),
                 "env": dict(os.environ), "umask": _umask(), "script_name": "interactive", "interactive": True,
-                "immediate": immediate, "key": os.urandom(16).hex()}
-        try:
-            reply = await self.ctl.call("submit", body)
-        except RpcError as exc:
-            raise AllocationError(slurm_words(str(exc))) from None
-        except (ConnectionLost, asyncio.TimeoutError) as exc:
-            raise AllocationError(f"the controller did not answer: {exc or 'timeout'}") from None
+                "immediate": immediate, "detached": detached, "key": os.urandom(16).hex()}
+        for retry in (False, True):
+            try:
+                reply = await self.ctl.call("submit", body)
+                break
+            except RpcError as exc:
+                raise AllocationError(slurm_words(str(exc))) from None
+            except (ConnectionLost, asyncio.TimeoutError) as exc:
+                if retry or not await self.ctl.reconnect(RETRY_WINDOW):
+                    raise AllocationError(f"the controller did not answer: {exc or 'timeout'}; the allocation may "
+                                          f"have been made: check squeue") from None
         self.job_id = int(reply["job_id"])
         return self.job_id
 

@@ -121,7 +121,7 @@ async def amain(own: dict, options: list[str], command: list[str]) -> int:
     if not any(o in ("-J", "--job-name") or o.startswith(("-J", "--job-name=")) for o in options):
         options = [f"--job-name={'no-shell' if own['no_shell'] else 'interactive'}", *options]  # Slurm's names
     try:
-        await alloc.submit(options, immediate=own["immediate"] == 0)
+        await alloc.submit(options, immediate=own["immediate"] == 0, detached=own["no_shell"])
         interrupted = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(sig, interrupted.set)

@@ -499,6 +499,18 @@ def parse_scheduler(path: str, raw: Any, gpu_pack: str | None = None) -> Schedul
             placement=sec.get("placement", str, d.placement),
             prefer_idle_victims=sec.get("prefer_idle_victims", bool, d.prefer_idle_victims),
             gpu_pack=gpu_pack,
+            order=sec.get("order", str, d.order),
+            restart_cost=sec.get("restart_cost", float, d.restart_cost),
+            level_ratio=sec.get("level_ratio", float, d.level_ratio),
+            preempt_margin=sec.get("preempt_margin", int, d.preempt_margin),
+            min_run_restarts=sec.get("min_run_restarts", float, d.min_run_restarts),
+            finish_likely=sec.get("finish_likely", float, d.finish_likely),
+            finish_window=sec.get("finish_window", float, d.finish_window),
+            max_slowdown=sec.get("max_slowdown", float, d.max_slowdown),
+            slowdown_floor=sec.get("slowdown_floor", float, d.slowdown_floor),
+            max_preemptions=sec.get("max_preemptions", int, d.max_preemptions),
+            lift_factor=sec.get("lift_factor", float, d.lift_factor),
+            lift_floor=sec.get("lift_floor", float, d.lift_floor),
         )
     except ValueError as exc:
         raise ConfigError(f"{path}: [scheduler] {exc}") from None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from ..scheduling.priority import priorities as compute, weights
 from .access import Caller
@@ -12,8 +12,10 @@ from .requests import filter_list, int_list, task_list
 
 # The order is computed over every pending job (a whole snapshot read, like a pass's), one request
 # at a time; a listing's later pages (`after`) reuse the first page's for this long, so that the
-# pages of one sprio agree with each other (a first page is always fresh).
+# pages of one sprio agree with each other; a first page reuses one this young (sprio in a loop,
+# or many users at once, cost one computation a second at most).
 REUSE_SECONDS = 30.0
+FIRST_PAGE_REUSE = 1.0
 
 
 async def priorities(ctx: ApiContext, body, caller: Caller):
@@ -52,13 +54,14 @@ async def _current(ctx: ApiContext, *, fresh: bool) -> tuple[float, list[dict]]:
     computation if it is recent."""
     async with ctx.priority_lock:
         cached = ctx.priority_cache
-        if not fresh and cached is not None and time.monotonic() - cached[0] < REUSE_SECONDS:
+        if cached is not None and time.monotonic() - cached[0] < (FIRST_PAGE_REUSE if fresh else REUSE_SECONDS):
             return cached[1], cached[2]
         now = time.time()
         cfg = ctx.ctl.cfg
 
         def load() -> list[dict]:  # on the store thread: the snapshot, its fair-share factors, the order
             snapshot = ctx.ctl.tenancy.extend(ctx.repo.engine, ctx.repo.load_snapshot(now))
+            snapshot = replace(snapshot, sizes=ctx.ctl.sizes.model)  # what the policy learned, as a pass has it
             out = [asdict(p) for p in compute(snapshot, cfg.scheduler.policy, cfg.scheduler.mlfq)]
             out.sort(key=lambda r: r["job_id"])
             return out

@@ -49,6 +49,7 @@ async def submit(ctx: ApiContext, body, caller: Caller):
     # `immediate`: refused unless it would start now (salloc --immediate)
     interactive = expect(body, "interactive", bool, default=False)
     immediate = expect(body, "immediate", bool, default=False)
+    detached = expect(body, "detached", bool, default=False)  # salloc --no-shell: no client holds it
     key = submission_key(body)
     too_big = script_too_big(ctx, script, option_args, script_args)
     if too_big:
@@ -65,7 +66,7 @@ async def submit(ctx: ApiContext, body, caller: Caller):
         raise RequestError(str(exc)) from None
     spec = replace(sub.spec, umask=umask)
     if interactive:
-        spec = interactive_jobs.allocation_spec(spec)
+        spec = interactive_jobs.allocation_spec(spec, detached=detached)
     too_big = env_too_big(ctx, spec.environment)  # what --export keeps of it, as it is stored
     if too_big:
         raise RequestError(too_big)

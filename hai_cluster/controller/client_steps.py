@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..core.hostlist import compress
+from ..core.jobids import MAX_ID
 from ..core.jobenv import allocation_variables
 from ..core.states import FINAL_STATES, JobState
 from ..core.steps import Allocation, StepError, StepIO, plan_step, step_end_state, step_name
@@ -36,9 +37,11 @@ from ..protocol.runspec import SpecError, check_keys, nonneg_int, valid_signal
 from ..transport.rpc import RequestError
 from . import api_control
 from .access import Caller
+from ..store import interactive as interactive_store
 from .dispatch import rank_spec
+from .errors import StoreUnavailable
 from .nodes import AGENT_ERRORS
-from .steps import CLIENT_ORIGIN, FORWARD_TIMEOUT, LAUNCH_WAIT, RETRY, LiveStep, _remote
+from .steps import CLIENT_ORIGIN, FORWARD_TIMEOUT, RETRY, LiveStep, _remote
 
 if TYPE_CHECKING:
     from .apicontext import ApiContext
@@ -48,7 +51,23 @@ log = logging.getLogger(__name__)
 
 MAX_STEPS_PER_CLIENT = 64  # steps one connection runs at once
 MAX_HELD_PER_CLIENT = 64  # allocations one connection holds
+# A created step holds its command and environment until its launch: few of them per user, for
+# a short while (srun launches at once), whatever number of connections the user opens.
+MAX_UNLAUNCHED_PER_UID = 4
+CLIENT_LAUNCH_WAIT = 10.0
 RELEASE_TIMEOUT = 30.0
+# An allocation no client has held for [interactive] abandoned_after seconds (after a controller
+# restart its salloc or srun holds it again within seconds) is abandoned: its client died while
+# the controller was down, or a lost reply left the job without one. It is ended, as Slurm ends
+# an allocation whose salloc is gone. salloc --no-shell's (detached) are held by nobody on purpose.
+SWEEP_EVERY = 30.0
+
+
+def _id(name: str, value: Any) -> int:
+    n = nonneg_int(name, value)
+    if n > MAX_ID:
+        raise RequestError(f"{name} must be a job or step id, got {n}")
+    return n
 
 
 @dataclass(eq=False)
@@ -109,13 +128,21 @@ class ClientSteps:
     async def create(self, body: Any, caller: Caller) -> dict:
         link = _link(caller)
         check_keys("step_create body", body, ("job_id", "request", "argv", "cwd", "env", "io"))
-        job_id = nonneg_int("job_id", body["job_id"])
+        job_id = _id("job_id", body["job_id"])
         request = wire.step_request(body["request"])
         argv, cwd, env = wire.command(body)
         io = wire.step_io(body["io"])
+        size = sum(len(a.encode()) for a in argv) + sum(len(k.encode()) + len(v.encode()) + 2 for k, v in env.items())
+        if size > self.ctl.cfg.max_env_bytes:
+            raise RequestError(f"Unable to create step for job {job_id}: its command and environment are too large "
+                               f"({size} bytes; at most {self.ctl.cfg.max_env_bytes}, the controller's max_env_bytes)")
         if len(link.steps) >= MAX_STEPS_PER_CLIENT:
             raise RequestError(f"Unable to create step for job {job_id}: this connection already runs "
                                f"{MAX_STEPS_PER_CLIENT} steps")
+        if sum(1 for s in self.hub.live.values() if s.start is not None and s.uid == caller.uid) \
+                >= MAX_UNLAUNCHED_PER_UID:
+            raise RequestError(f"Unable to create step for job {job_id}: {MAX_UNLAUNCHED_PER_UID} steps of yours "
+                               f"are created and not launched yet")
         job = await self._allocation(job_id, caller, "Unable to create step")
         if job.state != JobState.RUNNING.value or job.end_request is not None:
             raise RequestError(f"Unable to create step for job {job_id}: Job/step already completing or completed")
@@ -140,14 +167,14 @@ class ClientSteps:
         master = self.ctl.addresses.get(layout.nodes[0], layout.nodes[0])
         key = (job_id, step_id)
         live = LiveStep(CLIENT_ORIGIN, attempt, layout.nodes, _remote(layout.nodes, layout.counts, CLIENT_ORIGIN),
-                        client=link, io=io)
+                        client=link, io=io, uid=caller.uid)
         live.start = {"job_id": job_id, "attempt": attempt, "layout": layout.to_wire(), "argv": argv, "cwd": cwd,
                       "env": env, "master_addr": master, "io": io.to_wire(), "client": True}
         self.hub.live[key] = live
         self._attach(link, key, live)
         self.ctl.events.record("step_start", job_id, CLIENT_ORIGIN, step=f"{job_id}.{step_id}", name=step_name(argv),
                                tasks=layout.ntasks, nodes=compress(list(layout.nodes)))
-        asyncio.get_running_loop().call_later(LAUNCH_WAIT, lambda: self.ctl.spawn(self._unlaunched(key, live)))
+        asyncio.get_running_loop().call_later(CLIENT_LAUNCH_WAIT, lambda: self.ctl.spawn(self._unlaunched(key, live)))
         return {"layout": layout.to_wire(), "warnings": warnings, "master_addr": master}
 
     @staticmethod
@@ -162,7 +189,7 @@ class ClientSteps:
         the output that waited comes, its keys and window size go out again."""
         link = _link(caller)
         check_keys("step_attach body", body, ("job_id", "step_id", "io"))
-        key = (nonneg_int("job_id", body["job_id"]), nonneg_int("step_id", body["step_id"]))
+        key = (_id("job_id", body["job_id"]), _id("step_id", body["step_id"]))
         io = wire.step_io(body["io"])
         job = await self._allocation(key[0], caller, "Attach")
         live = await self.hub._live(key) if job.state == JobState.RUNNING.value else None
@@ -183,7 +210,7 @@ class ClientSteps:
 
     def _step(self, body: Any, caller: Caller, extra: tuple[str, ...] = ()) -> tuple[tuple[int, int], LiveStep]:
         check_keys("body", body, ("job_id", "step_id", *extra))
-        key = (nonneg_int("job_id", body["job_id"]), nonneg_int("step_id", body["step_id"]))
+        key = (_id("job_id", body["job_id"]), _id("step_id", body["step_id"]))
         live = self.hub.live.get(key)
         if live is None or live.client is not _link(caller):
             raise RequestError(f"step {key[0]}.{key[1]} is not a running step of this srun")
@@ -250,7 +277,9 @@ class ClientSteps:
     async def done(self, body: Any, caller: Caller) -> dict:
         """The client has every task's end (or gives up on them): the step's end is recorded."""
         key, live = self._step(body, caller, ("exit_code", "signal", "cancelled"))
-        code = None if body["exit_code"] is None else nonneg_int("exit_code", body["exit_code"])
+        code = body["exit_code"]
+        if code is not None and (not isinstance(code, int) or isinstance(code, bool) or not 0 <= code <= 255):
+            raise RequestError("exit_code must be 0-255 or nil")
         sig = None if body["signal"] in (None, 0) else valid_signal("signal", body["signal"])
         if not isinstance(body["cancelled"], bool):
             raise RequestError("cancelled must be true or false")
@@ -258,13 +287,14 @@ class ClientSteps:
 
     async def _end(self, key: tuple[int, int], live: LiveStep, code: int | None, sig: int | None,
                    cancelled: bool) -> bool:
+        state = step_end_state(code, sig, cancelled)
+        # the record first: a store that refuses it leaves the step routed, to be ended again
+        ended = await self.ctl.db(self.ctl.repo.steps.end, key[0], live.attempt, key[1], origin=CLIENT_ORIGIN,
+                                  state=state, exit_code=code, exit_signal=sig, now=time.time())
         if self.hub.live.get(key) is live:
             del self.hub.live[key]
         if live.client is not None:
             live.client.steps.discard(key)
-        state = step_end_state(code, sig, cancelled)
-        ended = await self.ctl.db(self.ctl.repo.steps.end, key[0], live.attempt, key[1], origin=CLIENT_ORIGIN,
-                                  state=state, exit_code=code, exit_signal=sig, now=time.time())
         if ended:
             self.ctl.events.record("step_end", key[0], CLIENT_ORIGIN, step=f"{key[0]}.{key[1]}", state=state,
                                    exit_code=f"{code or 0}:{sig or 0}")
@@ -281,7 +311,7 @@ class ClientSteps:
         hold, want_env = body.get("hold", True), body.get("env", False)
         if not isinstance(hold, bool) or not isinstance(want_env, bool):
             raise RequestError("hold and env must be true or false")
-        job = await self._allocation(nonneg_int("job_id", body["job_id"]), caller, "Allocation")
+        job = await self._allocation(_id("job_id", body["job_id"]), caller, "Allocation")
         if hold and JobState(job.state) not in FINAL_STATES:
             if job.id not in link.held and len(link.held) >= MAX_HELD_PER_CLIENT:
                 raise RequestError(f"this connection already holds {MAX_HELD_PER_CLIENT} allocations")
@@ -306,7 +336,7 @@ class ClientSteps:
         step server cannot be told, the job is cancelled."""
         link = _link(caller)
         check_keys("release body", body, ("job_id", "exit_code"))
-        job = await self._allocation(nonneg_int("job_id", body["job_id"]), caller, "Release")
+        job = await self._allocation(_id("job_id", body["job_id"]), caller, "Release")
         code = body["exit_code"]
         if not isinstance(code, int) or isinstance(code, bool) or not 0 <= code <= 255:
             raise RequestError("exit_code must be 0-255")
@@ -327,6 +357,32 @@ class ClientSteps:
         return {"released": "cancelled"}
 
     # -- a client that went away --
+
+    async def sweep(self) -> None:
+        """End the allocations nobody holds (abandoned_after); runs for the controller's life."""
+        grace = self.ctl.cfg.interactive.abandoned_after
+        up = time.monotonic()
+        while True:
+            await asyncio.sleep(min(SWEEP_EVERY, grace / 2))
+            if self.ctl.stopping or self.api is None or time.monotonic() - up < grace:
+                continue
+            try:
+                live = await self.ctl.db(interactive_store.live_allocations, self.ctl.repo.engine,
+                                         time.time() - grace)
+                abandoned = []
+                for job_id in (j for j in live if j not in self.holders):
+                    job = await self.ctl.db(self.ctl.repo.job_record, job_id)
+                    if job is not None and not job.spec.detached and job.id not in self.holders:
+                        abandoned.append(job)
+            except StoreUnavailable:
+                continue
+            for job in abandoned:
+                log.info("job %d: no salloc or srun has held this allocation for %g s; ending it", job.id, grace)
+                owner = Caller(uid=job.uid, gid=job.gid, pid=0, user=job.user)
+                try:
+                    await api_control.cancel(self.api, {"ids": [job.id]}, owner)
+                except (RequestError, StoreUnavailable) as exc:
+                    log.warning("ending abandoned allocation %d failed: %s", job.id, exc)
 
     async def gone(self, link: ClientLink, caller: Caller) -> None:
         """Its connection closed: its steps are killed and its allocations ended, unless the
@@ -365,6 +421,7 @@ async def _push(conn, name: str, body: dict) -> None:
 # -- the API's handlers (controller/api.py) --
 
 async def step_create(ctx: "ApiContext", body, caller: Caller):
+    await ctx.take_rate(caller, 1)  # a step's record and event, as a submission's
     return await _guarded(ctx.ctl.client_steps.create(body, caller))
 
 

@@ -19,7 +19,7 @@ from ..transport.rpc import RequestError
 FAILED = "Job submit/allocate failed"
 
 
-def allocation_spec(spec: JobSpec) -> JobSpec:
+def allocation_spec(spec: JobSpec, detached: bool = False) -> JobSpec:
     """The spec of an interactive allocation, or RequestError for an option it cannot take."""
     refused = [name for name, given in (
         ("--array", spec.array is not None), ("--every-node", spec.every_node),
@@ -29,7 +29,8 @@ def allocation_spec(spec: JobSpec) -> JobSpec:
     if refused:
         raise RequestError(f"{FAILED}: {', '.join(refused)}: not for an interactive allocation (it runs no batch "
                            f"script{'; containers not yet' if spec.container_image or spec.runtime else ''})")
-    return replace(spec, interactive=True, requeue=False, resumes=None, stdout=os.devnull, stderr=None)
+    return replace(spec, interactive=True, detached=detached, requeue=False, resumes=None, stdout=os.devnull,
+                   stderr=None)
 
 
 def time_limit(spec: JobSpec, cfg: ControllerConfig, given: int | None) -> JobSpec:

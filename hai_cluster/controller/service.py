@@ -156,6 +156,7 @@ class Controller:
         # In the background: one record read per running job with a limit must not hold the API
         # gate shut, and a store error there must not fail the start.
         self.spawn(self._watch_running_limits())
+        self._tasks.append(asyncio.create_task(self.client_steps.sweep(), name="abandoned-allocations"))
 
     def open_link(self, node: NodeConfig, ssh: SshConfig) -> None:
         self.links[node.name] = link = NodeLink(node, ssh, self.cfg.ping_interval, on_hello=self._on_hello,

@@ -41,6 +41,11 @@ FORWARD_TIMEOUT = 120.0  # srun's agent forwards only as fast as srun reads
 LAUNCH_WAIT = 60.0  # srun's agent asks for the launch right after the layout: one that never does went away
 RETRY = 0.5  # seconds between tries while srun's agent is unreachable
 REATTACH_WAIT = 60.0  # a client's step: how long its output waits for the client to attach again
+# A client's step output is offered, not queued: at most this much unread by the client, and a
+# chunk waits this long for room before its step server is told to offer it again ("busy"; under
+# the agent's 60 s wait for the controller, so the answer always reaches the step server).
+CLIENT_BUFFERED = 1 << 20
+CLIENT_PUSH_WAIT = 20.0
 
 
 CLIENT_ORIGIN = "(client)"  # run_steps.origin of a client's step: no node's agent ends it
@@ -56,6 +61,7 @@ class LiveStep:
     client: Any = None  # a client's step: its connection (client_steps.ClientLink), None while it has none
     io: Any = None  # a client's step: its StepIO
     attached: asyncio.Event = field(default_factory=asyncio.Event)  # a client's step: its client is there
+    uid: int | None = None  # a client's step: its owner (the unlaunched steps a user may have)
 
 
 def _remote(nodes, counts, origin: str) -> dict[int, str]:
@@ -231,9 +237,10 @@ class StepHub:
 
     async def _to_client(self, live: LiveStep, method: str, body: dict) -> dict:
         """A task's output or end, pushed to the client's connection as the agent's relay pushes
-        it to srun (the same event). It waits as long as the client takes to read (the task waits
-        behind it: nothing piles up here but this one chunk per task); a client that is gone,
-        or never came back after a controller restart, gets nothing."""
+        it to srun (the same event), only as fast as the client reads (RpcConnection.offer): a
+        chunk that finds no room is answered "busy" and its step server offers it again later, so
+        a client that stops reading costs CLIENT_BUFFERED here, not a queue. A client that is
+        gone, or never came back after a controller restart, gets nothing."""
         if method == "step_output":
             message = {k: body[k] for k in ("step_id", "task", "seq", "stream", "data")}
             kind = "output"
@@ -253,7 +260,8 @@ class StepHub:
             if link is None or link.conn is None or link.conn.closed:
                 return {"delivered": False}
         try:
-            await link.conn.push(kind, message)
+            if not await link.conn.offer(kind, message, CLIENT_PUSH_WAIT, CLIENT_BUFFERED):
+                return {"delivered": False, "busy": True}  # the step server offers it again
         except ConnectionLost:
             return {"delivered": False}
         return {"delivered": True}

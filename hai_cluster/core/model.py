@@ -101,6 +101,8 @@ class JobSpec:
     # every node (the first too) runs the step server, the client's srun starts the steps; the
     # interactive class (never preempted, ahead of batch jobs of its level, [interactive] limits).
     interactive: bool = False
+    # ... that no client holds (salloc --no-shell): the controller does not end it as abandoned
+    detached: bool = False
 
     @property
     def tasks_per_node(self) -> int:
@@ -190,6 +192,11 @@ class NodeView:
     @cached_property  # views are frozen, and a policy asks this very often
     def free_gpus(self) -> tuple[int, ...]:
         return tuple(g.index for g in self.gpus if g.index not in self.used_gpus)
+
+    @cached_property  # (kept by the policy's working copies, whose cards never change)
+    def linked(self) -> bool:
+        """Whether any card lists its links to the others (core.topology chooses cards by them)."""
+        return any(g.links for g in self.gpus)
 
 
 def attained_service(ended_runs: float, gpu_rate: float, run_start: float | None, now: float) -> float:

@@ -37,7 +37,7 @@ def choose_cards(node: NodeView, count: int) -> tuple[int, ...]:
     free = node.free_gpus
     if count <= 0:
         return ()
-    if not any(g.links for g in node.gpus) or count >= len(free):
+    if count >= len(free) or not node.linked:
         return free[:count]
     scores = pair_scores(node)
 

@@ -32,6 +32,7 @@ from . import preempt_signal
 from .tasks import NodeTasks
 
 RECONNECT = 0.5  # seconds between attempts to reach the agent
+BUSY_RETRY = 0.5  # seconds before a chunk its reader had no room for is offered again
 REGISTER_TRIES = 120  # the agent may not have recorded our pid yet when we first ask
 
 
@@ -156,7 +157,10 @@ class StepServer:
             await self.connected.wait()
             conn = self.conn
             try:
-                await conn.call(method, body, timeout=None)
+                reply = await conn.call(method, body, timeout=None)
+                if isinstance(reply, dict) and reply.get("busy"):  # its reader (an interactive srun) is behind
+                    await asyncio.sleep(BUSY_RETRY)
+                    continue
                 return
             except ConnectionLost:
                 await asyncio.sleep(RECONNECT)

@@ -38,6 +38,26 @@ def exit_status(returncode: int) -> tuple[int | None, int | None]:
     return (None, -returncode) if returncode < 0 else (returncode, None)
 
 
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (children, theirs, ...), from /proc: one walk of the table."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 class NodeTasks:
     def __init__(self, on_output: Output, on_exit: Ended, *, unbuffered: bool = False) -> None:
         self.on_output, self.on_exit = on_output, on_exit
@@ -196,6 +216,14 @@ class NodeTasks:
         foreground process group too (where Ctrl-C would send it)."""
         sent = 0
         for procid, proc in list(self.procs.items()):
+            if sig == signal.SIGKILL and procid != self.pty:
+                # a step killed (its client gone, srun -K): what the task started goes too, not
+                # only the shell that ran it (a pty's task: its session is hung up instead)
+                for pid in descendants(proc.pid):
+                    try:
+                        os.kill(pid, sig)
+                    except OSError:
+                        pass
             try:
                 proc.send_signal(sig)
                 sent += 1

@@ -28,6 +28,7 @@ from ..core.model import JobView
 from ..core.sizemodel import EDGES, LOWER, NBINS, POINTS, Dist, SizeModel, bin_of
 
 INF = math.inf
+_NEDGES = len(EDGES)
 
 
 def _prefix(probs: tuple[float, ...]) -> tuple[list[float], list[float]]:
@@ -68,18 +69,27 @@ def rank_table(probs: tuple[float, ...]) -> tuple[float, ...]:
 
 def finish_within(probs: tuple[float, ...], age: float, seconds: float, prefix=None) -> float:
     """P(D <= age + seconds | D > age), the mass of each bin spread evenly over it."""
-    c0 = (prefix or _prefix(probs))[0]
-    total = c0[-1]
+    return _finish_within(probs, _tails((prefix or _prefix(probs))[0]), age, seconds)
 
-    def above(x: float) -> float:  # P(D > x)
-        b = bin_of(x)
-        lo = LOWER[b]
-        hi = EDGES[b] if b < len(EDGES) else max(x, lo) * 2 + 1
-        return probs[b] * max(0.0, hi - x) / (hi - lo) + (total - c0[b + 1])
-    now = above(age)
+
+def _tails(c0: list[float]) -> list[float]:
+    """P(D >= the upper edge of bin b) (unnormalized), for each bin b."""
+    total = c0[-1]
+    return [total - c0[b + 1] for b in range(len(c0) - 1)]
+
+
+def _above(probs, tails, x: float) -> float:  # P(D > x), unnormalized
+    b = bin_of(x)
+    lo = LOWER[b]
+    hi = EDGES[b] if b < _NEDGES else max(x, lo) * 2 + 1
+    return probs[b] * max(0.0, hi - x) / (hi - lo) + tails[b]
+
+
+def _finish_within(probs, tails, age: float, seconds: float) -> float:
+    now = _above(probs, tails, age)
     if now <= 0:
         return 1.0
-    return max(0.0, min(1.0, 1.0 - above(age + seconds) / now))
+    return max(0.0, min(1.0, 1.0 - _above(probs, tails, age + seconds) / now))
 
 
 def quantile_remaining(probs: tuple[float, ...], age: float, q: float) -> float:
@@ -154,12 +164,75 @@ class Ranker:
 
     def next_change(self, job: JobView, now: float) -> float | None:
         """When (on the clock) this running job's level next changes, if it keeps running."""
-        rate = job.gpu_rate
-        if rate <= 0:
+        if job.gpu_rate <= 0:
             return None
         kind = self.kind(job)
         age = self.age(job, now)
+        return self.next_change_of(kind, age, bin_of(age), now, job.gpu_rate)
+
+    def finish_within(self, job: JobView, now: float, seconds: float) -> float:
+        """P(it ends within `seconds` more service), given the service it has."""
+        return self.finish_prob(self.kind(job), self.age(job, now), seconds)
+
+    def finish_prob(self, kind: tuple, age: float, seconds: float) -> float:
+        """finish_within for a job of this kind and age (seconds of service)."""
+        key = ("tails", kind)
+        got = self._memo.get(key)
+        if got is None:
+            probs = self.model.distribution(*kind).probs
+            pkey = ("prefix", kind)
+            prefix = self._memo.get(pkey)
+            if prefix is None:
+                prefix = self._memo[pkey] = _prefix(probs)
+            got = self._memo[key] = (probs, _tails(prefix[0]))
+        return _finish_within(got[0], got[1], age, seconds)
+
+    def service_quantile(self, kind: tuple, q: float) -> float:
+        """The q-quantile of the total service (seconds on its GPUs) of a job of this kind."""
+        key = ("quantile", kind, q)
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo[key] = quantile_remaining(self.model.distribution(*kind).probs, 0.0, q)
+        return got
+
+    def likely_within(self, kind: tuple, age: float, b: int, seconds: float, p: float) -> bool:
+        """finish_prob(kind, age, seconds) >= p, for an age in bin b; first against a bound kept per
+        kind and bin (the mass of the bins the window can reach over the mass above bin b), which
+        settles most runs (long past the window's reach) without the exact sum."""
+        key = ("fbound", kind, b, seconds)
+        bound = self._memo.get(key)
+        if bound is None:
+            probs = self.model.distribution(*kind).probs
+            pkey = ("prefix", kind)
+            prefix = self._memo.get(pkey)
+            if prefix is None:
+                prefix = self._memo[pkey] = _prefix(probs)
+            c0 = prefix[0]
+            above = c0[-1] - c0[b + 1]
+            if b >= _NEDGES or above <= 0:
+                bound = INF
+            else:
+                reach = bin_of(EDGES[b] + seconds)
+                bound = (c0[reach + 1] - c0[b]) / above
+            self._memo[key] = bound
+        if bound < p:
+            return False
+        return self.finish_prob(kind, age, seconds) >= p
+
+    def running_facts(self, job: JobView, now: float) -> tuple[tuple, float, int, float, int]:
+        """(kind, age, age bin, rank, level) of a job, computed once (a pass asks a running job's
+        several times: its level, whether it likely ends soon, when its level changes)."""
+        kind = self.kind(job)
+        rate = kind[0]
+        age = job.attained(now) / rate if rate > 0 else 0.0
         b = bin_of(age)
+        rank, level = self._kind_row(kind, b)
+        return kind, age, b, rank, level
+
+    def next_change_of(self, kind: tuple, age: float, b: int, now: float, rate: float) -> float | None:
+        """next_change for a job of this kind, age and age bin, served at `rate` GPUs."""
+        if rate <= 0:
+            return None
         key = ("next", kind, b)
         nxt = self._memo.get(key)
         if nxt is None:
@@ -169,16 +242,6 @@ class Ranker:
         if nxt < 0:
             return None
         return now + (LOWER[nxt] - age) * kind[0] / rate
-
-    def finish_within(self, job: JobView, now: float, seconds: float) -> float:
-        """P(it ends within `seconds` more service), given the service it has."""
-        kind = self.kind(job)
-        pkey = ("prefix", kind)
-        prefix = self._memo.get(pkey)
-        probs = self.model.distribution(*kind).probs
-        if prefix is None:
-            prefix = self._memo[pkey] = _prefix(probs)
-        return finish_within(probs, self.age(job, now), seconds, prefix)
 
 
 def service_rate(job: JobView) -> float:

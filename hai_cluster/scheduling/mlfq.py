@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter, itemgetter
-from typing import Mapping
+from typing import AbstractSet as Set, Mapping
 
 from ..core.model import PRIORITY_RANK, JobView, NodeView, Snapshot
 from ..core.sizemodel import bin_of
 from ..core.reasons import PRIORITY, RESOURCES, WAITING_FOR_CHECKPOINT
 from ..core.resources import fits
 from ..core.states import JobState
-from .gittins import Ranker, RankSettings, service_rate
+from .gittins import Ranker, service_rate
+from .mlfqconfig import MlfqConfig  # noqa: F401 (the policy's settings, imported from here too)
 from .placement import place, place_on_each, placement_on, release, reserve, with_usage
 from .plan import Plan, Preempt, Start, Wait
 from .shares import best_effort_room
@@ -38,85 +38,6 @@ _ID, _SUBMIT_TIME, _NICE = attrgetter("id"), attrgetter("submit_time"), attrgett
 
 def _round_robin_time(j: JobView) -> float:
     return j.last_run_end or -math.inf
-
-
-@dataclass(frozen=True)
-class MlfqConfig:
-    # GPU-seconds of attained service at which a job leaves level i for level i+1.
-    thresholds: tuple[float, ...] = (3600.0, 36000.0)
-    # Seconds a run keeps its GPUs at level i before it may be preempted (one per level).
-    quanta: tuple[float, ...] = (600.0, 1800.0, 3600.0)
-    # Starvation guard (Tiresias' knob): a pending job that waited more than factor x its run time
-    # (and more than the floor) counts as level 0 again; 0 turns it off. Off by default, as in
-    # Tiresias: on the ElasticFlow traces it adds preemption cascades and costs mean JCT while p99
-    # stays well under FIFO's without it (docs/BENCHMARKS.md).
-    starvation_factor: float = 0.0
-    starvation_floor: float = 3600.0
-    # A starving job waiting longer than this holds a reservation on the nodes it needs, so that a
-    # stream of small jobs cannot take them (one reservation per partition at a time).
-    reservation_after: float = 7200.0
-    placement: str = "binpack"  # binpack | spread
-    # Among the runs a job may preempt, take those whose GPUs sit idle (JobView.idle, from the
-    # controller's telemetry) first, whatever their level.
-    prefer_idle_victims: bool = False
-    gpu_pack: str = "binpack"  # [gpu_sharing] pack: binpack | spread, for card shares (core.sharing)
-    # What sets a job's level: "gittins", its Gittins rank under the size distribution the cluster
-    # learned from its finished jobs (Snapshot.sizes; scheduling/gittins.py), levels `level_ratio`
-    # apart; or "las", its attained GPU-seconds against `thresholds` (Tiresias' 2D-LAS), with
-    # `quanta`. The production default stays "las" until decide() with the Gittins order is inside
-    # its budget (100 ms at 1,000 nodes x 8 GPUs and 10,000 pending; docs/BENCHMARKS.md).
-    order: str = "las"
-    # Seconds of work a preempted job redoes when it resumes (checkpoint, restart, lost progress):
-    # the price preemption weighs against its gain. hai-sim sets it to the replay's restart cost.
-    restart_cost: float = 30.0
-    level_ratio: float = 4.0  # chosen on ElasticFlow cluster02, checked on six Philly VCs (docs/BENCHMARKS.md)
-    # gittins: a run is preempted only for a job at least this many levels above it.
-    preempt_margin: int = 1
-    # gittins: a run keeps its GPUs for at least this many restart costs before it may be preempted
-    # (so that at most 1/min_run_restarts of a time slice goes to redoing work) ...
-    min_run_restarts: float = 10.0
-    # ... and is never preempted while it is at least this likely to end within `finish_window`
-    # restart costs (its preemption would cost more than waiting for it).
-    finish_likely: float = 0.5
-    finish_window: float = 2.0
-    # gittins: a job whose time in the system passed max_slowdown x its service so far (at least
-    # slowdown_floor seconds of it) is overdue: pending, it is served as level 0; running, it is not
-    # preempted but by an urgent job. This bounds how far the Gittins order (which puts the longest
-    # jobs last) may stretch a long job, the tail latency FIFO bounds by arrival order. 0: off.
-    max_slowdown: float = 0.0
-    slowdown_floor: float = 3600.0
-
-    def __post_init__(self) -> None:
-        if list(self.thresholds) != sorted(self.thresholds) or any(t <= 0 for t in self.thresholds):
-            raise ValueError("mlfq thresholds must be positive and increasing")
-        if len(self.quanta) != len(self.thresholds) + 1:
-            raise ValueError(f"mlfq needs one quantum per level: {len(self.thresholds) + 1} levels, "
-                             f"{len(self.quanta)} quanta")
-        if any(q < 0 for q in self.quanta):
-            raise ValueError("mlfq quanta must not be negative")
-        if self.starvation_factor < 0 or self.starvation_floor < 0 or self.reservation_after < 0:
-            raise ValueError("mlfq starvation_factor, starvation_floor and reservation_after must not be negative")
-        if self.placement not in ("binpack", "spread"):
-            raise ValueError(f"mlfq placement must be binpack or spread, got {self.placement!r}")
-        if self.gpu_pack not in ("binpack", "spread"):
-            raise ValueError(f"gpu_sharing pack must be binpack or spread, got {self.gpu_pack!r}")
-        if self.order not in ("gittins", "las"):
-            raise ValueError(f"mlfq order must be gittins or las, got {self.order!r}")
-        if self.restart_cost < 0 or self.level_ratio <= 1 or self.preempt_margin < 1 or self.min_run_restarts < 0:
-            raise ValueError("mlfq restart_cost >= 0, level_ratio > 1, preempt_margin >= 1 and "
-                             "min_run_restarts >= 0 are required")
-
-    @property
-    def levels(self) -> int:
-        return RankSettings().levels if self.order == "gittins" else len(self.quanta)
-
-    @property
-    def rank_settings(self) -> RankSettings:
-        return RankSettings(level_ratio=self.level_ratio)
-
-    def level_of(self, attained: float) -> int:
-        # The first i with attained < thresholds[i] (the thresholds are increasing), in C.
-        return bisect_right(self.thresholds, attained)
 
 
 def starvation(cfg: MlfqConfig, j: JobView, now: float) -> tuple[bool, float | None]:
@@ -141,14 +62,16 @@ def pending_levels(cfg: MlfqConfig, pending: list[JobView], now: float) -> list[
 
 def service_order(pending: list[JobView], levels: list[int], lowest: int,
                   fairshare: Mapping[tuple[str, str], float],
-                  ranks: Mapping[int, float] | None = None) -> list[tuple[JobView, int, int]]:
+                  ranks: Mapping[int, float] | None = None,
+                  lifted: Set[int] = frozenset()) -> list[tuple[JobView, int, int]]:
     """Pending jobs in service order, each with its level and class rank: the MLFQ's queue, and
     what sprio's PRIORITY follows (scheduling/priority.py).
 
     The order is that of the key (urgent first, level, interactive jobs before batch ones, class
     rank, best-effort share last,
     round-robin time at the lowest level, lower --nice, higher fair-share factor, the lower
-    Gittins rank where `ranks` (job id -> rank) are given, submit time, id). Its
+    Gittins rank where `ranks` (job id -> rank) are given, submit time, id), the jobs `lifted`
+    (lift_factor: old ones) first at level 0 in submit order. Its
     leading fields take few values: the jobs are grouped by them, and each group is ordered
     by the rest with one stable sort per field, least significant first, on plain numbers
     (one sort of a tuple per job was a tenth of a large pass)."""
@@ -164,6 +87,7 @@ def service_order(pending: list[JobView], levels: list[int], lowest: int,
             groups[key].append(j)
         except KeyError:
             groups[key] = [j]
+    niced = any(map(_NICE, pending))
     out: list[tuple[JobView, int, int]] = []
     for key in sorted(groups):
         jobs, level, rank = groups[key], key[1], key[3]
@@ -171,9 +95,12 @@ def service_order(pending: list[JobView], levels: list[int], lowest: int,
         jobs.sort(key=_SUBMIT_TIME)
         if ranks is not None:  # the lowest Gittins rank first within the level
             jobs.sort(key=lambda j: ranks[j.id])
+            if level == 0 and lifted:  # old jobs first, in submit order
+                jobs[:] = sorted((j for j in jobs if j.id in lifted), key=_SUBMIT_TIME) + \
+                    [j for j in jobs if j.id not in lifted]
         if fairshare:  # the higher fair-share factor (less past use for its shares) first
             jobs.sort(key=lambda j: -fairshare.get((j.account, j.user), 1.0))
-        if any(j.nice for j in jobs):  # --nice: its owner's say on the order of their own jobs
+        if niced and any(map(_NICE, jobs)):  # --nice: its owner's say on the order of their own jobs
             jobs.sort(key=_NICE)
         if level == lowest:  # round-robin by the end of the previous run (never-run jobs first)
             jobs.sort(key=_round_robin_time)
@@ -214,7 +141,10 @@ class MlfqPass:
         self._lowest = cfg.levels - 1
         self.ranker = Ranker(snap.sizes, cfg.rank_settings) if cfg.order == "gittins" else None
         self.ranks: dict[int, float] = {}  # job id -> Gittins rank (GPU-seconds), where computed
+        self._facts: dict[int, tuple] = {}  # job id -> Ranker.running_facts, where computed
+        self._notes: dict[float, str] = {}  # rank -> its words in a reason
         self._promoted: set[int] = set()  # pending jobs the starvation guard moved to level 0
+        self._lifted: set[int] = set()  # pending jobs that are old (lift_factor)
         # Runs that could ever be preempted, per node, cheapest first: lower levels (larger index),
         # then more service already received. Each as a Candidate: what the victim search asks of
         # a run, computed once instead of once per node and job shape it is looked at for. Card
@@ -223,12 +153,20 @@ class MlfqPass:
         self.candidates: dict[str, list[Candidate]] = {}
         keyed: dict[str, list[tuple]] = {}  # node -> (sort key, candidate); the key's service read once per run
         idle_first = cfg.prefer_idle_victims
+        ranker, facts_of, now = self.ranker, self._facts, self.now
+        quantum = self.quantum(0)  # (gittins: the same at every level)
         for j in self.running:
             if j.preemptible and j.run_start is not None and j.gpu_share is None:
-                attained = j.attained(self.now)
-                level = self.level(j)
-                ripe = self.now - j.run_start >= self.quantum(level) and not self.likely_done(j) \
-                    and not self.overdue(j)
+                attained = j.attained(now)
+                if ranker is None:
+                    level = self.level(j)
+                    ripe = now - j.run_start >= self.quantum(level)
+                else:  # (level() and likely_done(), inlined: this runs for every running job)
+                    facts = facts_of[j.id] = ranker.running_facts(j, now)
+                    self.ranks[j.id], level = facts[3], facts[4]
+                    self._levels[j.id] = level
+                    ripe = now - j.run_start >= quantum and not self.likely_done(j) and not self.overdue(j) \
+                        and not self.old(j)
                 rank, run_gpus = PRIORITY_RANK.get(j.priority, 2), j.gpus
                 key = (idle_first and not j.idle, -level, -attained, j.id)
                 for node, gpus in j.allocation:
@@ -249,6 +187,14 @@ class MlfqPass:
                     release(j, node, gpus, self.future)
                     leaving.append(node)
         self.free_now = FreeIndex(self.nodes, cfg.placement)
+        self._no_room_now: set[tuple] = set()  # job shapes place_in found no room for now (see there)
+        # ... once the leaving runs have left: shape -> how many rooms had been left then
+        self._no_room_future: dict[tuple, int] = {}
+        # Room the pass's preemptions left in the future copy beyond what they were made for: per
+        # preemption that left any, the most free GPUs it left on a node (a shape of g GPUs per
+        # node that found no room finds none until a node is left with g free).
+        self._rooms_left: list[float] = []
+        self._fit_reads_limit = any(n.free_for is not None or n.reservation is not None for n in snap.nodes)
         # A reservation ahead makes fits() read the job's time limit, which the victim index's
         # shapes leave out: then (and for constrained jobs) the reference scan picks victims.
         self.windows_ahead = any(n.free_for is not None for n in snap.nodes)
@@ -261,10 +207,9 @@ class MlfqPass:
         """Nodes whose working copies (or reservations, or victims) the pass just changed;
         now=False: only the future copy."""
         names = list(names)
-        for name in names:
-            if now:
-                self.free_now.update(name)
-            self.free_future.update(name)
+        if now:
+            self.free_now.update_all(names)
+        self.free_future.update_all(names)
         self.victim_index.changed(names)
 
     # ---- levels and order --------------------------------------------------------------
@@ -275,8 +220,8 @@ class MlfqPass:
             if self.ranker is None:
                 level = self.cfg.level_of(j.attained(self.now))
             else:
-                rank = self.ranks[j.id] = self.ranker.rank(j, self.now)
-                level = self.ranker.level_of_rank(rank)
+                facts = self._facts[j.id] = self.ranker.running_facts(j, self.now)
+                self.ranks[j.id], level = facts[3], facts[4]
             self._levels[j.id] = level
             return level
 
@@ -292,7 +237,12 @@ class MlfqPass:
         if self.ranker is None or self.cfg.finish_likely >= 1:
             return False
         window = self.cfg.finish_window * self.cfg.restart_cost
-        return window > 0 and self.ranker.finish_within(j, self.now, window) >= self.cfg.finish_likely
+        if window <= 0:
+            return False
+        facts = self._facts.get(j.id)
+        if facts is None:
+            return self.ranker.finish_within(j, self.now, window) >= self.cfg.finish_likely
+        return self.ranker.likely_within(facts[0], facts[1], facts[2], window, self.cfg.finish_likely)
 
     def overdue(self, j: JobView) -> bool:
         """Gittins: the job has been in the system max_slowdown times its service so far."""
@@ -301,6 +251,17 @@ class MlfqPass:
             return False
         served = self.ranker.age(j, self.now)
         return self.now - j.submit_time >= cfg.max_slowdown * max(served, cfg.slowdown_floor)
+
+    def lift_at(self, j: JobView) -> float:
+        """When the job turns old (lift_factor; inf when off)."""
+        cfg = self.cfg
+        if cfg.lift_factor <= 0 or self.ranker is None:
+            return math.inf
+        kind = self.ranker.kind(j)
+        return j.submit_time + max(cfg.lift_factor * self.ranker.service_quantile(kind, 0.9), cfg.lift_floor)
+
+    def old(self, j: JobView) -> bool:
+        return self.now >= self.lift_at(j)
 
     def victim_level(self, level: int) -> int:
         """A job of this level may preempt runs of levels above what this returns."""
@@ -324,11 +285,19 @@ class MlfqPass:
         """Pending jobs in service order, each with its (effective) level and class rank."""
         pending, ranks = self.pending, None
         if self.ranker is not None:
-            ranks = self._pending_ranks(pending)
-            levels = list(map(self.ranker.level_of_rank, ranks))
+            ranks, levels = self._pending_ranks(pending)
             self._levels.update(zip([j.id for j in pending], levels))
             if self.cfg.max_slowdown > 0:
                 levels = [0 if self.overdue(j) else lv for j, lv in zip(pending, levels)]
+            if self.cfg.lift_factor > 0:
+                lift = list(map(self.lift_at, pending))
+                now = self.now
+                for j, t in zip(pending, lift):
+                    if t <= now:
+                        self._lifted.add(j.id)
+                    else:
+                        self.wake.append(t)
+                levels = [0 if t <= now else lv for t, lv in zip(lift, levels)]
             if self.cfg.starvation_factor > 0:
                 levels = [self.effective_level(j) for j in pending]  # notes promotions and wake times
         elif self.cfg.starvation_factor > 0:
@@ -336,22 +305,25 @@ class MlfqPass:
         else:
             levels = pending_levels(self.cfg, pending, self.now)
         return service_order(pending, levels, self._lowest, self.snap.fairshare,
-                             self.ranks if ranks is not None else None)
+                             self.ranks if ranks is not None else None, self._lifted)
 
-    def _pending_ranks(self, pending: list[JobView]) -> list[float]:
-        """The pending jobs' Gittins ranks; jobs of one kind and age bin share one look-up (most of
-        a long queue has never run)."""
-        seen: dict[tuple, float] = {}
-        ranker, out = self.ranker, []
+    def _pending_ranks(self, pending: list[JobView]) -> tuple[list[float], list[int]]:
+        """The pending jobs' Gittins ranks and levels, from the ranker's table of each job kind and
+        age bin (a pending job's age is the service of its past runs; most of a long queue has
+        none). Ranker.running_facts, inlined: this runs for every pending job."""
+        ranker = self.ranker
+        memo, row = ranker._memo, ranker._kind_row
+        out = []
         for j in pending:
-            a, rate = j.attained_gpu_seconds, service_rate(j)
-            key = (j.gpus_per_node, j.nodes, j.gpu_share, j.user, j.name, bin_of(a / rate) if a > 0 and rate > 0 else 0)
-            r = seen.get(key)
-            if r is None:
-                r = seen[key] = ranker.rank(j, self.now)
-            out.append(r)
-        self.ranks.update(zip([j.id for j in pending], out))
-        return out
+            rate = j.nodes * j.gpus_per_node if j.gpu_share is None else service_rate(j)
+            a = j.attained_gpu_seconds
+            kind = (rate, j.user, j.name)
+            b = bin_of(a / rate) if a > 0 and rate > 0 else 0
+            r = memo.get(("row", kind, b))
+            out.append(row(kind, b) if r is None else r)
+        ranks = [r[0] for r in out]
+        self.ranks.update(zip([j.id for j in pending], ranks))
+        return ranks, [r[1] for r in out]
 
     def run(self) -> Plan:
         waiting_ahead: dict[str | None, int] = {}  # partition -> best level of a job left waiting
@@ -363,33 +335,38 @@ class MlfqPass:
         covered: set[tuple] = set()
         now, act = self.now, self.actions.append  # (names read once: this loop runs per pending job)
         for job, level, rank in self.queue():
-            if (why := job.ineligible(now)) is not None:
+            if (job.hold or job.dependency is not None or job.begin_time is not None) \
+                    and (why := job.ineligible(now)) is not None:
                 act(Wait(job.id, why))
                 if job.begin_time is not None and job.begin_time > now:
                     self.wake.append(job.begin_time)
                 continue
             # A constrained job (-w -x -C --exclusive --reservation) neither uses nor leaves a
             # failed shape: its nodes are not the others' (a reservation's are only its own).
-            if job.gpu_share is None and not job.constrained and job.partition in failed:
-                shape = (job.partition, level, job.gpus_per_node, job.nodes, rank)
+            whole = job.gpu_share is None and not job.constrained
+            partition = job.partition
+            if whole and partition in failed:
+                shape = (partition, level, job.gpus_per_node, job.nodes, rank)
                 if shape in covered or any(level >= lv and job.gpus_per_node >= g and job.nodes >= n and rank >= c
-                                           for lv, g, n, c in failed[job.partition]):
+                                           for lv, g, n, c in failed[partition]):
                     # A job at least as big and no more important already found no room: so does
                     # this. It was left waiting in this partition, so this one waits for Priority.
                     covered.add(shape)
                     act(Wait(job.id, PRIORITY))
                     continue
-            if self.try_start(job, level, waiting_ahead):
+            # What the free-GPU and victim indexes serve: whole GPUs in one partition.
+            plain = whole and job.nodes >= 1 and (not partition or "," not in partition)
+            if self.try_start(job, level, waiting_ahead, plain):
                 continue
-            if self.wait_for_checkpoint(job):
-                waiting_ahead.setdefault(job.partition, level)
+            if self.wait_for_checkpoint(job, plain):
+                waiting_ahead.setdefault(partition, level)
                 continue
-            if self.try_preempt(job, level) or self.preempt_best_effort(job):
-                waiting_ahead.setdefault(job.partition, level)
+            if self.try_preempt(job, level, plain) or self.preempt_best_effort(job):
+                waiting_ahead.setdefault(partition, level)
                 continue
             reason = self._blocked_reason(job, waiting_ahead)
             waiting_ahead.setdefault(job.partition, level)
-            if job.gpu_share is None and not job.constrained:  # a share's room is not a GPU count
+            if whole:  # a share's room is not a GPU count
                 shape = (level, job.gpus_per_node, job.nodes, rank)
                 failed[job.partition] = [f for f in failed.get(job.partition, ()) if any(a < b for a, b in zip(f, shape))]
                 failed[job.partition].append(shape)
@@ -409,20 +386,41 @@ class MlfqPass:
     def _blocked_reason(self, job: JobView, waiting_ahead: dict) -> str:
         return PRIORITY if job.partition in waiting_ahead else RESOURCES
 
-    def place_in(self, job: JobView, nodes: dict[str, NodeView], free: FreeIndex):
+    def place_in(self, job: JobView, nodes: dict[str, NodeView], free: FreeIndex, plain: bool | None = None):
         """place() on the nodes this job may use (not those reserved for a starving job), looking
-        at them in place()'s order through the free-GPU index and stopping at the first that fit."""
-        pack = self.cfg.gpu_pack
-        if (self.victim_search == "scan" or job.gpu_share is not None or len(job.partitions) > 1 or job.nodes < 1
-                or job.constrained):  # -w, -x, --exclusive: the free-GPU index knows none of them
+        at them in place()'s order through the free-GPU index and stopping at the first that fit.
+        plain: the job asks whole GPUs in one partition and is not constrained (the caller knows)."""
+        if plain is None:
+            plain = job.gpu_share is None and len(job.partitions) <= 1 and job.nodes >= 1 and not job.constrained
+        if self.victim_search == "scan" or not plain:  # -w, -x, --exclusive: the free-GPU index knows none of them
             # The reference, card shares (their room is not a free-GPU count) and jobs that may use
             # several partitions (place() tries them one by one): every node that is not reserved.
-            return place(job, nodes, self.cfg.placement, only=[n for n in nodes if n not in self.reserved], pack=pack)
+            return place(job, nodes, self.cfg.placement, only=[n for n in nodes if n not in self.reserved],
+                         pack=self.cfg.gpu_pack)
+        # A shape (what fits() reads of the job) that found no room finds none again while the
+        # working copy has gained none: the copy of now never does in a pass (starts and claims
+        # only take room), the future one only when a preemption leaves GPUs free (_rooms_left).
+        key = (job.gpus_per_node, job.nodes, job.partition, job.cpus_per_node, job.mem_mb, job.runtime,
+               job.time_limit if self._fit_reads_limit else None)
+        if free is self.free_now:
+            if key in self._no_room_now:
+                return None
+        else:
+            seen = self._no_room_future.get(key)
+            if seen is not None and (seen == len(self._rooms_left)
+                                     or max(self._rooms_left[seen:]) < job.gpus_per_node):
+                return None
         chosen = free.first_fitting(job, self.reserved)
-        return None if chosen is None else placement_on(job, chosen)
+        if chosen is None:
+            if free is self.free_now:
+                self._no_room_now.add(key)
+            elif job.gpus_per_node > 0:  # (room for CPU-only jobs is not counted in GPUs)
+                self._no_room_future[key] = len(self._rooms_left)
+            return None
+        return placement_on(job, chosen)
 
-    def try_start(self, job: JobView, level: int, waiting_ahead: dict) -> bool:
-        placement = self.place_in(job, self.nodes, self.free_now)
+    def try_start(self, job: JobView, level: int, waiting_ahead: dict, plain: bool | None = None) -> bool:
+        placement = self.place_in(job, self.nodes, self.free_now, plain)
         if placement is None:
             return False
         if not (job.preemptible and job.resumable) and job.partition in waiting_ahead \
@@ -442,9 +440,9 @@ class MlfqPass:
         self.actions.append(Start(job.id, placement, f"level {level}{self._rank_note(job)}, first in order that fits"))
         return True
 
-    def wait_for_checkpoint(self, job: JobView) -> bool:
+    def wait_for_checkpoint(self, job: JobView, plain: bool | None = None) -> bool:
         """Room will be there once the runs already told to leave have left: wait, and claim it."""
-        placement = self.place_in(job, self.future, self.free_future)
+        placement = self.place_in(job, self.future, self.free_future, plain)
         if placement is None:
             return False
         self.claim(job, placement)
@@ -453,32 +451,47 @@ class MlfqPass:
 
     def claim(self, job: JobView, placement) -> None:
         reserve(job, placement, self.future)
-        # What is free now on those nodes is kept for this job too.
+        # What is free now on those nodes is kept for this job too (GPUs still busy now, a
+        # victim's, need no new copy).
+        nodes = self.nodes
         for name, gpus in zip(placement.nodes, placement.gpus):
-            n = self.nodes[name]
-            self.nodes[name] = with_usage(n, n.used_gpus | frozenset(gpus), n.used_cpus, n.used_mem_mb)
+            n = nodes[name]
+            if not n.used_gpus.issuperset(gpus):
+                nodes[name] = with_usage(n, n.used_gpus.union(gpus), n.used_cpus, n.used_mem_mb)
         self.changed(placement.nodes)
 
     # ---- preemption --------------------------------------------------------------------
-    def try_preempt(self, job: JobView, level: int) -> bool:
+    def preemptions_spent(self) -> bool:
+        """The pass told as many runs to leave as one pass may (max_preemptions)."""
+        return 0 < self.cfg.max_preemptions <= len(self.victims)
+
+    def try_preempt(self, job: JobView, level: int, plain: bool | None = None) -> bool:
+        if self.preemptions_spent():
+            return False
         rank = PRIORITY_RANK.get(job.priority, 2)
         above = self.victim_level(level)
-        if self.victim_search == "scan" or self.cfg.prefer_idle_victims or job.constrained or self.windows_ahead:
+        constrained = job.constrained if plain is None else not plain and job.constrained
+        if self.victim_search == "scan" or self.cfg.prefer_idle_victims or constrained or self.windows_ahead:
             picked = scan_options(self.search, job, above, rank)
         else:
             picked = self.victim_index.options(self.search, job, above, rank)
         if picked is None:
             return False
-        victims = {v.id: v for o in picked for v in o[3]}
+        # (one node's victims are distinct runs; a gang's options may share a gang victim)
+        victims = picked[0][3] if len(picked) == 1 else list({v.id: v for o in picked for v in o[3]}.values())
         if not victims:
             return False  # room without preempting anyone would have been found earlier
         # Tentatively free the victims on the picked nodes and place the job there.
         trial = {o[2]: self.future[o[2]] for o in picked}
-        for v in victims.values():
+        for v in victims:
             for node, gpus in v.allocation:
                 if node in trial:
                     release(v, node, gpus, trial)
-        if job.gpu_share is None and len(job.partitions) <= 1:
+        if plain and len(trial) == 1 == job.nodes:  # (place_on_each for one node: no -w, no -C)
+            node = next(iter(trial.values()))
+            placement = placement_on(job, [node]) if len(node.free_gpus) >= job.gpus_per_node and fits(job, node) \
+                else None
+        elif plain or job.gpu_share is None and len(job.partitions) <= 1:
             placement = place_on_each(job, list(trial.values()))  # one node per rank was picked
         else:
             placement = place(job, trial, self.cfg.placement)
@@ -487,25 +500,28 @@ class MlfqPass:
         future = self.future
         future.update(trial)  # the picked nodes, their victims released
         freed = list(trial)
-        why = ("urgent job" if rank == 0 else f"level {level} job")
-        for v in victims.values():
+        why = f"{'urgent job' if rank == 0 else f'level {level} job'} {job.id}{self._rank_note(job)}"
+        for v in victims:
             for node, gpus in v.allocation:  # a gang victim frees its other nodes too
                 if node in future and node not in trial:
                     release(v, node, gpus, future)
                     freed.append(node)
             self.victims.add(v.id)
-            self.actions.append(Preempt(v.id, f"level {self.level(v)} run past its quantum; GPUs go to "
-                                              f"{why} {job.id}{self._rank_note(job)}", for_job=job.id))
-        self.victim_index.took(victims.values())
+            self.actions.append(Preempt(v.id, f"level {self.level(v)} run past its quantum; GPUs go to {why}",
+                                        for_job=job.id))
+        self.victim_index.took(victims)
         self.changed(freed, now=False)
         self.claim(job, placement)
+        left = max(len(future[name].free_gpus) for name in freed)
+        if left:
+            self._rooms_left.append(left)  # the victims left room beyond this job's
         self.actions.append(Wait(job.id, WAITING_FOR_CHECKPOINT))
         return True
 
     def preempt_best_effort(self, job: JobView) -> bool:
         """A guaranteed sharing job takes its share from best-effort sharing runs on a card, at
         once, whatever their level (they only ever use idle compute)."""
-        if job.gpu_share is None or job.gpu_share.qos != "guaranteed":
+        if job.gpu_share is None or job.gpu_share.qos != "guaranteed" or self.preemptions_spent():
             return False
         for name in self.node_order:
             node = self.future[name]
@@ -528,6 +544,7 @@ class MlfqPass:
                                                   f"job {job.id}", for_job=job.id))
             self.changed([name], now=False)
             self.claim(job, placement)
+            self._rooms_left.append(math.inf)  # (a card may be left free)
             self.actions.append(Wait(job.id, WAITING_FOR_CHECKPOINT))
             return True
         return False
@@ -549,20 +566,28 @@ class MlfqPass:
 
     def _rank_note(self, job: JobView) -> str:
         r = self.ranks.get(job.id)
-        return "" if r is None else f" (Gittins rank {r / 3600:.3g} GPU-h)"
+        if r is None:
+            return ""
+        note = self._notes.get(r)  # (ranks repeat: one per job kind and age bin)
+        if note is None:
+            note = self._notes[r] = f" (Gittins rank {r / 3600:.3g} GPU-h)"
+        return note
 
     def note_quantum_ends(self) -> None:
         """When a running job's quantum ends or it sinks a level, the plan may change."""
         if self.ranker is not None:
+            ranker, now, wake, facts_of = self.ranker, self.now, self.wake.append, self._facts
+            quantum = self.quantum(0)  # the same at every level
             for j in self.running:
                 if j.run_start is None or j.gpu_rate == 0:
                     continue
-                end = j.run_start + self.quantum(self.level(j))
-                if end > self.now:
-                    self.wake.append(end)
-                change = self.ranker.next_change(j, self.now)
+                end = j.run_start + quantum
+                if end > now:
+                    wake(end)
+                facts = facts_of.get(j.id) or ranker.running_facts(j, now)
+                change = ranker.next_change_of(facts[0], facts[1], facts[2], now, j.gpu_rate)
                 if change is not None:
-                    self.wake.append(change)
+                    wake(change)
             return
         for j in self.running:
             if j.run_start is None or j.gpu_rate == 0:

@@ -71,13 +71,13 @@ def place_on_each(job: JobView, nodes: list[NodeView]) -> Placement | None:
 
 def placement_on(job: JobView, nodes: list[NodeView]) -> Placement:
     """The job's placement on these nodes (one rank each, whole GPUs), ranks in name order."""
-    chosen = sorted(nodes, key=_NAME)
-    return Placement(
-        nodes=tuple(n.name for n in chosen),
-        # --exclusive: the node's every GPU, as Slurm allocates an exclusive job all its GRES
-        gpus=tuple(tuple(g.index for g in n.gpus) if job.exclusive else choose_cards(n, job.gpus_per_node)
-                   for n in chosen),
-    )
+    chosen = sorted(nodes, key=_NAME) if len(nodes) > 1 else nodes
+    if job.exclusive:  # the node's every GPU, as Slurm allocates an exclusive job all its GRES
+        gpus = tuple(tuple(g.index for g in n.gpus) for n in chosen)
+    else:
+        count = job.gpus_per_node
+        gpus = tuple([choose_cards(n, count) for n in chosen])
+    return Placement(nodes=tuple([n.name for n in chosen]), gpus=gpus)
 
 
 def reserve(job: JobView, placement: Placement, nodes: dict[str, NodeView]) -> None:

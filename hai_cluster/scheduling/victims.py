@@ -65,6 +65,7 @@ class FreeIndex:
             self._by_count.setdefault(count, []).append(key)
         for keys in self._by_count.values():
             keys.sort()
+        self._counts = sorted(self._by_count)  # every count that has (or had) a list, ascending
         self._stale: set[str] = set()  # nodes changed since the last look-up
 
     def copy_for(self, nodes: dict[str, NodeView], changed: Iterable[str]) -> FreeIndex:
@@ -76,6 +77,7 @@ class FreeIndex:
             self._refresh()
         new._at = dict(self._at)
         new._by_count = {count: list(keys) for count, keys in self._by_count.items()}
+        new._counts = list(self._counts)
         new._stale = set(changed)
         return new
 
@@ -87,6 +89,9 @@ class FreeIndex:
         changes a node twice in a row, as when it frees victims and claims their GPUs)."""
         self._stale.add(name)
 
+    def update_all(self, names: Iterable[str]) -> None:
+        self._stale.update(names)
+
     def _refresh(self) -> None:
         for name in self._stale:
             at = self._place_of(self.nodes[name])
@@ -97,7 +102,11 @@ class FreeIndex:
                 keys = self._by_count[old[0]]
                 del keys[bisect_left(keys, old[1])]
             self._at[name] = at
-            insort(self._by_count.setdefault(at[0], []), at[1])
+            keys = self._by_count.get(at[0])
+            if keys is None:
+                keys = self._by_count[at[0]] = []
+                insort(self._counts, at[0])
+            insort(keys, at[1])
         self._stale.clear()
 
     def first_fitting(self, job: JobView, excluded: set[str]) -> list[NodeView] | None:
@@ -105,14 +114,16 @@ class FreeIndex:
         leaving out `excluded`; None when fewer fit."""
         if self._stale:
             self._refresh()
-        g = job.gpus_per_node
-        counts = sorted((k for k, keys in self._by_count.items() if k >= g and keys), reverse=self.sign < 0)
+        g, by_count, nodes, want = job.gpus_per_node, self._by_count, self.nodes, job.nodes
+        counts = self._counts[bisect_left(self._counts, g):]
+        if self.sign < 0:
+            counts.reverse()
         chosen: list[NodeView] = []
         for k in counts:
-            for _, name in self._by_count[k]:
-                if name not in excluded and fits(job, node := self.nodes[name]):
+            for _, name in by_count[k]:
+                if name not in excluded and fits(job, node := nodes[name]):
                     chosen.append(node)
-                    if len(chosen) == job.nodes:
+                    if len(chosen) == want:
                         return chosen
         return None
 
@@ -255,47 +266,59 @@ class _Shape:
 
 
 class Takeable:
-    """For jobs of one level and class rank: on each node, the runs such a job may take, in the
-    order node_option takes them, with the GPUs they free on the node and hold in all, summed over
-    each prefix. node_option takes the shortest prefix that frees the GPUs missing, so a shape's
-    option on a node is a bisection here instead of a walk over the node's candidates."""
+    """For jobs of one class rank (and, for urgent jobs, one level): on each node, the runs such a
+    job may take, in the order node_option takes them, with the GPUs they free on the node and hold
+    in all, summed over each prefix, and their levels (negated). node_option takes the shortest
+    prefix that frees the GPUs missing, so a shape's option on a node is a bisection here instead
+    of a walk over the node's candidates. A job that is not urgent takes only runs of a level below
+    its own, and the candidates come lowest level first: what it may take is the prefix of the
+    list of its class whose levels are below its own (`limit`), so one list serves every level."""
 
     def __init__(self, level: int, rank: int) -> None:
         self.level, self.rank = level, rank
+        self.urgent = rank == URGENT
         self.seen = 0  # position in the log of taken runs' nodes up to which the lists are current
-        self.on: dict[str, tuple[list[JobView], list[int], list[int]]] = {}  # name -> (runs, freed, total)
+        # name -> (runs, freed, total, negated levels)
+        self.on: dict[str, tuple[list[JobView], list[int], list[int], list[int]]] = {}
 
     def drop(self, names: Iterable[str]) -> None:
         """The pass took runs on these nodes (nothing else it changes matters here)."""
         for name in names:
             self.on.pop(name, None)
 
-    def at(self, d: SearchContext, name: str) -> tuple[list[JobView], list[int], list[int]]:
+    def at(self, d: SearchContext, name: str) -> tuple[list[JobView], list[int], list[int], list[int]]:
         entry = self.on.get(name)
         if entry is None:
             entry = self.on[name] = self._walk(d, name)
         return entry
 
-    def _walk(self, d: SearchContext, name: str) -> tuple[list[JobView], list[int], list[int]]:
-        # The index is not used when idle runs are preferred, so the walk ends at the first run
-        # not below this level.
-        level, rank = self.level, self.rank
-        urgent = rank == URGENT
+    def limit(self, entry, level: int) -> int:
+        """How many of the node's takeable runs a job of this level may take."""
+        return len(entry[1]) if self.urgent else bisect_left(entry[3], -level)
+
+    def _walk(self, d: SearchContext, name: str) -> tuple[list[JobView], list[int], list[int], list[int]]:
+        # The index is not used when idle runs are preferred, so the candidates come lowest level
+        # first. An urgent job may take runs of any level (of a lower class).
+        level, rank, urgent = self.level, self.rank, self.urgent
         taken = d.taken
         runs: list[JobView] = []
         freed: list[int] = []
         total: list[int] = []
+        levels: list[int] = []
         f = t = 0
         for c in d.candidates.get(name, ()):
-            if not urgent and c.level <= level:
-                break
-            if may_take(c, level, rank, taken):
+            if urgent:
+                ok = may_take(c, level, rank, taken)
+            else:  # may_take, but for the level (limit() cuts the list there)
+                ok = c.run.id not in taken and c.run.resumable and c.rank >= rank and c.ripe
+            if ok:
                 f += c.gpus
                 t += c.run_gpus
                 runs.append(c.run)
                 freed.append(f)
                 total.append(t)
-        return runs, freed, total
+                levels.append(-c.level)
+        return runs, freed, total, levels
 
 
 class VictimIndex:
@@ -306,7 +329,8 @@ class VictimIndex:
         self.log: list[str] = []  # nodes changed by the pass, in order
         self.taken_log: list[str] = []  # nodes of the runs the pass took, in order
         self.shapes: dict[tuple, _Shape] = {}
-        self.takeable: dict[tuple[int, int], Takeable] = {}  # (level, class rank) -> its runs per node
+        # class rank (and level, for urgent jobs) -> the runs a job of that class may take, per node
+        self.takeable: dict[tuple[int, int], Takeable] = {}
         self.position = {name: i for i, name in enumerate(node_order)}
 
     def changed(self, names: Iterable[str]) -> None:
@@ -319,9 +343,10 @@ class VictimIndex:
 
     def takeable_for(self, level: int, rank: int) -> Takeable:
         """The runs a job of this level and class may take, current with the runs taken."""
-        takeable = self.takeable.get((level, rank))
+        key = (level if rank == URGENT else 0, rank)
+        takeable = self.takeable.get(key)
         if takeable is None:
-            takeable = self.takeable[level, rank] = Takeable(level, rank)
+            takeable = self.takeable[key] = Takeable(level, rank)
         if takeable.seen < len(self.taken_log):
             takeable.drop(set(self.taken_log[takeable.seen:]))
             takeable.seen = len(self.taken_log)
@@ -338,32 +363,35 @@ class VictimIndex:
         takeable = self.takeable_for(level, rank)
         # Bring the known prefix up to date; nodes past it are computed fresh when it grows.
         position, known = self.position, shape.known
-        self._compute(d, shape, takeable, job, [name for name in set(self.log[shape.seen:]) if position[name] < known])
+        self._compute(d, shape, takeable, job, level, [name for name in set(self.log[shape.seen:]) if position[name] < known])
         shape.seen = len(self.log)
         order = d.node_order
         rest = map(order.__getitem__, range(known, len(order)))  # the nodes past the prefix, by name
         if job.nodes > 1:
-            self._compute(d, shape, takeable, job, rest)
+            self._compute(d, shape, takeable, job, level, rest)
             shape.known = len(order)
         elif shape.first_exact() is None:
-            shape.known += self._compute(d, shape, takeable, job, rest, stop_at_exact=True)
+            shape.known += self._compute(d, shape, takeable, job, level, rest, stop_at_exact=True)
         return shape.pick(job.nodes)
 
     @staticmethod
-    def _compute(d: SearchContext, shape: _Shape, takeable: Takeable, job: JobView, names: Iterable[str],
-                 stop_at_exact: bool = False) -> int:
+    def _compute(d: SearchContext, shape: _Shape, takeable: Takeable, job: JobView, level: int,
+                 names: Iterable[str], stop_at_exact: bool = False) -> int:
         """Compute the shape's options on these nodes, in order (one loop for them all: this runs
         for thousands of nodes a pass); with stop_at_exact, up to the first exact one. Returns how
         many nodes it computed. An option is what node_option returns, read off the takeable runs."""
         fit_of, future, reserved, whole = shape.fit, d.future, d.reserved, job.gpu_share is None
         runs_on, drop = takeable.on, shape.opts.pop  # (a shape keeps no entry for a node without an option)
         g = job.gpus_per_node
+        urgent, above = takeable.urgent, -level  # (takeable.limit, inlined)
         done = 0
         for name in names:
             done += 1
-            runs, freed, total = runs_on.get(name) or takeable.at(d, name)
+            entry = runs_on.get(name) or takeable.at(d, name)
+            freed = entry[1]
+            n = len(freed) if urgent else bisect_left(entry[3], above)  # how many it may take
             need = g - len(future[name].free_gpus)
-            if need > 0 and (not freed or freed[-1] < need) or name in reserved:
+            if need > 0 and (not n or freed[n - 1] < need) or name in reserved:
                 drop(name, None)  # the runs it may take do not free enough (most nodes), or reserved
                 continue
             if whole:
@@ -375,8 +403,8 @@ class VictimIndex:
             if not fit:
                 drop(name, None)
                 continue
-            k = bisect_left(freed, need) + 1 if need > 0 else 0  # the shortest prefix that frees enough
-            found = (k, total[k - 1] if k else 0, name, runs[:k]), need
+            k = bisect_left(freed, need, 0, n) + 1 if need > 0 else 0  # the shortest prefix that frees enough
+            found = (k, entry[2][k - 1] if k else 0, name, entry[0][:k]), need
             if shape.set(name, found) and stop_at_exact:
                 break
         return done

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from sqlalchemy import Engine, func, select
 
-from ..core.states import FINAL_STATES
+from ..core.states import FINAL_STATES, JobState
 from .schema import jobs
 
-_NOT_ENDED = jobs.c.state.notin_([s.value for s in FINAL_STATES])
+# The states a job is in until it ends, spelled out: an IN list reads the state indexes
+# (ix_jobs_user_state, ix_jobs_state), where NOT IN (the final ones) scanned every job ever.
+_NOT_ENDED = jobs.c.state.in_([s.value for s in JobState if s not in FINAL_STATES])
 _HELD = select(func.count(), func.coalesce(func.sum(jobs.c.nodes * jobs.c.gpus_per_node), 0))
+
+
+def live_allocations(engine: Engine, submitted_before: float) -> list[int]:
+    """The interactive jobs not ended that were submitted before the time given."""
+    with engine.connect() as c:
+        return [r.id for r in c.execute(select(jobs.c.id).where(
+            jobs.c.interactive.is_(True), _NOT_ENDED, jobs.c.submit_time < submitted_before))]
 
 
 def held(engine: Engine, *, user: str, account: str) -> tuple[tuple[int, int], tuple[int, int]]:

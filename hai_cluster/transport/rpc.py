@@ -241,6 +241,36 @@ class RpcConnection:
     async def push(self, name: str, body: Any = None) -> None:
         await self._send(messages.event(name, body))
 
+    async def offer(self, name: str, body: Any, wait: float, max_buffered: int) -> bool:
+        """Push an event only as fast as the peer reads: within `wait` seconds the bytes it has not
+        read yet must fall to `max_buffered`, else nothing is written and the answer is False (the
+        sender keeps the event and offers it again). A peer that stops reading thus holds at most
+        max_buffered bytes and the frames being offered, never an ever longer queue of writes."""
+        if self.closed:
+            raise ConnectionLost(f"connection to {self.name} is closed")
+        frame = encode_frame(messages.event(name, body))
+        deadline = time.monotonic() + wait
+        try:
+            await timeouts.wait_for(self._write_lock.acquire(), wait)
+        except asyncio.TimeoutError:
+            return False
+        try:
+            while self._writer.transport.get_write_buffer_size() > max_buffered:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                try:  # drain returns once the buffer is under the transport's low-water mark
+                    await timeouts.wait_for(self._writer.drain(), left)
+                except asyncio.TimeoutError:
+                    return False
+            self._writer.write(frame)
+            return True
+        except (ConnectionError, OSError, RuntimeError) as exc:
+            self._shutdown(f"write failed: {exc}")
+            raise ConnectionLost(f"connection to {self.name} lost: {exc}") from None
+        finally:
+            self._write_lock.release()
+
     async def run(self) -> None:
         """Read and dispatch until the peer closes or breaks the protocol."""
         decoder = FrameDecoder(self._limits, gated=self._budget is not None)

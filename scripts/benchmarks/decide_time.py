@@ -4,6 +4,7 @@ The snapshot is random but seeded: job sizes 1/2/4/8 GPUs (8-GPU jobs on 1, 2 or
 attained service spread over every MLFQ level, running jobs started up to 6 hours ago."""
 from __future__ import annotations
 
+import gc
 import random
 import statistics
 import time
@@ -42,16 +43,32 @@ def synthetic_snapshot(nodes: int = 1000, gpus_per_node: int = 8, running: int =
     return Snapshot(now=now, jobs=tuple(jobs), nodes=node_views)
 
 
-def measure(policies=("fifo", "mlfq"), reps: int = 3, **shape) -> list[dict]:
+# (label, policy name, options): the production MLFQ (Gittins order, max_preemptions bound), the
+# previous LAS order, and both without the per-pass preemption bound.
+VARIANTS = (("fifo", "fifo", {}), ("mlfq", "mlfq", {}), ("mlfq order=las", "mlfq", {"order": "las"}),
+            ("mlfq max_preemptions=0", "mlfq", {"max_preemptions": 0}),
+            ("mlfq order=las max_preemptions=0", "mlfq", {"order": "las", "max_preemptions": 0}))
+
+
+def measure(policies=VARIANTS, reps: int = 3, **shape) -> list[dict]:
+    """Each variant `reps` times, interleaved (so that a busy moment of a shared machine falls on
+    all of them alike). `policies`: names, or (label, name, options) triples."""
     snap = synthetic_snapshot(**shape)
-    out = []
-    for name in policies:
-        policy = make_policy(name)
-        times, plan = [], None
-        for _ in range(reps):
+    variants = [(p, p, {}) if isinstance(p, str) else p for p in policies]
+    made = [(label, make_policy(name, **opts)) for label, name, opts in variants]
+    times: dict[str, list[float]] = {label: [] for label, _ in made}
+    counts = {}
+    for _ in range(reps):
+        for label, policy in made:
+            gc.collect()  # (the previous pass's garbage is not this one's cost)
             t0 = time.perf_counter()
             plan = policy.decide(snap)
-            times.append(time.perf_counter() - t0)
-        out.append({"policy": name, "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
-                    "starts": len(plan.starts), "preempts": len(plan.preempts), "waits": len(plan.waits)})
+            times[label].append(time.perf_counter() - t0)
+            counts[label] = (len(plan.starts), len(plan.preempts), len(plan.waits))
+            del plan
+    out = []
+    for label, _ in made:
+        ts, (starts, preempts, waits) = times[label], counts[label]
+        out.append({"policy": label, "median_s": statistics.median(ts), "min_s": min(ts), "max_s": max(ts),
+                    "starts": starts, "preempts": preempts, "waits": waits})
     return out

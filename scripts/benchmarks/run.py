@@ -33,9 +33,11 @@ def section_decide(args) -> str:
                      f" | {r['starts']} | {r['preempts']} | {r['waits']} |")
     return ("### decide() on 10,000 pending and 2,000 running jobs, 1,000 nodes x 8 GPUs\n\n"
             "One scheduling pass of the pure policy on a seeded synthetic snapshot "
-            "(`scripts/benchmarks/decide_time.py`), median of {reps}. The MLFQ pass also chooses every "
-            "preemption the snapshot calls for (attained service is spread over all levels, so many "
-            "new jobs find lower-level victims past their quantum: a worst case, not a typical tick).\n\n"
+            "(`scripts/benchmarks/decide_time.py`), median of {reps}, the variants interleaved. The MLFQ "
+            "pass also chooses the preemptions the snapshot calls for (attained service is spread over "
+            "all levels, so many new jobs outrank runs past their minimum run: a worst case, not a "
+            "typical tick): at most `max_preemptions` (256) runs per pass by default, every one of "
+            "them with `max_preemptions=0`. `order=las` is the attained-service order before issue 24.\n\n"
             .format(reps=args.reps) + "\n".join(lines))
 
 

@@ -80,3 +80,45 @@ def test_a_session_starts_ahead_of_a_batch_job_of_its_level_that_came_first(clus
     started = {j: cluster.job(j)["start_time"] for j in (waiting, batch)}
     assert started[batch] is None or started[waiting] < started[batch]
     cluster.wait_state(batch, "COMPLETED")
+
+
+def test_an_allocation_nobody_holds_is_ended_and_a_no_shell_one_is_not():
+    """A lost submit reply (or a client that died while the controller was down) leaves an
+    allocation that no salloc or srun holds: after [interactive] abandoned_after it is ended, so
+    it cannot keep its GPUs, never time-sliced, until its limit. salloc --no-shell's is held by
+    nobody on purpose and stays."""
+    from hai_cluster.cli.client import ControllerClient
+    c = start_local_cluster(gpus=2, controller_toml="\n[interactive]\nabandoned_after = 10.0\n")
+    try:
+        pw = pwd.getpwnam(TEST_USER)
+        body = {"script": "#!/bin/sh\n", "option_args": ["--gpus-per-node=1"], "script_args": [], "cwd": "/tmp",
+                "env": {}, "interactive": True}
+
+        def submit(**more) -> int:  # as salloc submits, under the test user's uid, and never holds it
+            client = ControllerClient(c.socket)
+            try:
+                return client.call("submit", {**body, **more})["job_id"]
+            finally:
+                client.close()
+        import os
+        child = os.fork()
+        if child == 0:  # the submissions' uid must be the user's (SO_PEERCRED): a child that becomes it
+            try:
+                os.setgid(pw.pw_gid)
+                os.setuid(pw.pw_uid)
+                ids = [submit(), submit(detached=True)]
+                with open(f"/tmp/hai-abandoned-{os.getppid()}", "w") as f:
+                    f.write(" ".join(map(str, ids)))
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+        assert os.waitpid(child, 0)[1] == 0
+        path = f"/tmp/hai-abandoned-{os.getpid()}"
+        with open(path) as f:
+            abandoned, detached = map(int, f.read().split())
+        os.unlink(path)
+        c.wait_state(abandoned, "CANCELLED", timeout=60)
+        assert "held this allocation for 10 s; ending it" in (c.workdir / "ctl.log").read_text()
+        assert c.job(detached)["state"] in ("PENDING", "RUNNING")  # --no-shell: nobody holds it on purpose
+    finally:
+        c.close()

@@ -54,7 +54,9 @@ def test_interactive_max_time_is_the_longest_limit_and_the_default():
     with pytest.raises(RequestError, match=r"-t 2:00:00 is longer than interactive jobs may run \(1:00:00, "
                                            r"\[interactive\] max_time\)"):
         interactive.time_limit(replace(spec, time_limit=7200), cfg, 7200)
-    assert interactive.time_limit(spec, ControllerConfig(), None).time_limit is None
+    assert interactive.time_limit(spec, ControllerConfig(), None).time_limit == 86400  # the default: a day
+    unlimited = ControllerConfig(interactive=InteractiveConfig(max_time=None))
+    assert interactive.time_limit(spec, unlimited, None).time_limit is None
 
 
 def test_interactive_jobs_start_ahead_of_batch_jobs_of_their_level_not_of_a_higher_one():

@@ -6,6 +6,7 @@ import pytest
 
 from hai_cluster.core.model import Snapshot
 from hai_cluster.core.sizemodel import FinishedJob, SizeModel, rebuild
+from hai_cluster.core.states import JobState
 from hai_cluster.scheduling.gittins import Ranker, RankSettings, explain, rank_table
 from hai_cluster.scheduling.mlfq import MlfqConfig, MlfqPass, MlfqPolicy
 from hai_cluster.scheduling.plan import Preempt, Start
@@ -122,3 +123,41 @@ def test_the_simulator_feeds_only_jobs_that_ended_and_starts_empty():
     rec2 = Recorder()
     simulate(rec2, jobs, Cluster(1, 1), restart_cost=0.0)
     assert rec2.seen == rec.seen  # a fresh model in each run: the same replay twice
+
+
+@pytest.mark.parametrize("order", ["gittins", "las"])
+def test_a_pass_tells_at_most_max_preemptions_runs_to_leave(order):
+    # Six old 1-GPU runs fill six nodes; six new jobs outrank them. With a bound of 4, the first
+    # pass takes 4 runs (and never splits a job's victims), the next pass takes the rest.
+    nodes = [node(f"n{i}", gpus=1) for i in range(6)]
+    runs = [running(i + 1, [(f"n{i}", [0])], start=0.0, attained=1e6) for i in range(6)]
+    new = [pending(10 + i, t=5000.0) for i in range(6)]
+    cfg = MlfqConfig(order=order, max_preemptions=4, thresholds=(100.0,), quanta=(10.0, 10.0))
+    plan = MlfqPolicy(cfg).decide(snapshot(10_000.0, nodes, runs + new))
+    assert len(plan.preempts) == 4
+    taken = {p.job_id for p in plan.preempts}
+    leaving = [replace(j, state=JobState.PREEMPTING) if j.id in taken else j for j in runs]
+    plan2 = MlfqPolicy(cfg).decide(snapshot(10_000.0, nodes, leaving + new))
+    assert len(plan2.preempts) == 2 and not {p.job_id for p in plan2.preempts} & taken
+    unbounded = MlfqPolicy(replace(cfg, max_preemptions=0)).decide(snapshot(10_000.0, nodes, runs + new))
+    assert len(unbounded.preempts) == 6
+    with pytest.raises(ValueError):
+        MlfqConfig(max_preemptions=-1)
+
+
+def test_an_old_job_goes_first_preempts_a_young_run_and_is_not_preempted_when_running():
+    # Every job of this kind runs ~1000 s: with lift_factor 3 a job is old 3000 s after submission.
+    model = rebuild([FinishedJob(1, 1000.0)] * 200)
+    cfg = replace(GITTINS, lift_factor=3.0, lift_floor=0.0)
+    # 2000 s of service, past the kind's ~1000 s: one of the rare long ones, far down the order
+    young_run = replace(running(1, [("a", [0])], start=1700.0), submit_time=1600.0)
+    old_job, new_job = pending(2, t=0.0, attained=900.0), pending(3, t=3600.0)
+    snap = with_sizes(snapshot(3700.0, [node("a", gpus=1)], [young_run, old_job, new_job]), model)
+    assert [j.id for j, _, _ in MlfqPass(cfg, snap).queue()][0] == 2
+    plan = MlfqPolicy(cfg).decide(snap)
+    assert [p.job_id for p in plan.preempts] == [1]
+    # Running, an old job is not a victim (the young one would outrank it in the Gittins order).
+    old_run = replace(running(2, [("a", [0])], start=1700.0), submit_time=0.0)
+    snap = with_sizes(snapshot(3700.0, [node("a", gpus=1)], [old_run, pending(3, t=3600.0)]), model)
+    assert not MlfqPolicy(cfg).decide(snap).preempts
+    assert MlfqPolicy(replace(cfg, lift_factor=0.0)).decide(snap).preempts

@@ -51,7 +51,7 @@ def test_held_and_not_yet_begun_jobs_are_not_listed_and_factors_are_the_policys(
         job(1, hold=True), job(2, begin_time=now + 60), job(3, begin_time=now - 60, submit_time=now / 2),
         job(4, priority="urgent", attained_gpu_seconds=1e9, nice=5), job(5, dependency="Dependency"),
         job(6, state=JobState.RUNNING)))
-    rows = {r.job_id: r for r in priorities(snap, "mlfq", MlfqConfig())}
+    rows = {r.job_id: r for r in priorities(snap, "mlfq", MlfqConfig(order="las"))}
     assert sorted(rows) == [3, 4, 5]
     assert (rows[4].priority, rows[4].level, rows[4].qos, rows[4].nice) == (3, 2, 1.0, 5)  # urgent: first at any level
     assert (rows[3].age, rows[5].age) == (0.5, 1.0)  # since submission, a week is 1

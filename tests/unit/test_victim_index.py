@@ -56,7 +56,10 @@ def random_snapshot(seed: int) -> Snapshot:
 CONFIGS = [MlfqConfig(thresholds=(100.0, 1000.0), quanta=(10.0, 50.0, 100.0)),
            MlfqConfig(thresholds=(100.0, 1000.0), quanta=(0.0, 0.0, 0.0), placement="spread"),
            MlfqConfig(thresholds=(100.0, 1000.0), quanta=(10.0, 50.0, 100.0), starvation_factor=0.5,
-                      starvation_floor=100.0, reservation_after=200.0)]
+                      starvation_floor=100.0, reservation_after=200.0),
+           # the attained-service order (the Gittins order is the default: the ones above)
+           MlfqConfig(order="las", thresholds=(100.0, 1000.0), quanta=(10.0, 50.0, 100.0)),
+           MlfqConfig(order="las", thresholds=(100.0, 1000.0), quanta=(0.0, 0.0, 0.0), placement="spread")]
 
 
 def plan_with(search: str, cfg: MlfqConfig, snap: Snapshot):
@@ -68,7 +71,7 @@ def plan_with(search: str, cfg: MlfqConfig, snap: Snapshot):
         mlfq.MlfqPass.victim_search = old
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=["quanta", "no-quanta-spread", "starvation"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["quanta", "no-quanta-spread", "starvation", "las", "las-spread"])
 def test_indexed_search_makes_the_plans_the_scan_makes(cfg):
     preempting_plans = 0
     for seed in range(150):
