@@ -12,10 +12,9 @@ from .requests import filter_list, int_list, task_list
 
 # The order is computed over every pending job (a whole snapshot read, like a pass's), one request
 # at a time; a listing's later pages (`after`) reuse the first page's for this long, so that the
-# pages of one sprio agree with each other; a first page reuses one this young (sprio in a loop,
-# or many users at once, cost one computation a second at most).
+# pages of one sprio agree with each other (a first page is always fresh: a job just submitted is
+# listed, as Slurm's sprio lists it).
 REUSE_SECONDS = 30.0
-FIRST_PAGE_REUSE = 1.0
 
 
 async def priorities(ctx: ApiContext, body, caller: Caller):
@@ -54,7 +53,7 @@ async def _current(ctx: ApiContext, *, fresh: bool) -> tuple[float, list[dict]]:
     computation if it is recent."""
     async with ctx.priority_lock:
         cached = ctx.priority_cache
-        if cached is not None and time.monotonic() - cached[0] < (FIRST_PAGE_REUSE if fresh else REUSE_SECONDS):
+        if not fresh and cached is not None and time.monotonic() - cached[0] < REUSE_SECONDS:
             return cached[1], cached[2]
         now = time.time()
         cfg = ctx.ctl.cfg

@@ -50,7 +50,7 @@ def test_short_job_preempts_long_ones_which_resume_from_their_checkpoint(cluster
     for j in a_jobs:
         cluster.wait_state(j, "RUNNING")
     # train_loop.py uses hai_cluster.job, which tells the cluster that the job resumes: no option needed
-    wait_for(lambda: all("Preemptible=announced\n" in cluster.cli("scontrol", "show", "job", str(j)).stdout
+    wait_for(lambda: all("Preemptible=announced " in cluster.cli("scontrol", "show", "job", str(j)).stdout
                          for j in a_jobs), 30, what="the jobs to say they resume")
     b = cluster.submit("--gpus-per-node=2", "--wrap", "echo short job done", user=OTHER_USER)
     # After A's runs sink to level 1 and their quantum is up, one of them makes way for B.
@@ -156,7 +156,7 @@ def test_a_job_that_never_said_it_resumes_is_not_time_sliced_but_an_urgent_one_t
         # Long past its quantum at level 1 it keeps its GPUs: a preemption would lose its work
         wait_for(lambda: cluster.job(legacy)["attained_now"] > 30, 30, what="the legacy job to sink")
         assert cluster.job(newcomer)["state"] == "PENDING" and len(cluster.job(legacy)["runs"]) == 1
-        assert "Preemptible=no\n" in cluster.cli("scontrol", "show", "job", str(legacy)).stdout
+        assert "Preemptible=no " in cluster.cli("scontrol", "show", "job", str(legacy)).stdout
         assert cluster.cli("hqueue", "-h", "-j", str(legacy), "-o", "%i %Y").stdout.split() == [str(legacy), "no"]
         # An urgent job may take it, and the run's record says that its work was lost
         urgent = cluster.submit("--gpus-per-node=2", "-N", "2", "--priority=urgent", "--wrap", "true",
@@ -184,7 +184,7 @@ def test_a_signal_job_that_requeues_itself_is_time_sliced_as_submitit_s_are(clus
         "while :; do sleep 0.2; done\n")
     j = cluster.submit("--gpus-per-node=2", "-N", "2", "--grace=10", "requeuer.sh")
     cluster.wait_state(j, "RUNNING")
-    assert "Preemptible=signal\n" in cluster.cli("scontrol", "show", "job", str(j)).stdout
+    assert "Preemptible=signal " in cluster.cli("scontrol", "show", "job", str(j)).stdout
     short = cluster.submit("--gpus-per-node=2", "--wrap", "true", user=OTHER_USER)
     assert cluster.wait_state(short, "COMPLETED", timeout=90)["state"] == "COMPLETED"
     assert cluster.wait_state(j, "COMPLETED", timeout=90)["state"] == "COMPLETED"

@@ -8,10 +8,12 @@ import pytest
 
 from .harness import OTHER_USER, TEST_USER, start_local_cluster, user_dir, wait_for
 
-# A job that has run 1 GPU-second sinks to level 1.
+# A job that has run 1 GPU-second sinks to level 1 (the attained-service order, whose levels a
+# test can set; PRIORITY follows the Gittins order as well: tests/unit/test_sprio_order.py).
 SCHEDULER = """
 [scheduler]
 policy = "mlfq"
+order = "las"
 thresholds = [1.0, 100000.0]
 quanta = [1.0, 3.0, 5.0]
 """

@@ -67,10 +67,11 @@ def test_the_learned_sizes_survive_restarts_kills_and_a_lost_state():
         assert learned_from(cluster) == 7  # rebuilt from the 7 ended jobs
         assert "rebuilt from 7 ended job(s)" in (cluster.workdir / "ctl.log").read_text()
         held = cluster.submit("--hold", "--gpus-per-node=1", "--wrap", "true")
-        wait_for(lambda: "level 0:" in cluster.cli("hcontrol", "show", "scheduler", str(held)).stdout, 15,
+        wait_for(lambda: f"Job {held}: level" in cluster.cli("hcontrol", "show", "scheduler", str(held)).stdout, 15,
                  what="the held job's standing")
         out = cluster.cli("hcontrol", "show", "scheduler", str(held), "999999").stdout
         assert f"Job {held}: level 0: 0 GPU-seconds attained" in out and "learned: level" in out
+        assert "Gittins rank" in out and "from 7 finished jobs of g1" in out  # what the model says of it
         assert "Job 999999: not pending or running in the latest scheduling pass" in out
     finally:
         cluster.close()
