@@ -14,6 +14,7 @@ processes it can prove it or the agents started (devprocs.py), never whatever pi
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -78,12 +79,24 @@ def main() -> None:
 @click.option("--tick", default=0.5, show_default=True, type=float, help="scheduler tick, seconds")
 @click.option("--timeout", default=60.0, show_default=True, type=float, help="seconds to wait for the nodes")
 @click.option("--policy", type=click.Choice(["mlfq", "fifo"]), default="mlfq", show_default=True)
-@click.option("--thresholds", help="MLFQ level thresholds in GPU-seconds, e.g. 10,1000 (default: production's)")
-@click.option("--quanta", help="MLFQ quantum per level in seconds, e.g. 2,5,10 (default: production's)")
+@click.option("--order", type=click.Choice(["gittins", "las"]), default=None,
+              help="what sets an MLFQ job's level (default: production's, gittins)")
+@click.option("--restart-cost", type=click.FloatRange(min=0), default=None,
+              help="seconds a preempted job redoes; gittins: a run keeps its GPUs 10x this long "
+                   "(default: production's 30)")
+@click.option("--thresholds", help="las: MLFQ level thresholds in GPU-seconds, e.g. 10,1000 (default: production's)")
+@click.option("--quanta", help="las: MLFQ quantum per level in seconds, e.g. 2,5,10 (default: production's)")
 def up(directory: str, nodes: int, gpus_per_node: int, cpus_per_node: int, gpu_backend: str | None, tick: float,
-       timeout: float, policy: str, thresholds: str | None, quanta: str | None) -> None:
+       timeout: float, policy: str, order: str | None, restart_cost: float | None, thresholds: str | None,
+       quanta: str | None) -> None:
     """Start a controller and NODES agents; print the export line for the CLI."""
     scheduler = f'[scheduler]\npolicy = "{policy}"\n'
+    if order:
+        scheduler += f'order = "{order}"\n'
+    if restart_cost is not None:
+        if not math.isfinite(restart_cost):
+            raise click.BadParameter(f"--restart-cost must be a finite number of seconds, got {restart_cost!r}")
+        scheduler += f"restart_cost = {restart_cost!r}\n"
     for key, value in (("thresholds", thresholds), ("quanta", quanta)):
         if value:
             try:

@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.infra.fixtures"]
+pytest_plugins = ["tests.infra.fixtures", "tests.infra.parallel"]

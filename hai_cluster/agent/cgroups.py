@@ -30,12 +30,12 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 log = logging.getLogger(__name__)
 
 LIMITS = ("memory", "cpu", "pids")
-FEATURES = (*LIMITS, "kill", "freeze")
+FEATURES = (*LIMITS, "kill", "freeze", "devices")
 CPU_PERIOD = 100_000  # microseconds; quota = CPUs x period
 MIB = 1024 * 1024
 FREEZE_WAIT = 1.0  # seconds a freeze may take before we go on anyway
@@ -53,7 +53,7 @@ def parse_mounts(text: str) -> tuple[str | None, dict[str, str]]:
             v2 = point
         elif parts[2] == "cgroup":
             for opt in parts[3].split(","):
-                if opt in (*LIMITS, "freezer") and opt not in v1:
+                if opt in (*LIMITS, "freezer", "devices") and opt not in v1:
                     v1[opt] = point
     return v2, v1
 
@@ -165,7 +165,10 @@ def detect(parent: str, mounts: str | None = None, top: str = "") -> Capabilitie
             for f in ("kill", "freeze"):
                 if os.path.exists(os.path.join(base, f"cgroup.{f}")):
                     features[f] = "v2"
-    for c in (*LIMITS, "freezer"):
+            from . import devcgroup  # ctypes: only where a cgroup is made
+            if devcgroup.v2_usable():  # no controller file: a BPF program per cgroup
+                features["devices"] = "v2"
+    for c in (*LIMITS, "freezer", "devices"):
         feature = "freeze" if c == "freezer" else c
         if feature in features or c not in v1_all:
             continue
@@ -244,6 +247,19 @@ class RunCgroup:
                 _write(f"{d}/cpu.cfs_quota_us", str(cpus * CPU_PERIOD))
         if pids and (d := self._dir("pids")):
             _write(f"{d}/pids.max", str(pids))
+
+    def restrict_devices(self, deny: Iterable[tuple[int, int]]) -> bool:
+        """Refuse the run these character devices (devcgroup). False where this node cannot."""
+        deny = list(deny)
+        d = self._dir("devices")
+        if not deny or d is None:
+            return bool(d)
+        from . import devcgroup
+        if self.caps.features["devices"] == "v2":
+            devcgroup.attach_v2(d, deny)
+        else:
+            devcgroup.deny_v1(d, deny)
+        return True
 
     @staticmethod
     def _try(path: str, value: str) -> None:

@@ -11,7 +11,7 @@ import os
 import signal
 from pathlib import Path
 
-from . import runtimes, spool
+from . import devcgroup, runtimes, spool
 from .cgroups import RunCgroup
 from .isolation import NodeIsolation
 from ..protocol.runspec import RunSpec
@@ -64,10 +64,24 @@ class Containment:
         except OSError as exc:
             raise LaunchError(f"preparing the {self.runtime.name} runtime failed: {exc}") from None
         self.record()
+        if self.cgroup is not None and self.launch.join_cgroup:  # runc, podman: their spec does it
+            self.restrict_devices()
         log.info("job %s.%s: runtime %s, cgroup %s, limits mem=%s MiB cpus=%s pids=%s", spec.job_id,
                  spec.attempt, self.runtime.name, self.cgroup.path if self.cgroup else "none",
                  spec.mem_mb, spec.cpus if node.limit_cpus else None, node.pids_limit or None)
         return self.launch
+
+    def restrict_devices(self) -> None:
+        """Only the run's own GPUs' device nodes can be opened in its cgroup (ssh sessions adopted
+        into it included), whatever CUDA_VISIBLE_DEVICES says."""
+        deny = devcgroup.others(self.node.device_dir, self.spec.gpus)
+        try:
+            done = self.cgroup.restrict_devices(deny)
+        except OSError as exc:
+            raise LaunchError(f"refusing the other GPUs' device nodes to {self.cgroup.path} failed: {exc}") from None
+        if deny and not done:
+            log.warning("job %s: this node's cgroups cannot restrict devices: all %d other GPUs stay "
+                        "visible", self.spec.job_id, len(deny))
 
     def record(self) -> None:
         rec = {"runtime": self.runtime.name, "cgroup": self.cgroup.record() if self.cgroup else None,

@@ -18,6 +18,7 @@ from ..config import AgentConfig, ConfigError, load_agent_config
 from ..sdnotify import Notifier
 from ..transport.rpc import ConnectionLost, RpcConnection
 from ..transport.unix import SocketInUse, bind_socket, close_server, peer_credentials
+from .adopt import Adopter, Peer
 from .gpus import GpuError, inventory
 from .health import HealthChecker
 from .isolation import NodeIsolation
@@ -25,6 +26,7 @@ from .gpushare import Shares
 from .runs import RunTable
 from .service import build_table
 from .spool import runs_dir
+from .follow import OutputFollows
 from .steps import StepRelay
 from .starter import ShepherdStarter, room_for
 from .dcgm import open_mapping
@@ -45,6 +47,7 @@ class Agent:
         self.starter = ShepherdStarter(cfg.shepherd_start, room_for(runs_dir(cfg.spool)))
         self.runs = RunTable(cfg.spool, cfg.launch_timeout, self.isolation, self.starter)
         self.shares = Shares(cfg, self.gpus)
+        self.adopter = Adopter(cfg.adopt, cfg.name, self.runs)  # ssh logins into jobs (pam_exec)
         self._mps_cleanup: asyncio.Future | None = None  # release_idle_mps's task
         self._mps_cleanup_again = False
         self.health = HealthChecker(cfg, len(self.gpus))
@@ -53,7 +56,9 @@ class Agent:
         self.controller: RpcConnection | None = None  # the connection that said hello last
         self.controller_up = asyncio.Event()  # set while there is one
         self.steps = StepRelay(self)
+        self.follows = OutputFollows(self)  # sattach JOB.batch: the batch script's output, read as its user
         self._occupancy: dict[int, list[int]] = {}
+        self._gpu_jobs: dict[int, list[int]] = {}
         t = cfg.telemetry
         self.sampler = Sampler(self._telemetry_nvml(), cfg.name, t.interval, t.history,
                                on_event=self.health.note_event) if t.enabled else None
@@ -67,7 +72,7 @@ class Agent:
             s, t = self.cfg.simulated, self.cfg.telemetry
             return SimulatedTelemetryNvml(self.cfg.name, s.count, s.model, s.memory_mb, occupancy=self.gpu_occupancy,
                                           busy_util=t.simulated_util, process_memory_mb=t.simulated_process_memory_mb,
-                                          xid_file=s.xid_file)
+                                          xid_file=s.xid_file, util_file=s.util_file, gpu_jobs=self.gpu_jobs)
         import pynvml
         return pynvml
 
@@ -78,10 +83,12 @@ class Agent:
                 for key, r in sorted(self.runs.runs.items())
                 if r.spec is not None and not r.status.ended and r.status.pid is not None]
         occupancy: dict[int, list[int]] = {}
+        jobs: dict[int, list[int]] = {}
         for run in runs:
             for g in run.gpus:
                 occupancy.setdefault(g, []).append(run.pid)
-        self._occupancy = occupancy
+                jobs.setdefault(g, []).append(run.job_id)
+        self._occupancy, self._gpu_jobs = occupancy, jobs
         if self.job_mapping is not None:
             self.job_mapping.update(runs)
         return runs
@@ -90,6 +97,10 @@ class Agent:
         """GPU index -> main pids of the live runs holding it (what simulated GPUs report). Read on
         the NVML thread: a dict swapped whole on the loop, never the run table itself."""
         return self._occupancy
+
+    def gpu_jobs(self) -> dict[int, list[int]]:
+        """GPU index -> the jobs whose live runs hold it (gpus.simulated_util_file), as gpu_occupancy."""
+        return self._gpu_jobs
 
     def hello_from(self, name: str) -> None:
         """The controller said hello on the connection named `name`: the agent's requests (job
@@ -117,7 +128,7 @@ class Agent:
             log.warning("refusing connection from %s", name)
             writer.close()
             return
-        conn = RpcConnection(reader, writer, table=self.table, context=name, name=name,
+        conn = RpcConnection(reader, writer, table=self.table, context=Peer(pid, uid), name=name,
                              frame_timeout=self.cfg.frame_timeout, idle_timeout=self.cfg.idle_timeout)
         self.connections.add(conn)
         log.info("connection from %s", name)
@@ -170,6 +181,7 @@ class Agent:
                     log.info("job %s.%s ended: exit_code=%s signal=%s reason=%s", status.job_id,
                              status.attempt, status.exit_code, status.signal, status.reason)
                     await self.push("run_exited", status.to_wire())
+                self.adopter.ended((s.job_id, s.attempt) for s in ended)
                 if ended and self.shares.any_daemon():  # MPS daemons no live sharing run needs any more
                     self.release_idle_mps()
             except Exception:  # a broken spool entry must not stop the watch for all the others
@@ -202,6 +214,7 @@ async def serve(cfg: AgentConfig, notifier: Notifier | None = None) -> None:
     agent.runs.setup()
     agent.starter.open()  # the zygote imports while the spool is read
     agent.runs.rebuild()
+    agent.adopter.sweep()
     server = await asyncio.start_unix_server(agent.on_client, sock=sock)
     agent.steps.open()
     stop = asyncio.Event()
@@ -229,6 +242,7 @@ async def serve(cfg: AgentConfig, notifier: Notifier | None = None) -> None:
             await asyncio.gather(sampling, return_exceptions=True)
         checker.cancel()
         agent.steps.close()
+        agent.follows.close()
         agent.isolation.release()
         agent.starter.close()  # the zygote exits; the shepherds it forked are not its children
         await close_server(server, agent.connections, cfg.socket)

@@ -28,6 +28,12 @@ from ..protocol.runspec import RunSpec
 
 log = logging.getLogger(__name__)
 
+# Every variable prepare() sets: an ssh session adopted into the job gets them too (adopt.ENV_KEYS),
+# or its CUDA would reach the card outside the job's MPS daemon and limits.
+SHARE_ENV = ("CUDA_VISIBLE_DEVICES", "HAI_GPU_SHARE_MB", "HAI_GPU_SHARE_COMPUTE", "HAI_GPU_ISOLATION", "HAI_GPU_QOS",
+             "HAI_GPU_MIG_PROFILE", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY",
+             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_CLIENT_PRIORITY")
+
 
 class ShareError(Exception):
     pass

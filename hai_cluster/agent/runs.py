@@ -190,6 +190,13 @@ class RunTable:
             launcher.request_terminate(run.dir, reason)
         return True
 
+    def idle_notice(self, key: Key, notice: dict | None) -> bool:
+        """Write (or with None, remove) the run's idle warning in its control dir."""
+        run = self.runs.get(key)
+        if run is None or run.status.ended:
+            return False
+        return spool.write_idle_notice(run.dir / spool.CONTROL, notice)
+
     def signal(self, key: Key, sig: int) -> bool:
         run = self.runs.get(key)
         if run is None or run.status.ended:

@@ -47,6 +47,23 @@ def check_user(agent: "Agent", spec: RunSpec) -> None:
         raise RequestError(f"uid {spec.uid} is user {pw.pw_name!r} on node {node}, not {spec.user!r}")
 
 
+IDLE_NOTICE_KEYS = ("idle_for", "threshold", "window", "grace", "action", "time", "message")
+
+
+def check_idle_notice(notice: Any) -> dict:
+    """The idle notice exactly as the controller sends it: numbers, a known action, a short message."""
+    check_keys("idle_notice.notice", notice, IDLE_NOTICE_KEYS)
+    for k in ("idle_for", "threshold", "window", "grace", "time"):
+        v = notice[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e11:
+            raise SpecError(f"idle_notice.notice.{k} must be a number of at least 0")
+    if notice["action"] not in ("cancel", "requeue"):
+        raise SpecError(f"idle_notice.notice.action must be cancel or requeue, got {notice['action']!r}")
+    if not isinstance(notice["message"], str) or len(notice["message"]) > 500:
+        raise SpecError("idle_notice.notice.message must be a string of at most 500 characters")
+    return notice
+
+
 def build_table(agent: "Agent") -> RpcTable:
     table = RpcTable()
     runs = agent.runs
@@ -56,7 +73,7 @@ def build_table(agent: "Agent") -> RpcTable:
         if not isinstance(body["controller"], str):
             raise SpecError("hello.controller must be a string")
         log.info("hello from controller %r (%s)", body["controller"], ctx)
-        agent.hello_from(ctx)
+        agent.hello_from(str(ctx))
         return {"node": agent.cfg.name, "hostname": socket.gethostname(), "protocol": PROTOCOL,
                 "cpus": agent.cpus, "mem_mb": agent.mem_mb, "gpu_backend": agent.gpu_backend,
                 "features": list(agent.cfg.features),
@@ -97,6 +114,18 @@ def build_table(agent: "Agent") -> RpcTable:
         log.info("signal_run job %s.%s signal %d: %s", *key, sig, "delivered" if delivered else "not delivered")
         return {"delivered": delivered}
 
+    async def idle_notice(body: Any, ctx: Any) -> dict:
+        """The controller's idle warning for a run (controller/reclaim.py): written into its control
+        dir, or taken away (notice null) once its GPUs are busy again."""
+        key, body = _run_key("idle_notice", body, "notice")
+        notice = body["notice"]
+        if notice is not None:
+            notice = check_idle_notice(notice)
+        found = runs.idle_notice(key, notice)
+        log.info("idle_notice job %s.%s: %s %s", *key, "written" if notice else "cleared",
+                 "" if found else "(no such live run)")
+        return {"found": found}
+
     async def list_runs(body: Any, ctx: Any) -> dict:
         _empty("list_runs", body)
         return {"runs": runs.statuses()}
@@ -133,8 +162,26 @@ def build_table(agent: "Agent") -> RpcTable:
     async def step_release(body: Any, ctx: Any) -> dict:
         return await agent.steps.to_server("release", body)
 
+    async def step_tee(body: Any, ctx: Any) -> dict:
+        return await agent.steps.tee(body)
+
+    async def adopt(body: Any, ctx: Any) -> dict:
+        # sshd's PAM program (adopt_pam.py) on this node, not the controller: no epoch
+        return agent.adopter.adopt(body, ctx)
+
+    async def output_follow(body: Any, ctx: Any) -> dict:
+        return await agent.follows.start(body)
+
+    async def output_rest(body: Any, ctx: Any) -> dict:
+        return await agent.follows.rest(body)
+
+    async def output_unfollow(body: Any, ctx: Any) -> dict:
+        return agent.follows.stop(body)
+
     epochs = EpochGate(agent.cfg.spool)  # commands of a superseded controller are refused
-    for fn in (hello, start_run, terminate_run, signal_run, list_runs, forget_run, ping,
-               step_start, step_signal, step_output, step_exit, step_input, step_resize, step_release):
+    for fn in (hello, start_run, terminate_run, signal_run, idle_notice, list_runs, forget_run, ping,
+               step_start, step_signal, step_output, step_exit, step_input, step_resize, step_release,
+               step_tee, output_follow, output_rest, output_unfollow):
         table.add(fn.__name__, refusing(epochs.wrap(fn.__name__, fn), SpecError, RunError))
+    table.add("adopt", refusing(adopt, SpecError))
     return table

@@ -7,6 +7,11 @@ idles. Power, temperature and clocks follow utilization; ECC counts stay at zero
 not supported (like NVML on many consumer GPUs) unless `gpus.simulated_xid_file` names a file: then
 each "GPU XID" line appended to it after the set was created is an XID event of that GPU, which
 the sampler's event thread receives exactly as it receives NVML's.
+
+`gpus.simulated_util_file` sets a job's utilization while it runs: each line "JOBID UTIL" (the
+last one for a job wins) makes the GPUs its runs hold report UTIL percent instead of `busy_util`,
+read at every sample, so a test drives idle reclamation through the very NVML calls the sampler
+makes on real GPUs.
 """
 from __future__ import annotations
 
@@ -88,6 +93,30 @@ class _EventSet:
 
 # GPU index -> pids of the processes using it (what the agent's run table says is running there)
 Occupancy = Callable[[], Mapping[int, Sequence[int]]]
+# GPU index -> ids of the jobs whose live runs hold it
+GpuJobs = Callable[[], Mapping[int, Sequence[int]]]
+UTIL_FILE_MAX = 64 * 1024  # bytes of the utilization file read
+
+
+def read_util_file(path: str) -> dict[int, int]:
+    """{job id: utilization %} from the lines "JOBID UTIL" of `path`; malformed lines are skipped,
+    a missing file is no override. Opened O_NOFOLLOW|O_NONBLOCK (the agent is root), bounded."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    try:
+        data = os.read(fd, UTIL_FILE_MAX)
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
+    out: dict[int, int] = {}
+    for line in data.split(b"\n"):
+        parts = line.split()
+        if len(parts) == 2 and all(p.isdigit() for p in parts) and int(parts[1]) <= 100:
+            out[int(parts[0])] = int(parts[1])
+    return out
 
 
 class NotSupported(SimulatedNvml.NVMLError):
@@ -108,9 +137,12 @@ class SimulatedTelemetryNvml(SimulatedNvml):
     NVMLError_Timeout = Timeout
 
     def __init__(self, node: str, count: int, model: str, memory_mb: int, *, occupancy: Occupancy,
-                 busy_util: int = 90, process_memory_mb: int = 4096, xid_file: str = "") -> None:
+                 busy_util: int = 90, process_memory_mb: int = 4096, xid_file: str = "",
+                 util_file: str = "", gpu_jobs: GpuJobs | None = None) -> None:
         super().__init__(node, count, model, memory_mb)
         self._xid_file = xid_file
+        self._util_file = util_file
+        self._gpu_jobs = gpu_jobs
         self._occupancy = occupancy
         self._busy = busy_util
         self._process_bytes = min(process_memory_mb, memory_mb) * MIB
@@ -121,7 +153,14 @@ class SimulatedTelemetryNvml(SimulatedNvml):
 
     def _load(self, handle: int) -> float:
         """0..1: how hard the GPU works now."""
-        return self._busy / 100 if self._pids(handle) else 0.0
+        if not self._pids(handle):
+            return 0.0
+        if self._util_file and self._gpu_jobs is not None:
+            wanted = read_util_file(self._util_file)
+            set_here = [wanted[j] for j in self._gpu_jobs().get(handle, ()) if j in wanted]
+            if set_here:
+                return max(set_here) / 100
+        return self._busy / 100
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[_Process]:
         pids = self._pids(handle)

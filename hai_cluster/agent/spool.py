@@ -12,6 +12,8 @@
                         the shepherd before the job starts; the job reads, only the shepherd writes:
             preempt     notice (0644): checkpoint and leave, you will be resumed (preempt, requeue)
             terminate   notice (0644): you are being ended for good (cancel, timeout, node_fail)
+            idle        warning (0644): your GPUs sat idle; the job is ended (or requeued) after
+                        a grace unless they get busy (controller/reclaim.py); removed once busy
         node.json       the agent's runtimes and cgroup features when it started the run (contain.py)
         isolation.json  the run's runtime, cgroup and cleanup commands, for the agent if the shepherd dies
         bundle/, rootfs/, overlay/, runc.log: what a container runtime needs
@@ -32,6 +34,8 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from .. import safefs
 
 RUNS = "runs"
 SPEC = "spec.json"
@@ -120,6 +124,36 @@ def write_notice(control_dir: str | os.PathLike, reason: str, signal: int, grace
     write_json_atomic(path, {"reason": reason, "signal": signal, "grace": grace,
                              "deadline": now + grace, "time": now}, mode=0o644)
     return path
+
+
+IDLE_NOTICE = "idle"
+
+
+def write_idle_notice(control_dir: str | os.PathLike, notice: dict | None) -> bool:
+    """Leave the idle warning in the run's control dir (None: take it away). Relative to the
+    directory's fd, opened O_NOFOLLOW, and never through a link: the agent runs as root. False
+    when the run has no control dir (not started yet, or gone)."""
+    try:
+        dfd = os.open(control_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    try:
+        if notice is None:
+            try:
+                os.unlink(IDLE_NOTICE, dir_fd=dfd)
+            except FileNotFoundError:
+                pass
+            return True
+        tmp = f"{IDLE_NOTICE}.tmp.{os.getpid()}"
+        fd = safefs.create_file(dfd, tmp, json.dumps(notice, sort_keys=True).encode() + b"\n", 0o644, replace=True)
+        try:
+            os.fchmod(fd, 0o644)  # whatever the umask: the job reads it
+        finally:
+            os.close(fd)
+        os.rename(tmp, IDLE_NOTICE, src_dir_fd=dfd, dst_dir_fd=dfd)
+        return True
+    finally:
+        os.close(dfd)
 
 
 def read_json(path: str | os.PathLike) -> Any:

@@ -85,6 +85,7 @@ class StepRelay:
         self.per_uid: collections.Counter[int] = collections.Counter()
         self.connections: set[RpcConnection] = set()
         self.announced: set[tuple[int, int]] = set()
+        self.teeing: set[tuple[int, int]] = set()  # (job, step): srun copies its tasks' output for sattach
         self.gate: GatedServer | None = None
         self.user_table = self._user_table()
 
@@ -138,6 +139,7 @@ class StepRelay:
         for key in caller.steps:
             if self.sruns.get(key) is caller:
                 del self.sruns[key]
+                self.teeing.discard(key)
                 # srun went away before its tasks ended: as in Slurm, the step goes with it
                 asyncio.ensure_future(self._srun_gone(key, caller.attempts.get(key))).add_done_callback(retrieved)
 
@@ -182,14 +184,18 @@ class StepRelay:
         table = RpcTable()
 
         async def step_create(body: Any, caller: Caller) -> dict:
-            check_keys("step_create body", body, ("job_id", "request", "argv", "cwd", "env"))
+            check_keys("step_create body", body, ("job_id", "request", "argv", "cwd", "env"), ("io",))
             job_id = nonneg_int("job_id", body["job_id"])
             request = wire.step_request(body["request"])
             argv, cwd, env = wire.command(body)
+            io = wire.step_io(body.get("io"))
+            if io.pty:
+                raise RequestError("--pty starts a terminal for salloc's or your own srun only")
             run = self._live_run(job_id, caller.uid)
             reply = await self._to_controller("step_create", {
                 "job_id": job_id, "attempt": run.spec.attempt, "uid": caller.uid,
-                "request": wire.request_to_wire(request), "argv": argv, "cwd": cwd, "env": env})
+                "request": wire.request_to_wire(request), "argv": argv, "cwd": cwd, "env": env,
+                "io": io.to_wire()})
             if "refused" in reply:
                 return reply
             step = reply["layout"]["step_id"]
@@ -267,11 +273,45 @@ class StepRelay:
                 raise RequestError(f"step {key[0]}.{key[1]} was not created by this srun")
             return await self._to_controller("step_signal", body)
 
-        for fn in (step_create, step_done, step_serve, step_output, step_exit, step_signal, job_resumable):
+        async def step_input(body: Any, caller: Caller) -> dict:
+            """srun's stdin for its tasks on other nodes (its own node's it writes itself): one chunk,
+            the next once this one is in (the reply), as a client's through the controller."""
+            check_keys("step_input body", body, ("job_id", "step_id", "task", "data", "eof"))
+            key = (nonneg_int("job_id", body["job_id"]), nonneg_int("step_id", body["step_id"]))
+            task = None if body["task"] is None else nonneg_int("task", body["task"])
+            data, eof = wire.stdin_chunk(body)
+            if self.sruns.get(key) is not caller:
+                raise RequestError(f"step {key[0]}.{key[1]} was not created by this srun")
+            return await self._to_controller("step_input", {"job_id": key[0], "step_id": key[1], "task": task,
+                                                            "data": data, "eof": eof})
+
+        async def step_tee_data(body: Any, caller: Caller) -> dict:
+            """srun's copy of its own tasks' output and ends, while the controller asked for it (a
+            sattach is attached): checked, and passed on. The answer says whether it is still wanted."""
+            check_keys("step_tee_data body", body, ("job_id", "step_id", "lost", "events"))
+            key = (nonneg_int("job_id", body["job_id"]), nonneg_int("step_id", body["step_id"]))
+            lost = nonneg_int("lost", body["lost"])
+            events = wire.tee_events(body["events"], key[1])
+            if self.sruns.get(key) is not caller:
+                raise RequestError(f"step {key[0]}.{key[1]} was not created by this srun")
+            attempt = caller.attempts.get(key)
+            if key not in self.teeing or attempt is None:
+                return {"wanted": False}
+            reply = await self._to_controller("step_tee_data", {
+                "job_id": key[0], "attempt": attempt, "step_id": key[1], "lost": lost,
+                "events": [e.to_wire() for e in events]})
+            wanted = isinstance(reply, dict) and reply.get("wanted") is True
+            if not wanted:
+                self.teeing.discard(key)
+            return {"wanted": wanted}
+
+        for fn in (step_create, step_done, step_serve, step_output, step_exit, step_signal, job_resumable,
+                   step_input, step_tee_data):
             table.add(fn.__name__, refusing(fn, ValueError))  # SpecError and the like
         return table
 
     def _done(self, caller: Caller, key: tuple[int, int]) -> None:
+        self.teeing.discard(key)
         caller.steps.discard(key)
         caller.attempts.pop(key, None)
         if self.sruns.get(key) is caller:
@@ -342,6 +382,31 @@ class StepRelay:
                 return {"released": True}
             raise RequestError(f"job {key[0]}'s step server on node {self.agent.cfg.name} did not answer: "
                                f"{exc or 'timeout'}") from None
+
+    async def tee(self, body: Any) -> dict:
+        """The controller starts (a sattach attached) or stops (none is left) the copy of a step's
+        tasks on this node, srun's own: srun is asked, and its replay passed back, checked."""
+        check_keys("step_tee body", body, ("job_id", "step_id", "on"))
+        key = (nonneg_int("job_id", body["job_id"]), nonneg_int("step_id", body["step_id"]))
+        if not isinstance(body["on"], bool):
+            raise RequestError("on must be true or false")
+        srun = self.sruns.get(key)
+        if srun is None:
+            self.teeing.discard(key)
+            return {"srun": False, "events": []}
+        if body["on"]:
+            self.teeing.add(key)
+        else:
+            self.teeing.discard(key)
+        try:
+            reply = await srun.conn.call("tee", {"step_id": key[1], "on": body["on"]}, timeout=10)
+            check_keys("srun's tee reply", reply, ("events",))
+            events = wire.tee_events(reply["events"], key[1])
+        except (RpcError, ConnectionLost, asyncio.TimeoutError, ValueError) as exc:
+            self.teeing.discard(key)
+            raise RequestError(f"the srun of step {key[0]}.{key[1]} on node {self.agent.cfg.name} cannot copy its "
+                               f"tasks' output: {exc or 'no answer'}") from None
+        return {"srun": True, "events": [e.to_wire() for e in events]}
 
     async def deliver(self, kind: str, body: Any) -> dict:
         """A remote task's output or end, to the srun that waits for it here."""

@@ -108,6 +108,9 @@ class Allocation:
         if name == "revoked" and isinstance(body, dict) and body.get("job_id") == self.job_id:
             self.info = {**self.info, "state": str(body.get("state")), "ending": True}
             self.revoked.set()
+        elif name == "notice" and isinstance(body, dict) and body.get("job_id") == self.job_id:
+            # a warning (idle reclamation): shown even with --quiet, as Slurm shows its errors
+            print(f"{self.prog}: {printable(str(body.get('text', '')))[:500]}", file=sys.stderr, flush=True)
 
     def say(self, text: str) -> None:
         if not self.quiet:

@@ -39,6 +39,28 @@ def shown(reply: Any) -> Any:
     return reply
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})  # str() of any but str is printable
+
+
+def shown_listing(reply: dict, keys: Sequence[str]) -> dict:
+    """shown(reply), fast for a listing: when every key and value of its `keys` rows (dicts) is
+    text or a number and all the text is printable (the common case), one check of them all at
+    C speed, and the rows as they are; else shown() (squeue of 10,000 jobs: shown() walked
+    290,000 values, a third of its time)."""
+    from itertools import chain
+
+    out = shown({k: v for k, v in reply.items() if k not in keys})
+    for key in keys:
+        rows = reply[key]
+        plain = False
+        if set(map(type, rows)) <= {dict}:
+            names, values = set(chain.from_iterable(rows)), list(chain.from_iterable(map(dict.values, rows)))
+            plain = (set(map(type, names)) | set(map(type, values))) <= _SCALARS and \
+                " ".join(map(str, chain(names, values))).isprintable()
+        out[key] = rows if plain else shown(rows)
+    return out
+
+
 def call(prog: str, method: str, body: Any = None) -> Any:
     """The controller's reply to `method`, made safe to print (shown); failures end the command."""
     client = ControllerClient()
@@ -65,7 +87,7 @@ def call_pages(prog: str, method: str, body: dict, keys: Sequence[str] = ("jobs"
                 for key in keys:
                     merged[key].extend(reply[key])
             if not reply.get("more"):
-                return shown(merged)
+                return shown_listing(merged, keys)
             after = reply["next"]
     except ClientError as exc:
         fail(prog, str(exc))

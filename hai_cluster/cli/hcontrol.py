@@ -8,7 +8,7 @@ import time
 import click
 
 from ..controller.events import format_line
-from ..core.timefmt import format_duration, format_limit
+from ..core.timefmt import format_duration, format_limit, slurm_duration
 from ..core.jobids import ArrayError, job_label, parse_job_ref
 from .client import ClientError, ControllerClient
 from ..core.usertext import printable
@@ -54,6 +54,9 @@ def job_lines(job: dict, now: float) -> list[str]:
         [("Restarts", job["restart_count"]), ("BatchFlag", 0 if job.get("interactive") else 1), ("ExitCode", f"{job['exit_code'] or 0}:{job['exit_signal'] or 0}")],
         [("RunTime", format_duration(elapsed(job, now))), ("TimeLimit", format_limit(job["time_limit"])),
          ("TimeMin", "N/A" if spec.get("time_min") is None else format_limit(spec["time_min"]))],
+        # ours: the idle clock of a running job whose idle reclamation is on (N/A, NONE: off)
+        [("IdleFor", "N/A" if job.get("idle_limit") is None else slurm_duration(job.get("idle_for") or 0)),
+         ("IdleLimit", "NONE" if job.get("idle_limit") is None else slurm_duration(job["idle_limit"]))],
         [("SubmitTime", iso_time(job["submit_time"])), ("StartTime", iso_time(job["start_time"])),
          ("EndTime", iso_time(job["end_time"]))],
         [("NodeList", nodelist(job) or "(null)"), ("NumNodes", job["nodes"]), ("NumCPUs", cpus(job)),
@@ -257,7 +260,10 @@ def update(assignments):
     """Change a node or a pending job, scontrol style:
     update NodeName=X State=DRAIN|RESUME|DOWN Reason="...";
     update JobId=N [TimeLimit=T] [Partition=P] [Dependency=D] (users may only lower TimeLimit);
-    (admins) update Account=NAME|User=NAME MaxGPUs=N MaxPending=N MaxJobs=N [Shares=N] (0: no limit)."""
+    (admins) update Account=NAME|User=NAME MaxGPUs=N MaxPending=N MaxJobs=N [Shares=N] (0: no limit);
+    (admins) update [reservation] ReservationName=NAME Flags=F,... (adds them; Flags-= takes them off)."""
+    if assignments[0].lower() == "reservation" or assignments[0].lower().startswith("reservationname="):
+        return update_reservation(assignments[1:] if "=" not in assignments[0] else assignments)
     fields = {}
     for item in assignments:
         key, sep, value = item.partition("=")
@@ -283,6 +289,29 @@ def update(assignments):
     if fields:
         fail("hcontrol", f"Update of node {name} failed: unknown field(s) {', '.join(sorted(fields))}")
     call("hcontrol", "update_node", body)
+
+
+def update_reservation(assignments) -> None:
+    """update ReservationName=NAME Flags=...|Flags+=...|Flags-=...: Slurm's flag edits (the other
+    fields of a reservation are changed by deleting and creating it again here)."""
+    name, edits = None, []
+    for item in assignments:
+        key, sep, value = item.partition("=")
+        low = key.lower()
+        if not sep:
+            fail(PROG, f"Invalid input: {item} (expected KEY=VALUE)")
+        if low == "reservationname":
+            name = value
+        elif low in ("flags", "flags+", "flags-"):
+            edits.append((low[5:], value))
+        else:
+            fail(PROG, f"Error updating the reservation: {key}= cannot be changed by this cluster (only "
+                             f"Flags=; delete and create the reservation again). No reservation update.")
+    if not name or not edits:
+        fail(PROG, "update ReservationName=NAME needs Flags=, Flags+= or Flags-=")
+    for op, text in edits:
+        call(PROG, "update_reservation", {"name": name, "op": op, "flags": text})
+    print("Reservation updated.")
 
 
 LIMIT_KEYS = {"maxgpus": "max_gpus", "maxpending": "max_pending", "maxjobs": "max_jobs", "shares": "shares",

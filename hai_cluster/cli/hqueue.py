@@ -12,6 +12,7 @@ from ..core.jobids import ArrayError, collapse_pending, job_label, parse_job_ref
 from ..core.timefmt import format_duration
 from .common import call_pages, fail, print_table, split_list
 from .jobfields import DEFAULT_FORMAT, FIELDS, LONG_FORMAT, NEEDS, RIGHT, ROW_KEYS
+from .listfilters import filters
 
 _SPEC = re.compile(r"%(\.?)(\d*)([A-Za-z])")
 
@@ -83,27 +84,6 @@ def main(users, me, job_ids, states, partitions, names, long_, noheader, fmt, ex
     rows = [[get(job if label is None else {**job, "label": label}, now) for get in getters] for job, label in listed]
     print_table([FIELDS[c][0] for c in columns], rows, header=not noheader,
                 right=[i for i, c in enumerate(columns) if c in RIGHT])
-
-
-def filters(prog: str, users, me: bool, job_ids, states) -> tuple[dict, bool]:
-    """The listing request for -u/--me, -j and -t (squeue's meanings), and whether -t named states."""
-    body: dict = {}
-    if me:
-        import getpass
-        body["users"] = [getpass.getuser()]
-    elif users:
-        body["users"] = split_list(users)
-    if job_ids:
-        try:
-            body.update(refs_to_wire(parse_job_refs(job_ids)))
-        except ArrayError as exc:
-            fail(prog, str(exc))
-    wanted = split_list(states)
-    if wanted and [s.lower() for s in wanted] == ["all"]:
-        body["all"] = True
-    elif wanted:
-        body["states"] = wanted
-    return body, bool(wanted)
 
 
 def step_rows(reply: dict) -> list[dict]:

@@ -8,6 +8,12 @@ from ..core.timefmt import slurm_duration
 from ..core.usertext import printable
 from .common import call, fail, iso_time
 
+def _flags(r: dict) -> str:
+    """Flags= as Slurm 22.05 prints it: the flags, then SPEC_NODES (nodes are always named) and
+    ALL_NODES for Nodes=ALL."""
+    return ",".join((*r.get("flags", ()), "SPEC_NODES", *(("ALL_NODES",) if r.get("all_nodes") else ())))
+
+
 def reservation_lines(r: dict, cpus: dict[str, int]) -> list[str]:
     """One reservation as scontrol show reservation prints it (Slurm 22.05's lines)."""
     cores = sum(cpus.get(n, 0) for n in r["nodes"])
@@ -17,7 +23,7 @@ def reservation_lines(r: dict, cpus: dict[str, int]) -> list[str]:
         f"ReservationName={printable(r['name'])} StartTime={iso_time(r['start'])} EndTime={iso_time(r['end'])} "
         f"Duration={slurm_duration(round(r['end'] - r['start']))}",
         f"   Nodes={compress(list(r['nodes']))} NodeCnt={len(r['nodes'])} CoreCnt={cores} Features=(null) "
-        f"PartitionName=(null) Flags=SPEC_NODES",
+        f"PartitionName=(null) Flags={printable(_flags(r))}",
         f"   TRES=cpu={cores}",
         f"   Users={printable(users)} Groups=(null) Accounts={printable(accounts)} Licenses=(null) "
         f"State={r['state']} BurstBuffer=(null) Watts=n/a",
@@ -45,7 +51,8 @@ def register(main: click.Group, show: click.Group, prog: str) -> None:
     @create.command("reservation", context_settings={"ignore_unknown_options": True})
     @click.argument("assignments", nargs=-1, required=True)
     def create_reservation(assignments):
-        """ReservationName=NAME StartTime=now|TIME Duration=T|EndTime=TIME Nodes=LIST|ALL Users=U,... Accounts=A,..."""
+        """ReservationName=NAME StartTime=now|TIME Duration=T|EndTime=TIME Nodes=LIST|ALL Users=U,... Accounts=A,...
+        Flags=MAINT,OVERLAP,IGNORE_JOBS"""
         r = call(prog, "create_reservation", {"fields": _fields(prog, assignments)})
         print(f"Reservation created: {r['name']}")
 

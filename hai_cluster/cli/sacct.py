@@ -5,20 +5,23 @@ and TotalCPU come from the run's cgroups (its CPU time and memory peaks, as the 
 them, exited processes included) and are on the job's line: a step has no cgroup of its own."""
 from __future__ import annotations
 
-import getpass
 import os
 import sys
 import time
-
-import click
+from dataclasses import dataclass
 
 from ..core.jobids import ArrayError, parse_job_refs, refs_to_wire
 from ..core.states import parse_state
 from ..core.timefmt import parse_datetime, slurm_cpu_time, slurm_duration
+from .acctrows import ACCT_JOB_KEYS, FIELDS as OURS, _charged, _elapsed, _ranks, in_window, rows_for
 from .common import call_pages, check_cluster, fail, iso_time, split_list
-from .hacct import FIELDS as OURS, _charged, _elapsed, _ranks, in_window, rows_for
+from .fastargs import Option, command_of, run_main
+from .jobfields import SLURM_STATE
 from .slurmfmt import Field, sacct_lines, slurm_bytes
-from .squeue import SLURM_STATE
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
 
 PROG = "sacct"
 DEFAULT_FORMAT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
@@ -113,6 +116,10 @@ FIELDS = {
 _BY_LOWER = {name.lower(): name for name in FIELDS}
 
 
+class SacctError(Exception):
+    """A bad option value: the message sacct prints after "sacct: error: "."""
+
+
 def parse_fields(text: str) -> list[tuple[str, Field]]:
     """sacct -o 'JobID,State%20,jobn': (our name, the column). Names any case, a unique prefix
     (the first in sacct's list, as sacct takes it); %W sets the width (right-justified)."""
@@ -122,47 +129,78 @@ def parse_fields(text: str) -> list[tuple[str, Field]]:
         key = _BY_LOWER.get(name.lower()) or next((n for n in FIELDS if n.lower().startswith(name.lower()) and name),
                                                   None)
         if key is None:
-            fail(PROG, f'Invalid field requested: "{name}"')
+            raise SacctError(f'Invalid field requested: "{name}"')
         w, number, _get = FIELDS[key]
         if pct:
             if not width.isdigit():
-                fail(PROG, f'Invalid field width in "{item}"')
+                raise SacctError(f'Invalid field width in "{item}"')
             w = int(width)
         out.append((key, Field(key, w, number)))
     if not out:
-        fail(PROG, "no fields requested")
+        raise SacctError("no fields requested")
     return out
 
 
-@click.command(context_settings={"help_option_names": ["--help"]})
-@click.option("-a", "--allusers", is_flag=True, help="every user's jobs")
-@click.option("-u", "--user", "--uid", "users", multiple=True, help="only these users")
-@click.option("--me", is_flag=True, help="only my jobs (the default, except for root)")
-@click.option("-j", "--jobs", "job_ids", multiple=True, help="only these jobs (12, 12_4, 12.batch)")
-@click.option("-S", "--starttime", help="from this time (default: midnight today, unless -j)")
-@click.option("-E", "--endtime", help="until this time (default: now)")
-@click.option("-s", "--state", "states", multiple=True, help="only these states (CD,F,CA,R,PD,TO,...)")
-@click.option("--name", "names", multiple=True, help="only jobs with these names")
-@click.option("-r", "--partition", "partitions", multiple=True, help="only these partitions")
-@click.option("-o", "--format", "fmt", help=f"fields, e.g. JobID,State%20 (default {DEFAULT_FORMAT})")
-@click.option("-l", "--long", "long_", is_flag=True, help="more fields")
-@click.option("-X", "--allocations", is_flag=True, help="the jobs' allocations, not their steps")
-@click.option("-n", "--noheader", is_flag=True, help="no header lines")
-@click.option("-P", "--parsable2", "parsable2", is_flag=True, help="'|' between fields")
-@click.option("-p", "--parsable", "parsable1", is_flag=True, help="'|' after every field")
-@click.option("-e", "--helpformat", is_flag=True, help="list the fields")
-@click.option("-M", "--clusters", help="only the local cluster")
-@click.option("-D", "--duplicates", is_flag=True, help="every run of a requeued job (always shown here)")
-def main(allusers, users, me, job_ids, starttime, endtime, states, names, partitions, fmt, long_, allocations,
-         noheader, parsable2, parsable1, helpformat, clusters, duplicates):
-    """Accounting data of jobs and their steps, as Slurm's sacct prints them."""
-    if helpformat:
-        names_ = list(FIELDS)
-        for i in range(0, len(names_), 4):
-            print("".join(f"{n:<20}" for n in names_[i:i + 4]).rstrip())
-        return
-    check_cluster(PROG, clusters)
-    fields = parse_fields(fmt or (None if long_ else os.environ.get("SACCT_FORMAT"))
+# sacct's options, for click (--help, errors, the rare forms) and for the fast parse of the common
+# ones (fastargs.py): the same table, so they cannot disagree.
+OPTIONS = (
+    Option(("-a", "--allusers"), "allusers", "flag", "every user's jobs"),
+    Option(("-u", "--user", "--uid"), "users", "multiple", "only these users"),
+    Option(("--me",), "me", "flag", "only my jobs (the default, except for root)"),
+    Option(("-j", "--jobs"), "job_ids", "multiple", "only these jobs (12, 12_4, 12.batch)"),
+    Option(("-S", "--starttime"), "starttime", "value", "from this time (default: midnight today, unless -j)"),
+    Option(("-E", "--endtime"), "endtime", "value", "until this time (default: now)"),
+    Option(("-s", "--state"), "states", "multiple", "only these states (CD,F,CA,R,PD,TO,...)"),
+    Option(("--name",), "names", "multiple", "only jobs with these names"),
+    Option(("-r", "--partition"), "partitions", "multiple", "only these partitions"),
+    Option(("-o", "--format"), "fmt", "value", f"fields, e.g. JobID,State%20 (default {DEFAULT_FORMAT})"),
+    Option(("-l", "--long"), "long_", "flag", "more fields"),
+    Option(("-X", "--allocations"), "allocations", "flag", "the jobs' allocations, not their steps"),
+    Option(("-n", "--noheader"), "noheader", "flag", "no header lines"),
+    Option(("-P", "--parsable2"), "parsable2", "flag", "'|' between fields"),
+    Option(("-p", "--parsable"), "parsable1", "flag", "'|' after every field"),
+    Option(("-e", "--helpformat"), "helpformat", "flag", "list the fields"),
+    Option(("-M", "--clusters"), "clusters", "value", "only the local cluster"),
+    Option(("-D", "--duplicates"), "duplicates", "flag", "every run of a requeued job (always shown here)"),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command (bin/): the common option forms parsed here, the rest (and --help) by click."""
+    return run_main(sacct, OPTIONS, argv, lambda: __getattr__("command"))
+
+
+def __getattr__(name: str):
+    if name == "command":  # the click command, built on first use (click costs ~20 ms to import)
+        global command
+        command = command_of(sacct, OPTIONS)
+        return command
+    raise AttributeError(name)
+
+
+@dataclass
+class Query:
+    """What one sacct call asks the controller (`body`, for the acct listing) and how it prints the
+    rows: the same for the Python sacct and the controller's sacct_text (api_sacct_text.py)."""
+    body: dict
+    fields: list[tuple[str, Field]]
+    start: float | None
+    end: float | None
+    with_steps: bool
+    steps_named: set[str]
+    states: set[str] | None
+    names: set[str]
+    partitions: set[str]
+    header: bool
+    parsable: str | None
+
+
+def query(env: Mapping[str, str], me_name: Callable[[], str], is_root: bool, now: float, *, allusers, users, me,
+          job_ids, starttime, endtime, states, names, partitions, fmt, long_, allocations, noheader, parsable2,
+          parsable1) -> Query:
+    """sacct's options (and SACCT_FORMAT of `env`) as a Query; SacctError for a bad value, in the
+    order sacct checks them. me_name: getpass.getuser() of the caller; now: the caller's clock."""
+    fields = parse_fields(fmt or (None if long_ else env.get("SACCT_FORMAT"))
                           or (LONG_FORMAT if long_ else DEFAULT_FORMAT))
     body: dict = {}
     steps_named: set[str] = set()
@@ -176,9 +214,9 @@ def main(allusers, users, me, job_ids, starttime, endtime, states, names, partit
         try:
             body.update(refs_to_wire(parse_job_refs(refs)))
         except ArrayError as exc:
-            fail(PROG, str(exc))
-    if me or not (allusers or users or job_ids or os.getuid() == 0):
-        body["users"] = [getpass.getuser()]
+            raise SacctError(str(exc)) from None
+    if me or not (allusers or users or job_ids or is_root):
+        body["users"] = [me_name()]
     elif users:
         body["users"] = split_list(users)
     wanted_states = None
@@ -186,28 +224,57 @@ def main(allusers, users, me, job_ids, starttime, endtime, states, names, partit
         try:
             wanted_states = {parse_state(s).value for s in split_list(states)}
         except ValueError as exc:
-            fail(PROG, str(exc))
+            raise SacctError(str(exc)) from None
     try:
-        now = time.time()
         start = parse_datetime(starttime, now) if starttime else (None if job_ids else parse_datetime("midnight", now))
         end = parse_datetime(endtime, now) if endtime else None
     except ValueError as exc:
-        fail(PROG, str(exc))
+        raise SacctError(str(exc)) from None
     if start is not None:
         body["since"] = start
-    reply = call_pages(PROG, "acct", body, keys=("jobs", "runs", "steps"))
+    body["fields"] = list(ACCT_JOB_KEYS)
+    return Query(body, fields, start, end, not allocations, steps_named, wanted_states, set(split_list(names) or ()),
+                 set(split_list(partitions) or ()), not noheader, "P" if parsable2 else "p" if parsable1 else None)
+
+
+def shown_rows(q: Query, reply: dict) -> list[dict]:
+    """The rows sacct prints, of an acct reply (its pages joined, made printable), in order."""
     jobs = {j["id"]: j for j in reply["jobs"]}
-    rows = [r for r in rows_for(reply, not allocations) if in_window(r, start, end)]
+    rows = [r for r in rows_for(reply, q.with_steps) if in_window(r, q.start, q.end)]
     for r in rows:
         r["job"] = jobs.get(r["job_id"], {})
-    wanted_names = set(split_list(names) or ())
-    wanted_parts = set(split_list(partitions) or ())
-    rows = [r for r in rows if (not wanted_names or r["job"].get("name") in wanted_names)
-            and (not wanted_parts or r["job"].get("partition") in wanted_parts)
-            and (wanted_states is None or SLURM_STATE.get(r["state"], r["state"]).split()[0] in wanted_states)
-            and (not steps_named or r.get("step") is None or FIELDS["JobID"][2](r) in steps_named)]
-    cells = [[str(FIELDS[key][2](r)) for key, _f in fields] for r in rows]
-    mode = "P" if parsable2 else "p" if parsable1 else None
-    lines = sacct_lines([f for _k, f in fields], cells, header=not noheader, parsable=mode)
-    if lines:
-        sys.stdout.write("\n".join(lines) + "\n")
+    return [r for r in rows if (not q.names or r["job"].get("name") in q.names)
+            and (not q.partitions or r["job"].get("partition") in q.partitions)
+            and (q.states is None or SLURM_STATE.get(r["state"], r["state"]).split()[0] in q.states)
+            and (not q.steps_named or r.get("step") is None or FIELDS["JobID"][2](r) in q.steps_named)]
+
+
+def text_of(q: Query, rows: list[dict]) -> str:
+    """What sacct writes for these rows (shown_rows)."""
+    cells = [[str(FIELDS[key][2](r)) for key, _f in q.fields] for r in rows]
+    lines = sacct_lines([f for _k, f in q.fields], cells, header=q.header, parsable=q.parsable)
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def sacct(allusers, users, me, job_ids, starttime, endtime, states, names, partitions, fmt, long_, allocations,
+          noheader, parsable2, parsable1, helpformat, clusters, duplicates):
+    """Accounting data of jobs and their steps, as Slurm's sacct prints them."""
+    if helpformat:
+        names_ = list(FIELDS)
+        for i in range(0, len(names_), 4):
+            print("".join(f"{n:<20}" for n in names_[i:i + 4]).rstrip())
+        return
+    check_cluster(PROG, clusters)
+
+    def me_name() -> str:
+        import getpass
+        return getpass.getuser()
+    try:
+        q = query(os.environ, me_name, os.getuid() == 0, time.time(), allusers=allusers, users=users, me=me,
+                  job_ids=job_ids, starttime=starttime, endtime=endtime, states=states, names=names,
+                  partitions=partitions, fmt=fmt, long_=long_, allocations=allocations, noheader=noheader,
+                  parsable2=parsable2, parsable1=parsable1)
+    except SacctError as exc:
+        fail(PROG, str(exc))
+    reply = call_pages(PROG, "acct", q.body, keys=("jobs", "runs", "steps"))
+    sys.stdout.write(text_of(q, shown_rows(q, reply)))

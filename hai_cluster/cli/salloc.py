@@ -208,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     except Usage as exc:
         error(str(exc))
         return 1
+    if "SALLOC_OVERCOMMIT" in os.environ:  # salloc's input variable for -O (set at all, as Slurm reads it)
+        options = ["--overcommit", *options]
     try:
         return asyncio.run(amain(own, options, command))
     except KeyboardInterrupt:

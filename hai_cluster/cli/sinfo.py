@@ -23,7 +23,7 @@ MIN_FIELD = 9  # sinfo's MIN_PART_FIELD_SIZE / MIN_NODE_FIELD_SIZE: what %#P and
 
 # compact state -> the long name (%T)
 LONG_STATE = {"idle": "idle", "mix": "mixed", "alloc": "allocated", "drain": "drained", "drng": "draining",
-              "down": "down"}
+              "down": "down", "maint": "maint", "resv": "reserved", "mix$": "mixed$", "alloc$": "allocated$"}
 
 
 def _limit(seconds) -> str:
@@ -31,18 +31,44 @@ def _limit(seconds) -> str:
 
 
 def state_of(n: dict) -> str:
-    """sinfo's compact state: hinfo's, with a drained node that still runs jobs `drng`."""
+    """sinfo's compact state: hinfo's, with a drained node that still runs jobs `drng`; in a
+    reservation open now an idle node is `resv` (`maint` for Flags=MAINT) and a busy one in a MAINT
+    window has a `$` (`mix$`), as Slurm 22.05's sinfo shows them."""
     text = node_state(n)
-    if text.rstrip("*") == "drain" and n["jobs"]:
-        return "drng" + text[len("drain"):]
-    return text
+    base = text.rstrip("*")
+    if base == "drain" and n["jobs"]:
+        base = "drng"
+    elif base == "idle" and n.get("reserved"):
+        base = "maint" if n["reserved"] == "MAINT" else "resv"
+    elif base in ("mix", "alloc") and n.get("reserved") == "MAINT":
+        base += "$"
+    return base + text[len(text.rstrip("*")):]
+
+
+def _base(m: dict) -> str:
+    return m["state_c"].rstrip("*$")
 
 
 def _counts(members: list[dict]) -> str:
-    """%F: nodes allocated/idle/other/total."""
-    a = sum(1 for m in members if m["state_c"].rstrip("*") in ("alloc", "mix"))
-    i = sum(1 for m in members if m["state_c"].rstrip("*") == "idle")
-    return f"{a}/{i}/{len(members) - a - i}/{len(members)}"
+    """%F: nodes allocated/idle/other/total, as Slurm 22.05's sinfo counts them: a node running
+    jobs is allocated (a draining one too), a drained or down one other, the rest idle (reserved,
+    maint and not responding ones included: checked on the peer)."""
+    a = sum(1 for m in members if _base(m) in ("alloc", "mix", "drng"))
+    o = sum(1 for m in members if _base(m) in ("drain", "down"))
+    return f"{a}/{len(members) - a - o}/{o}/{len(members)}"
+
+
+def _alloc_idle(members: list[dict]) -> str:
+    """%A: the first two of %F."""
+    return "/".join(_counts(members).split("/")[:2])
+
+
+def _cpu_counts(members: list[dict]) -> str:
+    """%C: CPUs allocated/idle/other/total; a drained or down node's unallocated CPUs are other."""
+    alloc = sum(m["cpus_alloc"] for m in members)
+    total = sum(m["cpus"] for m in members)
+    other = sum(m["cpus"] - m["cpus_alloc"] for m in members if _base(m) in ("drain", "drng", "down"))
+    return f"{alloc}/{total - alloc - other}/{other}/{total}"
 
 
 # letter -> (header, getter(group): a group is the nodes of one line, with its partition)
@@ -63,10 +89,9 @@ LETTERS = {
     "N": ("NODELIST", lambda g: compress([m["name"] for m in g["members"]])),
     "n": ("HOSTNAMES", lambda g: compress([m["name"] for m in g["members"]])),
     "c": ("CPUS", lambda g: str(g["members"][0]["cpus"])),
-    "C": ("CPUS(A/I/O/T)", lambda g: "{}/{}/0/{}".format(
-        sum(m["cpus_alloc"] for m in g["members"]), sum(m["cpus"] - m["cpus_alloc"] for m in g["members"]),
-        sum(m["cpus"] for m in g["members"]))),
+    "C": ("CPUS(A/I/O/T)", lambda g: _cpu_counts(g["members"])),
     "F": ("NODES(A/I/O/T)", lambda g: _counts(g["members"])),
+    "A": ("NODES(A/I)", lambda g: _alloc_idle(g["members"])),
     "G": ("GRES", lambda g: f"gpu:{g['members'][0]['gpus_total']}" if g["members"][0]["gpus_total"] else "(null)"),
     "m": ("MEMORY", lambda g: str(g["members"][0]["mem_mb"])),
     "z": ("S:C:T", lambda g: f"{g['members'][0]['cpus']}:1:1"),
@@ -78,7 +103,7 @@ LETTERS = {
 }
 NAMES = {"partition": "P", "partitionname": "R", "available": "a", "time": "l", "defaulttime": "L",
          "size": "s", "root": "r", "oversubscribe": "h", "groups": "g", "nodes": "D", "statecompact": "t",
-         "statelong": "T", "nodelist": "N", "nodehost": "n", "cpus": "c", "cpusstate": "C", "nodeaiot": "F",
+         "statelong": "T", "nodelist": "N", "nodehost": "n", "cpus": "c", "cpusstate": "C", "nodeaiot": "F", "nodeai": "A",
          "gres": "G", "memory": "m", "socketcorethread": "z", "disk": "d", "weight": "w", "features": "f",
          "featuresact": "b",
          "reason": "E"}
@@ -116,7 +141,7 @@ def main(per_node, long_, summarize, noheader, partition, states, node_names, fm
         fail(PROG, str(exc).replace("job format", "node format"))
     reply = call(PROG, "nodes", {})
     wanted = {s.strip().lower().rstrip("*") for s in states.split(",")} if states else None
-    known = set(LONG_STATE) | {"mixed", "allocated", "drained", "draining"}
+    known = set(LONG_STATE) | {"mixed", "allocated", "drained", "draining", "reserved"}
     if wanted and not wanted <= known:
         fail(PROG, f"Invalid node state specified: {', '.join(sorted(wanted - known))}")
     picked = set(node_names.split(",")) if node_names else None

@@ -96,9 +96,17 @@ def cell(text: str, width: int, right: bool) -> str:
 
 def render(columns: list[Column], headers: list[str], rows: list[list[str]], header: bool = True) -> list[str]:
     """The lines of a squeue/sinfo listing: the header (unless not), then one per row."""
-    def line(values: list[str]) -> str:
-        return "".join(f"{c.prefix}{cell(v, c.width, c.right)}{c.suffix}" for c, v in zip(columns, values))
-    return ([line(headers)] if header else []) + [line(r) for r in rows]
+    line = line_format(columns)
+    return ([line % tuple(headers)] if header else []) + [line % tuple(r) for r in rows]
+
+
+def line_format(columns: list[Column]) -> str:
+    """One %-format for a whole line: %W.Ws / %-W.Ws pad and cut a value as cell() does, at C
+    speed (a listing of 10,000 jobs built its lines cell by cell in 50 ms)."""
+    def spec(c: Column) -> str:
+        field = f"%{'' if c.right else '-'}{c.width}.{c.width}s" if c.width else "%s"
+        return c.prefix.replace("%", "%%") + field + c.suffix.replace("%", "%%")
+    return "".join(spec(c) for c in columns)
 
 
 @dataclass(frozen=True)
@@ -119,12 +127,6 @@ def sacct_lines(fields: list[Field], rows: list[list[str]], *, header: bool = Tr
         lines = ["|".join(f.name for f in fields) + end] if header else []
         return lines + ["|".join(r) + end for r in rows]
 
-    def fit(f: Field, value: str) -> str:
-        width = abs(f.width)
-        if len(value) > width and not f.number:
-            value = value[:width - 1] + "+"
-        return (value.rjust(width) if f.width > 0 else value.ljust(width)) + " "
-
     def head(f: Field) -> str:
         width = abs(f.width)
         name = f.name[:width]
@@ -134,4 +136,14 @@ def sacct_lines(fields: list[Field], rows: list[list[str]], *, header: bool = Tr
     if header:
         lines.append("".join(head(f) for f in fields))
         lines.append("".join("-" * abs(f.width) + " " for f in fields))
-    return lines + ["".join(fit(f, v) for f, v in zip(fields, r)) for r in rows]
+    if not rows:
+        return lines
+    # Column by column: a text longer than its column ends in "+" (numbers are never cut); then
+    # one %-format pads every line at C speed (10,000 rows cell by cell took ~30 ms).
+    columns = [list(c) for c in zip(*rows)]
+    for f, values in zip(fields, columns):
+        width = abs(f.width)
+        if not f.number and max(map(len, values)) > width:
+            values[:] = [v[:width - 1] + "+" if len(v) > width else v for v in values]
+    line = "".join(f"%{'' if f.width > 0 else '-'}{abs(f.width)}s " for f in fields)
+    return lines + [line % r for r in zip(*columns)]

@@ -25,13 +25,15 @@ import os
 import signal
 import sys
 from ..core.hostlist import expand
-from ..core.steps import layout_from_wire, task_environment
+from ..core.steps import StepIO, layout_from_wire, task_environment
 from ..job.tasks import NodeTasks
 from ..protocol.steps import request_to_wire
 from ..transport.rpc import ConnectionLost, RpcConnection, RpcError
 from . import srun_client
 from .srun_client import JOB_OPTIONS
 from .srun_output import OPEN_MODES, SinkError
+from .srun_relay import StdinReader, reads_terminal
+from .srun_tee import LocalTee
 from .srun_step import (PROG, Step, error, job_open_mode, kept_per_node, report, request_of, step_outcome,
                         stopped_by_agent, warn)
 
@@ -71,6 +73,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--ntasks", type=_count)
     p.add_argument("--ntasks-per-node", type=_count)
     p.add_argument("-c", "--cpus-per-task", type=_count)
+    p.add_argument("-O", "--overcommit", action="store_true")
     p.add_argument("--gpus-per-task", type=_count)
     p.add_argument("-w", "--nodelist", type=_names, default=[])
     p.add_argument("-x", "--exclude", type=_names, default=[])
@@ -155,7 +158,9 @@ async def run(args: argparse.Namespace, job_id: int, socket_path: str) -> int:
     except OSError as exc:
         error(f"cannot reach this node's agent at {socket_path}: {exc.strerror or exc}")
         return 1
-    conn = step.conn = RpcConnection(reader, writer, on_event=step.on_event, name="agent")
+    step.tee = LocalTee(job_id)  # the agent asks for a copy of our tasks' output while a sattach is attached
+    conn = step.conn = step.tee.conn = RpcConnection(reader, writer, table=step.tee.table(), on_event=step.on_event,
+                                                     name="agent")
     runner = asyncio.ensure_future(conn.run())
     cwd = args.chdir or os.getcwd()
     env = dict(os.environ) if args.export.upper() != "NONE" else {
@@ -163,9 +168,12 @@ async def run(args: argparse.Namespace, job_id: int, socket_path: str) -> int:
     request = request_of(args)
     if (per_node := kept_per_node(request)) is not None:  # the step's count, as Slurm's srun exports it
         env["SLURM_NTASKS_PER_NODE"] = str(per_node)
+    inp = args.input or "all"  # Slurm's default: srun's stdin to every task
+    io = StepIO(input=inp if inp in ("all", "none") else int(inp))
     try:
         reply = await conn.call("step_create", {"job_id": job_id, "request": request_to_wire(request),
-                                                "argv": list(args.command), "cwd": cwd, "env": env}, timeout=180)
+                                                "argv": list(args.command), "cwd": cwd, "env": env,
+                                                "io": io.to_wire()}, timeout=180)
         warn(args, reply.get("warnings") or ())
         if "refused" in reply:
             error(str(reply["refused"]))
@@ -194,6 +202,7 @@ async def run(args: argparse.Namespace, job_id: int, socket_path: str) -> int:
         runner.cancel()
         return 1
     step.started(layout)
+    step.tee.step_id = layout.step_id
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda s=sig: step.interrupt(s))
@@ -202,7 +211,8 @@ async def run(args: argparse.Namespace, job_id: int, socket_path: str) -> int:
     mine = layout.on(step.node)
     step.local = NodeTasks(step.on_local_output, step.on_local_exit)
     await step.local.start(args.command, cwd, [(t.procid, task_environment(env, os.environ, layout, t, master))
-                                               for t in mine])
+                                               for t in mine], stdin=[t.procid for t in mine if io.reads_input(t.procid)])
+    feeding = asyncio.ensure_future(_stdin(step, conn, layout, io)) if io.input != "none" else None
     waiting = asyncio.ensure_future(step.all_ended.wait())
     done, _ = await asyncio.wait([waiting, runner], return_when=asyncio.FIRST_COMPLETED)
     if waiting not in done:  # the agent went away: our own tasks still end, the others' news is lost
@@ -212,11 +222,38 @@ async def run(args: argparse.Namespace, job_id: int, socket_path: str) -> int:
         for t in layout.tasks:
             step.ends.setdefault(t.procid, (None, signal.SIGKILL))
     else:
+        await step.tee.flush()  # an attached sattach has every task's output before the step's end
         await _done(conn, job_id, layout.step_id, *step_outcome(step.ends.values()), step.interrupted)
+    if feeding is not None:
+        feeding.cancel()
     step.sinks.close()
     await conn.close()
     runner.cancel()
     return report(step)
+
+
+async def _stdin(step: Step, conn: RpcConnection, layout, io: StepIO) -> None:
+    """srun's stdin to the tasks that read it (-i: all, or one task), as Slurm's srun: its own
+    node's written here, the others' a chunk at a time through the agent and the controller (the
+    next once the last is in); its end ends theirs. A terminal's is read only while srun is in
+    its foreground; a batch script's stdin is /dev/null (the tasks see its end at once)."""
+    task = None if io.input == "all" else io.input
+    local = {t.procid for t in layout.on(step.node)}
+    remote = any(t.procid not in local and io.reads_input(t.procid) for t in layout.tasks)
+    reader = StdinReader(0) if reads_terminal() else None
+    while True:
+        data = await reader.queue.get() if reader is not None else b""
+        eof = not data
+        await step.local.write_input(task, data, eof)
+        if remote:
+            try:
+                await conn.call("step_input", {"job_id": layout.job_id, "step_id": layout.step_id, "task": task,
+                                               "data": data, "eof": eof}, timeout=None)
+            except (RpcError, ConnectionLost) as exc:
+                error(f"stdin not passed on to the other nodes' tasks: {exc}")
+                remote = False
+        if eof:
+            return
 
 
 async def _done(conn: RpcConnection, job_id: int, step_id: int, code: int, sig: int | None, cancelled: bool) -> None:
@@ -238,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         error("No command given to execute.")
         return 1
+    # srun's input variable for -O (set at all, as Slurm reads it): a job's sruns see its own
+    args.overcommit = args.overcommit or "SLURM_OVERCOMMIT" in os.environ
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     if not args.command:

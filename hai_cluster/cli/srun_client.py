@@ -38,6 +38,8 @@ def job_options(args: argparse.Namespace) -> list[str]:
         out.append(f"--exclude={','.join(args.exclude)}")
     if args.exclusive:
         out.append("--exclusive")
+    if args.overcommit:
+        out.append("--overcommit")
     if args.hold:
         out.append("--hold")
     for opt, _short in JOB_OPTIONS:

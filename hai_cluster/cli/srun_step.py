@@ -33,7 +33,8 @@ def request_of(args: argparse.Namespace) -> StepRequest:
         ntasks_per_node=args.ntasks_per_node or _env_count("SLURM_NTASKS_PER_NODE"),
         cpus_per_task=args.cpus_per_task or _env_count("SLURM_CPUS_PER_TASK"),
         gpus_per_task=args.gpus_per_task or _env_count("SLURM_GPUS_PER_TASK"),
-        nodelist=tuple(args.nodelist), exclude=tuple(args.exclude))
+        nodelist=tuple(args.nodelist), exclude=tuple(args.exclude),
+        overcommit=args.overcommit)  # -O, or SLURM_OVERCOMMIT (srun.main)
 
 
 def kept_per_node(req: StepRequest) -> int | None:
@@ -66,6 +67,7 @@ class Step:
         self.interrupted = False  # by SIGINT/SIGTERM: the step ends CANCELLED
         self.early: list[tuple[str, Any]] = []
         self.next_seq: dict[int, int] = {}  # per remote task: the next output message expected
+        self.tee = None  # inside a batch job: the copy of this node's tasks' output for sattach (srun_tee.py)
 
     def write(self, procid: int, stream: str, data: bytes) -> None:
         f = self.sinks.target(procid, stream)
@@ -83,8 +85,12 @@ class Step:
 
     async def on_local_output(self, procid: int, stream: str, data: bytes) -> None:
         self.write(procid, stream, data)
+        if self.tee is not None:  # may wait a moment for room, as the other nodes' tasks' output does
+            await self.tee.output(procid, stream, data)
 
     async def on_local_exit(self, procid: int, code: int | None, sig: int | None) -> None:
+        if self.tee is not None:
+            self.tee.exit(procid, code, sig)
         self.ended(procid, code, sig)
 
     def ended(self, procid: int, code: int | None, sig: int | None) -> None:

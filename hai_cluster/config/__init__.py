@@ -5,7 +5,7 @@ Every error names the file and the key, and nothing starts on a config it does n
 """
 from .common import ConfigError, Section, positive, read_toml, resolve
 from .agent import (
-    DEFAULT_CRITICAL_XIDS, DEFAULT_RLIMITS, RLIMIT_NAMES, AgentConfig, AgentTelemetryConfig, IsolationConfig,
+    DEFAULT_CRITICAL_XIDS, DEFAULT_RLIMITS, RLIMIT_NAMES, AdoptConfig, AgentConfig, AgentTelemetryConfig, IsolationConfig,
     SharingConfig, SimulatedGpus, load_agent_config)
 from .controller import (
     DEFAULT_ACCOUNT, USER_LIMIT_DEFAULTS, AccessConfig, AccountConfig, ControllerConfig, FairShareConfig,
@@ -14,7 +14,7 @@ from .controller import (
 
 __all__ = [
     "ConfigError", "Section", "positive", "read_toml", "resolve", "DEFAULT_CRITICAL_XIDS", "DEFAULT_RLIMITS",
-    "RLIMIT_NAMES", "AgentConfig", "AgentTelemetryConfig", "IsolationConfig", "SharingConfig",
+    "RLIMIT_NAMES", "AdoptConfig", "AgentConfig", "AgentTelemetryConfig", "IsolationConfig", "SharingConfig",
     "SimulatedGpus", "load_agent_config", "DEFAULT_ACCOUNT", "USER_LIMIT_DEFAULTS", "AccessConfig",
     "AccountConfig", "ControllerConfig", "FairShareConfig", "LimitsConfig", "NodeConfig", "PartitionConfig",
     "SchedulerConfig", "SshConfig", "TelemetryConfig", "load_controller_config", "parse_scheduler",

@@ -24,6 +24,8 @@ class SimulatedGpus:
     mig: tuple[int, ...] = ()  # cards in MIG mode
     # A file the fake NVML's event set reads XIDs from ("GPU XID" per line, appended); "" = no event sets.
     xid_file: str = ""
+    # A file of "JOBID UTIL" lines: that job's GPUs report UTIL % instead of telemetry.simulated_util.
+    util_file: str = ""
     # The admin's MIG layout per card, (index, profiles such as "3g.40gb"); those cards are in MIG mode.
     mig_layout: tuple[tuple[int, tuple[str, ...]], ...] = ()
 
@@ -88,6 +90,17 @@ class AgentTelemetryConfig:
     dcgm_job_mapping_dir: str = ""  # dcgm-exporter's --hpc-job-mapping-dir (agent/dcgm.py); "" = off
 
 
+ADOPT_MULTIPLE = ("newest", "deny")
+
+
+@dataclass(frozen=True)
+class AdoptConfig:
+    """[adopt]: ssh logins into a job's node (agent/adopt.py, scripts/install-node --adopt)."""
+    allow_users: tuple[str, ...] = ()  # let in without a job (operators); root always is
+    multiple: str = "newest"  # a user with several jobs here: the newest one's, or "deny"
+    env_dir: str = "/run/hai/adopt"  # <job>.<attempt>.sh per adopted run, read by the profile.d snippet
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     name: str
@@ -104,6 +117,7 @@ class AgentConfig:
     isolation: IsolationConfig = field(default_factory=IsolationConfig)
     telemetry: AgentTelemetryConfig = field(default_factory=AgentTelemetryConfig)
     sharing: SharingConfig = field(default_factory=SharingConfig)
+    adopt: AdoptConfig = field(default_factory=AdoptConfig)
     # Node health (agent/health.py): the site's program ("" = none), how often all checks run,
     # the program's time limit, and the spool usage at which the node counts as unhealthy.
     health_check_program: str = ""
@@ -133,6 +147,7 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
     isolation = _isolation(path, doc.get("isolation", dict, {}))
     telemetry = _agent_telemetry(path, doc.get("telemetry", dict, {}))
     sharing = _sharing(path, doc.get("sharing", dict, {}))
+    adopt = _adopt(path, doc.get("adopt", dict, {}))
     doc.done()
     name = a.get("name", str, os.uname().nodename.split(".")[0])
     cfg = AgentConfig(
@@ -155,11 +170,13 @@ def load_agent_config(path: str | os.PathLike) -> AgentConfig:
             default_level=g.get("simulated_default_level", int, 50),
             mig=_indices(g, "simulated_mig"),
             xid_file=resolve(path, x) if (x := g.get("simulated_xid_file", str, "")) else "",
+            util_file=resolve(path, u) if (u := g.get("simulated_util_file", str, "")) else "",
             mig_layout=_mig_layout(g, "simulated_mig_layout"),
         ),
         isolation=isolation,
         telemetry=telemetry,
         sharing=sharing,
+        adopt=adopt,
         health_check_program=a.get("health_check_program", str, ""),
         health_check_interval=a.get("health_check_interval", float, 60.0),
         health_check_timeout=a.get("health_check_timeout", float, 30.0),
@@ -214,6 +231,24 @@ def _agent_telemetry(path: str, raw: Any) -> AgentTelemetryConfig:
         raise ConfigError(f"{path}: telemetry.simulated_util must be a percentage (0-100), got {cfg.simulated_util}")
     if cfg.simulated_process_memory_mb < 0:
         raise ConfigError(f"{path}: telemetry.simulated_process_memory_mb must be >= 0")
+    return cfg
+
+
+def _adopt(path: str, raw: Any) -> AdoptConfig:
+    from ..core.usernames import valid_user_name
+    sec = Section(path, "adopt", raw)
+    d = AdoptConfig()
+    cfg = AdoptConfig(allow_users=sec.strings("allow_users", d.allow_users),
+                      multiple=sec.get("multiple", str, d.multiple),
+                      env_dir=resolve(path, sec.get("env_dir", str, d.env_dir)))
+    sec.done()
+    bad = [u for u in cfg.allow_users if not valid_user_name(u)]
+    if bad:
+        raise ConfigError(f"{path}: adopt.allow_users: not a user name: {', '.join(map(repr, bad))}")
+    if cfg.multiple not in ADOPT_MULTIPLE:
+        raise ConfigError(f"{path}: adopt.multiple must be one of {', '.join(ADOPT_MULTIPLE)}, got {cfg.multiple!r}")
+    if not os.path.isabs(cfg.env_dir):
+        raise ConfigError(f"{path}: adopt.env_dir must be an absolute path, got {cfg.env_dir!r}")
     return cfg
 
 

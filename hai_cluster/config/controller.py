@@ -7,11 +7,13 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..core.model import MAX_GRACE_SECONDS, PRIORITY_CLASSES
+from ..core.grace import MAX_GRACE_SECONDS
+from ..core.model import PRIORITY_CLASSES
 from ..paths import DEFAULT_AGENT_SOCKET, DEFAULT_CONTROLLER_SOCKET
 from ..scheduling.mlfq import MlfqConfig
 from ..scheduling.registry import CONTROLLER_POLICIES
 from .common import ConfigError, positive, read_toml, Section
+from .idle import DEFAULTS as IDLE_DEFAULTS, NONE, IdleRule, IdleSettings, parse_idle, parse_rule, resolve
 from .interactive import InteractiveConfig, parse_interactive
 from .qos import NORMAL, QosConfig, parse_qos_tables
 
@@ -60,6 +62,7 @@ class PartitionConfig:
     allowed_users: tuple[str, ...] | None = None  # None: everyone (with allowed_groups: either)
     allowed_groups: tuple[str, ...] | None = None
     nodes: tuple[str, ...] | None = None  # None: nodes join through their own `partitions`
+    idle: IdleRule = NONE  # idle_reclaim, idle_threshold, ... (config/idle.py): over [interactive]'s and [idle]'s
 
     def allows(self, user: str, groups: set[str]) -> bool:
         if self.allowed_users is None and self.allowed_groups is None:
@@ -126,6 +129,9 @@ class ControllerConfig:
     socket: str = DEFAULT_CONTROLLER_SOCKET
     database: str = "sqlite:////var/lib/hai/hai.db"
     state_dir: str = "/var/lib/hai"
+    # Started as root, the controller becomes this user when the store's directory is theirs
+    # (controller/runas.py); a directory of anyone else's is refused, not trusted.
+    run_as: str = "hai"
     tick_seconds: float = 1.0
     # A pass an event (submission, job end) asks for starts at least this long after the previous
     # one began (Slurm's sched_min_interval): a burst of events shares passes; a lone one waits not.
@@ -163,10 +169,17 @@ class ControllerConfig:
 
     def qos_named(self, name: str) -> QosConfig | None:
         return next((q for q in self.qos if q.name == name), None)
+
+    def idle_settings(self, *, interactive: bool, partition: str | None, qos: str | None) -> IdleSettings | None:
+        """A job's idle reclamation (None: off for it): QOS over partition over [interactive] over [idle]."""
+        q = self.qos_named(qos or self.default_qos)
+        return resolve(self.idle, self.interactive.idle if interactive else None,
+                       self.partition(partition or self.default_partition).idle, q.idle if q else NONE)
     # [[qos]] tables (config/qos.py; "normal" always exists) and the QOS of a job without --qos
     qos: tuple[QosConfig, ...] = (NORMAL,)
     default_qos: str = "normal"
     interactive: InteractiveConfig = InteractiveConfig()  # [interactive]: limits of salloc's and srun's jobs
+    idle: IdleRule = IDLE_DEFAULTS  # [idle]: idle reclamation's defaults (config/idle.py)
     access: AccessConfig = field(default_factory=AccessConfig)
     user_limits: LimitsConfig = USER_LIMIT_DEFAULTS  # [limits]: for every user
     accounts: tuple[AccountConfig, ...] = ()
@@ -217,6 +230,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
     raw_partitions = doc.get("partitions", list, None)
     qos = parse_qos_tables(path, doc.get("qos", list, []))
     interactive = parse_interactive(path, doc.get("interactive", dict, {}))
+    idle = parse_idle(path, doc.get("idle", dict, {}))
     access, user_limits, accounts, fairshare, class_limits = _tenancy(path, doc)
     doc.done()
     tables: tuple[PartitionConfig, ...] = ()
@@ -240,6 +254,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         socket=c.get("socket", str, DEFAULT_CONTROLLER_SOCKET),
         database=c.get("database", str, "sqlite:////var/lib/hai/hai.db"),
         state_dir=c.get("state_dir", str, "/var/lib/hai"),
+        run_as=c.get("run_as", str, "hai"),
         tick_seconds=c.get("tick_seconds", float, 1.0),
         min_pass_interval=c.get("min_pass_interval", float, 0.05),
         node_down_after=c.get("node_down_after", float, 60.0),
@@ -275,6 +290,7 @@ def load_controller_config(path: str | os.PathLike) -> ControllerConfig:
         qos=qos,
         default_qos=c.get("default_qos", str, "normal"),
         interactive=interactive,
+        idle=idle,
     )
     c.done()
     s.done()
@@ -361,7 +377,8 @@ def _partition_tables(path: str, raw: list) -> tuple[tuple[PartitionConfig, ...]
         max_time = sec.time_limit("max_time")
         nodes = sec.strings("nodes", None)
         part = PartitionConfig(name=name, max_time=max_time, allowed_users=sec.strings("allowed_users", None),
-                               allowed_groups=sec.strings("allowed_groups", None), nodes=nodes)
+                               allowed_groups=sec.strings("allowed_groups", None), nodes=nodes,
+                               idle=parse_rule(sec, "idle_"))
         if sec.get("default", bool, False):
             if default is not None:
                 raise ConfigError(f"{path}: partitions[{i}].default: {default!r} is already the default partition")

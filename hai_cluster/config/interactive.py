@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .common import ConfigError, Section
+from .idle import INTERACTIVE_DEFAULT, IdleRule, parse_rule
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,8 @@ class InteractiveConfig:
     # An allocation no salloc or srun has held this long is ended (its client died while the
     # controller was down, or a lost reply left it without one); salloc --no-shell's stay.
     abandoned_after: float = 120.0
+    # idle_reclaim, idle_threshold, ... (config/idle.py): on for interactive jobs unless turned off
+    idle: IdleRule = INTERACTIVE_DEFAULT
 
     COUNTS = ("max_gpus_per_user", "max_jobs_per_user", "max_gpus_per_account", "max_jobs_per_account")
 
@@ -32,8 +35,12 @@ def parse_interactive(path: str, raw: dict) -> InteractiveConfig:
     d = InteractiveConfig()
     cfg = InteractiveConfig(**{k: sec.get(k, int, getattr(d, k)) for k in InteractiveConfig.COUNTS},
                             max_time=sec.time_limit("max_time") if "max_time" in raw else d.max_time,
-                            abandoned_after=sec.get("abandoned_after", float, d.abandoned_after))
+                            abandoned_after=sec.get("abandoned_after", float, d.abandoned_after),
+                            idle=parse_rule(sec, "idle_").over(INTERACTIVE_DEFAULT))
     sec.done()
+    if cfg.idle.action == "requeue":
+        raise ConfigError(f"{path}: interactive.idle_action cannot be requeue: an interactive session is never "
+                          f"requeued (cancel)")
     if cfg.abandoned_after < 10:  # a client that lost its link reconnects and holds it again within seconds
         raise ConfigError(f"{path}: interactive.abandoned_after must be at least 10 seconds")
     for key in InteractiveConfig.COUNTS:

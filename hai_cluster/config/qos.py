@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..core.model import PRIORITY_CLASSES
 from .common import ConfigError, Section
+from .idle import NONE, IdleRule, parse_rule
 
 QOS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -28,6 +29,7 @@ class QosConfig:
     allowed_users: tuple[str, ...] | None = None
     allowed_accounts: tuple[str, ...] | None = None
     allowed_groups: tuple[str, ...] | None = None
+    idle: IdleRule = NONE  # idle_reclaim, idle_threshold, ... (config/idle.py): over the partition's
 
     def allows(self, user: str, account: str, groups: set[str]) -> bool:
         lists = (self.allowed_users, self.allowed_accounts, self.allowed_groups)
@@ -56,7 +58,7 @@ def parse_qos_tables(path: str, raw: list) -> tuple[QosConfig, ...]:
                         max_jobs_per_user=sec.get("max_jobs_per_user", int, 0),
                         allowed_users=sec.strings("allowed_users", None),
                         allowed_accounts=sec.strings("allowed_accounts", None),
-                        allowed_groups=sec.strings("allowed_groups", None))
+                        allowed_groups=sec.strings("allowed_groups", None), idle=parse_rule(sec, "idle_"))
         sec.done()
         for key in ("max_gpus_per_user", "max_jobs_per_user"):
             if getattr(qos, key) < 0:

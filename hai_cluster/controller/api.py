@@ -13,7 +13,8 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from ..transport.rpc import RpcTable
-from . import api_control, api_jobs, api_priority, api_reservations, api_submit, client_steps, membership
+from . import (api_control, api_jobs, api_listing_text, api_priority, api_reservations, api_sacct_text, api_submit,
+               client_steps, follow, membership, step_watch)
 from .apicontext import ApiContext
 
 if TYPE_CHECKING:
@@ -33,6 +34,8 @@ HANDLERS = _merged({
     "nodes": api_jobs.nodes, "acct": api_jobs.acct, "steps": api_jobs.steps, "events": api_jobs.events,
     "accounts": api_jobs.accounts, "shares": api_jobs.shares, "qos": api_jobs.qos,
     "scheduler": api_jobs.scheduler,
+    "squeue_text": api_listing_text.squeue_text,  # the compiled squeue's (native/squeue.c)
+    "sacct_text": api_sacct_text.sacct_text,  # the compiled sacct's (native/sacct.c)
     "priorities": api_priority.priorities,
     "submit": api_submit.submit,
     "cancel": api_control.cancel, "requeue": api_control.requeue, "preempt": api_control.preempt,
@@ -40,8 +43,9 @@ HANDLERS = _merged({
     "update_job": api_control.update_job, "update_node": api_control.update_node,
     "update_limits": api_control.update_limits,
     "create_reservation": api_reservations.create_reservation,
+    "update_reservation": api_reservations.update_reservation,
     "delete_reservation": api_reservations.delete_reservation, "reservations": api_reservations.reservations,
-}, client_steps.HANDLERS)  # salloc and srun outside a job: allocations and their steps
+}, _merged(_merged(client_steps.HANDLERS, step_watch.HANDLERS), follow.HANDLERS))  # salloc and srun outside a job: allocations and their steps; sattach
 
 
 def build_api(ctl: Controller) -> RpcTable:

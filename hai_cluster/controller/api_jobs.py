@@ -5,6 +5,7 @@ import time
 from dataclasses import asdict
 
 from ..core.states import JobState, parse_state
+from ..store import reservations as reservation_store
 from ..store.events import read_events
 from ..store.listing import TooManyValues
 from ..transport.rpc import RequestError
@@ -15,6 +16,7 @@ from .requests import expect, filter_list, int_list, str_list, task_list
 from .telemetry_view import job_telemetry, nodes_telemetry
 
 MAX_NODE_NAME = 64  # nodes.name
+CLOCK_FIELDS = frozenset({"attained_now", "level"}) | TELEMETRY_FIELDS  # not the store's alone
 
 
 async def _listed(ctx: ApiContext, **filters):
@@ -53,17 +55,38 @@ async def jobs(ctx: ApiContext, body, caller: Caller):
             need.update(SHARE_NEEDS)
         columns = sorted(need)
     after, limit = ctx.page(body)
-    page = await _listed(ctx, ids=int_list(body, "ids"), states=states,
-                         users=filter_list(body, "users"), names=filter_list(body, "names"),
-                         partitions=filter_list(body, "partitions"), columns=columns, tasks=task_list(body),
-                         after_id=after, limit=limit + 1)
-    rows, more = _page_and_next(page, limit)
+    filters = dict(ids=int_list(body, "ids"), states=states, users=filter_list(body, "users"),
+                   names=filter_list(body, "names"), partitions=filter_list(body, "partitions"), columns=columns,
+                   tasks=task_list(body), after_id=after, limit=limit + 1)
+    key = ("jobs", _frozen(filters), None if fields is None else tuple(fields))
+    if fields is not None and not CLOCK_FIELDS & set(fields):
+        # What squeue asks: rows that only a write changes, kept whole until the next one
+        async def read_listed():
+            page = await _listed(ctx, **filters)
+            rows, more = _page_and_next(page, limit)
+            return ([{k: p.get(k) for k in fields} for p in map(ctx.public, rows)], more), len(rows)
+        listed, more = await ctx.listings.get(key, read_listed)
+        return {"now": time.time(), "jobs": listed, **more}
+
+    async def read_rows():
+        rows_more = _page_and_next(await _listed(ctx, **filters), limit)
+        return rows_more, len(rows_more[0])
+    rows, more = await ctx.listings.get(key, read_rows)  # the store's rows; the clock's fields fresh
     listed = map(ctx.public, rows)
     if telemetry:
         listed = map(ctx.with_telemetry, listed)
     if fields is None:
         return {"now": time.time(), "jobs": list(listed), **more}
     return {"now": time.time(), "jobs": [{k: p.get(k) for k in fields} for p in listed], **more}
+
+
+def _frozen(value):
+    """A request's filters as a cache key (lists as tuples)."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return value
 
 
 def _page_and_next(page, limit: int) -> tuple[list[dict], dict]:
@@ -99,7 +122,7 @@ async def show_job(ctx: ApiContext, body, caller: Caller):
     job = await ctx.ctl.db(ctx.repo.job, job_id)
     if job is None:
         raise RequestError(f"Invalid job id specified: {job_id}")
-    out = ctx.public(job)
+    out = ctx.with_telemetry(ctx.public(job))  # IdleFor= (the idle clock) with its live run's telemetry
     # A job's arguments may hold secrets (--api-key=...), as its environment and script may:
     # its owner and admins see them, nobody else.
     hidden = ("environment", "script") if may_act_on(caller, job["user"], operators=False) else (
@@ -114,7 +137,17 @@ async def show_job(ctx: ApiContext, body, caller: Caller):
 
 
 async def nodes(ctx: ApiContext, body, caller: Caller):
-    return {"now": time.time(), "nodes": await ctx.ctl.db(ctx.repo.nodes),
+    now = time.time()
+    rows = await ctx.ctl.db(ctx.repo.nodes)
+    reserved: dict[str, str] = {}  # sinfo's maint / resv: the nodes of reservations open now
+    for r in await ctx.ctl.db(reservation_store.listing, ctx.repo.engine, now):
+        if r.active(now):
+            for name in r.nodes:
+                if reserved.get(name) != "MAINT":
+                    reserved[name] = "MAINT" if "MAINT" in r.flags else "RESV"
+    for row in rows:
+        row["reserved"] = reserved.get(row["name"])
+    return {"now": now, "nodes": rows,
             "links": {name: link.last_error for name, link in ctx.ctl.links.items()},
             "partitions": [{"name": p, "default": p == ctx.ctl.cfg.default_partition,
                             "max_time": ctx.ctl.cfg.partition(p).max_time} for p in ctx.ctl.cfg.partitions]}
@@ -125,14 +158,31 @@ async def acct(ctx: ApiContext, body, caller: Caller):
     users = filter_list(body, "users")
     tasks = task_list(body)
     since = expect(body, "since", (int, float))  # jobs that had not ended before then (hacct -S)
+    fields = str_list(body, "fields")  # only these keys per job (sacct asks for what it prints)
+    columns = None
+    if fields is not None:
+        if unknown := sorted(set(fields) - LISTING_FIELDS):
+            raise RequestError(f"unknown job field(s): {', '.join(unknown)}")
+        columns = sorted((set(fields) - DERIVED_FIELDS) | set(PUBLIC_NEEDS) | set(SHARE_NEEDS))
     after, limit = ctx.page(body)
-    page = await _listed(ctx, ids=ids, users=users, tasks=tasks, after_id=after, limit=limit + 1,
-                         ended_since=since)
-    job_rows, more = _page_and_next(page, limit)
-    run_rows = await ctx.ctl.db(ctx.repo.runs, of_jobs=[j["id"] for j in job_rows]) if job_rows else []
-    step_rows = await ctx.ctl.db(ctx.repo.steps.of_runs, [r["id"] for r in run_rows]) if run_rows else []
-    return {"now": time.time(), "runs": run_rows, "steps": step_rows, "jobs": [ctx.public(j) for j in job_rows],
-            **more}
+    kept = fields is not None and not CLOCK_FIELDS & set(fields)  # the jobs' keys too, not only the rows
+
+    async def read():  # kept until the store's next write (listing_cache.py)
+        page = await _listed(ctx, ids=ids, users=users, tasks=tasks, after_id=after, limit=limit + 1,
+                             ended_since=since, columns=columns)
+        job_rows, more = _page_and_next(page, limit)
+        run_rows = await ctx.ctl.db(ctx.repo.runs, of_jobs=[j["id"] for j in job_rows]) if job_rows else []
+        step_rows = await ctx.ctl.db(ctx.repo.steps.of_runs, [r["id"] for r in run_rows]) if run_rows else []
+        if kept:
+            job_rows = [{k: p.get(k) for k in fields} for p in map(ctx.public, job_rows)]
+        return (job_rows, more, run_rows, step_rows), len(job_rows) + len(run_rows) + len(step_rows)
+    job_rows, more, run_rows, step_rows = await ctx.listings.get(
+        ("acct", _frozen((ids, users, tasks, since, after, limit, fields))), read)
+    if not kept:
+        job_rows = [ctx.public(j) for j in job_rows]
+        if fields is not None:
+            job_rows = [{k: p.get(k) for k in fields} for p in job_rows]
+    return {"now": time.time(), "runs": run_rows, "steps": step_rows, "jobs": job_rows, **more}
 
 
 STEP_JOB_KEYS = ("id", "array_job_id", "array_task_id", "name", "user", "partition", "start_time", "nodelist",

@@ -33,6 +33,24 @@ async def create_reservation(ctx: ApiContext, body, caller: Caller):
     return {"name": r.name}
 
 
+async def update_reservation(ctx: ApiContext, body, caller: Caller):
+    """scontrol update ReservationName=NAME Flags[+-]=...: only the flags change here."""
+    name = expect(body, "name", str, required=True)
+    op = expect(body, "op", str, required=True)
+    flags = expect(body, "flags", str, required=True)
+    if op not in ("", "+", "-") or len(name) > 64 or len(flags) > 1000:
+        raise RequestError("field 'op' must be '', '+' or '-'; 'name' and 'flags' short strings")
+    if not caller.admin:
+        raise deny(caller, "only administrators may update reservations")
+    try:
+        r = await ctx.ctl.db(store.update_flags, ctx.repo.engine, name, op, flags, time.time())
+    except ReservationError as exc:
+        raise RequestError(str(exc)) from None
+    ctx.ctl.events.record("reservation_updated", None, None, name=r.name, flags=",".join(r.flags), by=caller.user)
+    ctx.ctl.wake()
+    return {"name": r.name, "flags": list(r.flags)}
+
+
 async def delete_reservation(ctx: ApiContext, body, caller: Caller):
     name = expect(body, "name", str, required=True)
     if not caller.admin:
@@ -46,8 +64,11 @@ async def delete_reservation(ctx: ApiContext, body, caller: Caller):
 
 async def reservations(ctx: ApiContext, body, caller: Caller):
     now = time.time()
-    return {"now": now, "reservations": [dict(asdict(r), state=r.state(now))
-                                         for r in await ctx.ctl.db(store.listing, ctx.repo.engine, now)]}
+    rows = []
+    for r in await ctx.ctl.db(store.listing, ctx.repo.engine, now):
+        start, end = r.window(now)  # a repeating one's occurrence open now or next, as scontrol shows it
+        rows.append(dict(asdict(r), start=start, end=end, state=r.state(now)))
+    return {"now": now, "reservations": rows}
 
 
 async def checked_reservation(ctx: ApiContext, name: str, caller: Caller, account: str) -> Reservation:

@@ -10,12 +10,16 @@ from ..core.dependency import parse_dependency
 from ..core.jobids import JobRef
 from ..core.optionvalues import MAX_DEPENDENCY_TEXT
 from ..core.model import attained_service
+from ..core.sizemodel import SizeModel
 from ..core.states import FINAL_STATES, JobState
+from ..scheduling.learned import level_now
+from ..store.generation import WriteGeneration
 from ..store.records import JobRecord
 from ..store.repository import LISTING_COLUMNS
 from ..transport.rpc import RequestError
 from .access import Caller, deny, may_act_on
 from .leader import STARTING
+from .listing_cache import ListingCache
 from .outputcheck import RecentlyWritable
 from .requests import expect
 from .submitrate import OverRate, SubmitRate
@@ -36,15 +40,15 @@ MAX_EVENTS = 10_000
 
 # What a listing may ask for (`fields`): the job table's columns but the spec, and what _public adds.
 # Job listing keys that are not columns: computed by _public, from live telemetry, or by the store.
-TELEMETRY_FIELDS = frozenset({"gpu_util", "gpu_mem_used_mb", "cpu_pct", "idle"})
+TELEMETRY_FIELDS = frozenset({"gpu_util", "gpu_mem_used_mb", "cpu_pct", "idle", "idle_for", "idle_limit"})
 DERIVED_FIELDS = frozenset({"code", "attained_now", "level", "gpu_share_mb"}) | TELEMETRY_FIELDS
 LISTING_FIELDS = frozenset(c.name for c in LISTING_COLUMNS) | DERIVED_FIELDS
-PUBLIC_NEEDS = ("state", "attained_gpu_seconds", "start_time", "nodes", "gpus_per_node")
+PUBLIC_NEEDS = ("state", "attained_gpu_seconds", "start_time", "nodes", "gpus_per_node", "user", "name")
 TELEMETRY_NEEDS = ("id", "attempts")  # with_telemetry: the live run's key
 SHARE_NEEDS = ("id", "gpu_fraction", "gpu_mem_mb")  # the store's gpu_share_mb
 
 
-def _public(job: dict, mlfq, now: float) -> dict:
+def _public(job: dict, mlfq, now: float, sizes: SizeModel | None = None) -> dict:
     out = dict(job)
     out.pop("spec", None)
     state = JobState(job["state"])
@@ -53,7 +57,8 @@ def _public(job: dict, mlfq, now: float) -> dict:
     attained = attained_service(job["attained_gpu_seconds"], rate,
                                 job["start_time"] if state.holds_resources and job["start_time"] else None, now)
     out["attained_now"] = attained
-    out["level"] = mlfq.level_of(attained)
+    # The level in the order the policy runs (gittins: from what it learned of job sizes).
+    out["level"] = level_now(mlfq, sizes or SizeModel(), rate, job.get("user") or "", job.get("name") or "", attained)
     return out
 
 
@@ -67,6 +72,7 @@ class ApiContext:
         self.probe_lock = asyncio.Lock()  # --test-only probes, one at a time (api_submit.would_start)
         self.priority_lock = asyncio.Lock()  # sprio's order, computed once at a time (api_priority.py)
         self.priority_cache: tuple[float, float, list] | None = None  # (monotonic, now, rows)
+        self._listings: ListingCache | None = None  # squeue's and sacct's pages (listing_cache.py)
 
     async def take_rate(self, caller: Caller, jobs: int) -> None:
         """Tokens of the caller's submission bucket ([access] submit_rate): a submission's jobs,
@@ -86,8 +92,18 @@ class ApiContext:
             raise RequestError(STARTING)
         return repo
 
+    @property
+    def listings(self) -> ListingCache:
+        """The listing cache of the open store (a new one if the store was opened again)."""
+        engine = self.repo.engine
+        if self._listings is None or self._listings.generation.engine is not engine:
+            if self._listings is not None:
+                self._listings.generation.close()
+            self._listings = ListingCache(WriteGeneration(engine))
+        return self._listings
+
     def public(self, job: dict) -> dict:
-        return _public(job, self.ctl.cfg.scheduler.mlfq, time.time())
+        return _public(job, self.ctl.cfg.scheduler.mlfq, time.time(), self.ctl.sizes.model)
 
     async def own_job(self, body: Any, caller: Caller, action: str, *, operators: bool = True) -> JobRecord:
         """The job (or array task) named in the body, if the caller may `action` it (owner or
@@ -120,9 +136,10 @@ class ApiContext:
         return after, min(limit, PAGE_ROWS)
 
     def with_telemetry(self, job: dict) -> dict:
-        """A live run's latest GPU utilization and memory, and its idle flag (hqueue -o %g %G %I)."""
+        """A live run's latest GPU utilization and memory, its idle flag and idle clock (hqueue -o %g %G %I %W)."""
         if JobState(job["state"]).holds_resources and job.get("attempts"):
             job.update(self.ctl.telemetry.run_fields((job["id"], job["attempts"] - 1)))
+            job.update(self.ctl.reclaim.fields(job["id"], job["attempts"] - 1))  # the idle clock (reclaim.py)
         return job
 
     async def checked_dependency(self, text: str) -> str:

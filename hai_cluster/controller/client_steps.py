@@ -35,7 +35,7 @@ from ..core.steps import Allocation, StepError, StepIO, plan_step, step_end_stat
 from ..protocol import steps as wire
 from ..protocol.runspec import SpecError, check_keys, nonneg_int, valid_signal
 from ..transport.rpc import RequestError
-from . import api_control
+from . import api_control, step_tee
 from .access import Caller
 from ..store import interactive as interactive_store
 from .dispatch import rank_spec
@@ -76,6 +76,8 @@ class ClientLink:
     conn: Any = None
     steps: set[tuple[int, int]] = field(default_factory=set)
     held: set[int] = field(default_factory=set)
+    watches: list = field(default_factory=list)  # sattach: its attachment (step_tee.Watcher)
+    follow: Any = None  # sattach JOB.batch: the output it follows (follow.Follower)
 
 
 def _link(caller: Caller) -> ClientLink:
@@ -108,6 +110,13 @@ class ClientSteps:
         for link in list(self.holders.get(job_id, ())):
             if link.conn is not None and not link.conn.closed:
                 asyncio.ensure_future(_push(link.conn, "revoked", {"job_id": job_id, "state": state}))
+
+    def tell(self, job_id: int, text: str) -> None:
+        """A line for the terminals of the allocation's holders (salloc, srun --pty): the
+        controller's own words, e.g. an idle warning (controller/reclaim.py)."""
+        for link in list(self.holders.get(job_id, ())):
+            if link.conn is not None and not link.conn.closed:
+                asyncio.ensure_future(_push(link.conn, "notice", {"job_id": job_id, "text": text}))
 
     @property
     def hub(self):
@@ -295,6 +304,7 @@ class ClientSteps:
             del self.hub.live[key]
         if live.client is not None:
             live.client.steps.discard(key)
+        step_tee.ended(live, key, state, code, sig)
         if ended:
             self.ctl.events.record("step_end", key[0], CLIENT_ORIGIN, step=f"{key[0]}.{key[1]}", state=state,
                                    exit_code=f"{code or 0}:{sig or 0}")
@@ -388,6 +398,8 @@ class ClientSteps:
         """Its connection closed: its steps are killed and its allocations ended, unless the
         controller itself is stopping (a restart must keep every session)."""
         ctx = self.api
+        self.ctl.step_watches.left(step_tee.drop(link))
+        self.ctl.follows.drop(link)
         if self.ctl.stopping or not self.ctl.started or ctx is None:
             for job_id in list(link.held):
                 self._unhold(link, job_id)
@@ -425,34 +437,6 @@ async def step_create(ctx: "ApiContext", body, caller: Caller):
     return await _guarded(ctx.ctl.client_steps.create(body, caller))
 
 
-async def step_attach(ctx: "ApiContext", body, caller: Caller):
-    return await _guarded(ctx.ctl.client_steps.attach(body, caller))
-
-
-async def step_launch(ctx: "ApiContext", body, caller: Caller):
-    return await _guarded(ctx.ctl.client_steps.launch(body, caller))
-
-
-async def step_input(ctx: "ApiContext", body, caller: Caller):
-    return await _guarded(ctx.ctl.client_steps.input(body, caller))
-
-
-async def step_resize(ctx: "ApiContext", body, caller: Caller):
-    return await _guarded(ctx.ctl.client_steps.resize(body, caller))
-
-
-async def step_signal(ctx: "ApiContext", body, caller: Caller):
-    return await _guarded(ctx.ctl.client_steps.signal(body, caller))
-
-
-async def step_done(ctx: "ApiContext", body, caller: Caller):
-    return await _guarded(ctx.ctl.client_steps.done(body, caller))
-
-
-async def allocation(ctx: "ApiContext", body, caller: Caller):
-    return await _guarded(ctx.ctl.client_steps.allocation(body, caller))
-
-
 async def release_allocation(ctx: "ApiContext", body, caller: Caller):
     return await _guarded(ctx.ctl.client_steps.release(body, caller, ctx))
 
@@ -465,6 +449,17 @@ async def _guarded(coro):
         raise RequestError(str(exc)) from None
 
 
-HANDLERS = {"step_create": step_create, "step_attach": step_attach, "step_launch": step_launch, "step_input": step_input,
-            "step_resize": step_resize, "step_signal": step_signal, "step_done": step_done,
-            "allocation": allocation, "release_allocation": release_allocation}
+def delegating(service: str, methods: dict[str, str]) -> dict:
+    """API handlers (method -> handler) that pass (body, caller) to ctx.ctl.<service>.<its method>,
+    a body that fails its checks answered as an error."""
+    def handler(name: str):
+        async def handle(ctx: "ApiContext", body, caller: Caller):
+            return await _guarded(getattr(getattr(ctx.ctl, service), name)(body, caller))
+        return handle
+    return {method: handler(name) for method, name in methods.items()}
+
+
+HANDLERS = {"step_create": step_create, "release_allocation": release_allocation,
+            **delegating("client_steps", {"step_attach": "attach", "step_launch": "launch", "step_input": "input",
+                                          "step_resize": "resize", "step_signal": "signal", "step_done": "done",
+                                          "allocation": "allocation"})}

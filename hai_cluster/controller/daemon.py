@@ -74,6 +74,9 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
         raise
     if user is not None:
         log.info("running as %s, the owner of %s, not as root", user, store_directory(cfg))
+    elif os.geteuid() == 0:  # a development setup, or a store made by hand: say what it costs
+        log.warning("running as root (%s is root's): whoever can change the store can act for every user; "
+                    "the packaged service runs as %s", store_directory(cfg), cfg.run_as)
     ctl = Controller(cfg)
     leader = None
     metrics = None
@@ -124,8 +127,9 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event, notifier: Notifier |
                 await conn.run()
             finally:
                 connections.discard(conn)
-                if caller.link.steps or caller.link.held:  # an interactive client went away
-                    ctl.spawn(ctl.client_steps.gone(caller.link, caller))
+                link = caller.link  # an interactive client went away, or a sattach: what it held goes
+                if link.steps or link.held or link.watches or link.follow is not None:
+                    ctl.spawn(ctl.client_steps.gone(link, caller))
         finally:
             counter.release(uid)
             if share is not None:

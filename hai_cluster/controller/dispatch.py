@@ -55,7 +55,7 @@ def rank_spec(job: JobRecord, attempt: int, rank: int, nodelist: Sequence[str], 
         array_indices=parse_array(spec.array, None).indices if spec.array else (),
         tasks_per_node=spec.tasks_per_node, ntasks=spec.ntasks, ntasks_per_node=spec.ntasks_per_node,
         gpus_per_task=spec.gpus_per_task, cluster_name=cluster_name, open_mode=spec.open_mode,
-        qos=job.qos or "normal")
+        qos=job.qos or "normal", overcommit=spec.overcommit)
     return RunSpec(
         job_id=job.id, attempt=attempt, rank=rank, user=job.user, uid=job.uid,
         gid=job.gid, script=spec.script, script_args=tuple(spec.script_args),

@@ -43,7 +43,11 @@ KINDS = {
     "node_added": "an admin registered a node",
     "node_removed": "an admin removed a node",
     "reservation_created": "an admin reserved these nodes for some users or accounts in a window",
+    "reservation_updated": "an admin changed a reservation's flags",
     "reservation_deleted": "an admin deleted a reservation",
+    "idle_warning": "the job's GPUs stayed under its idle threshold for its window: it was warned",
+    "idle_cleared": "the warned job's GPUs got busy again: the idle warning is lifted",
+    "idle_reclaimed": "the warned job stayed idle through its grace: it is cancelled or requeued",
 }
 WARNING_KINDS = {"node_down", "node_lost"}  # logged at WARNING: an operator should look
 

@@ -23,10 +23,11 @@ MAIL_AT_ONCE = 4
 # Slurm's words for each notice, and the end states that make an end a failure (JOB_FAILED and after)
 WORDS = {"BEGIN": "Began", "END": "Ended", "FAIL": "Failed", "REQUEUE": "Requeued",
          "TIME_LIMIT_50": "Reached 50% of time limit", "TIME_LIMIT_80": "Reached 80% of time limit",
-         "TIME_LIMIT_90": "Reached 90% of time limit", "TIME_LIMIT": "Reached time limit"}
+         "TIME_LIMIT_90": "Reached 90% of time limit", "TIME_LIMIT": "Reached time limit",
+         "IDLE": "GPUs idle, to be reclaimed"}  # IDLE: ours (Slurm has no idle reclamation)
 # --mail-type=TIME_LIMIT*: the share of the run's limit at which each is mailed (not part of ALL, as Slurm's)
 LIMIT_MARKS = {"TIME_LIMIT_50": 0.5, "TIME_LIMIT_80": 0.8, "TIME_LIMIT_90": 0.9, "TIME_LIMIT": 1.0}
-ALL = ("BEGIN", "END", "FAIL", "REQUEUE")
+ALL = ("BEGIN", "END", "FAIL", "REQUEUE", "IDLE")
 FAILED = {JobState.FAILED.value, JobState.TIMEOUT.value, JobState.NODE_FAIL.value, JobState.OUT_OF_MEMORY.value}
 
 

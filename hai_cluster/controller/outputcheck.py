@@ -22,7 +22,7 @@ import posixpath
 import stat
 from collections import OrderedDict
 
-from ..core.model import DEFAULT_OUTPUT
+from ..core.patterns import DEFAULT_OUTPUT
 
 _W, _X = 2, 1  # the "other" permission bits; shifted for the owner and the group
 

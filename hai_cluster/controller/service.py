@@ -44,7 +44,10 @@ from .metrics import QueueStats
 from .nodes import AGENT_ERRORS, NodeLink
 from .sizes import SizeLearner
 from .client_steps import ClientSteps
+from .step_watch import StepWatches
+from .follow import OutputFollows
 from .steps import StepHub
+from .reclaim import Reclaimer
 from .telemetry import TelemetryHub
 from .tenancy import Tenancy
 
@@ -79,6 +82,8 @@ class Controller:
         self.dispatch = Dispatcher(self)  # starts, ends and signals sent to agents
         self.steps = StepHub(self)  # srun's job steps: what the agents ask on their links
         self.client_steps = ClientSteps(self)  # salloc's and srun's outside a job: on the client socket
+        self.step_watches = StepWatches(self)  # sattach on those steps
+        self.follows = OutputFollows(self)  # sattach JOB.batch: a batch job's output through the controller
         self.stopping = False  # shutting down: a client's connection closing ends none of its sessions
         self._tasks: list[asyncio.Task] = []
         self.store_down = False
@@ -90,6 +95,7 @@ class Controller:
         self._last_retry = 0.0
         self._agent_epoch: Callable[[], int] | None = None
         self.telemetry = TelemetryHub(cfg.telemetry)
+        self.reclaim = Reclaimer(self)  # idle jobs warned, then cancelled or requeued (reclaim.py)
         self.sizes = SizeLearner(self)  # the job sizes learned from the jobs that ended (the policy's)
         self.last_snapshot: Snapshot | None = None  # the latest pass's, as its policy saw it
         self.mail = Mailer(cfg.mail_program, cfg.cluster_name)  # --mail-type notices
@@ -253,6 +259,7 @@ class Controller:
         self.note_inventory(snapshot.nodes)
         if self.cfg.kill_invalid_depend:
             await self._cancel_unsatisfiable(snapshot)
+        await self.reclaim.check(snapshot)
         plan = await self.decide(self.telemetry.mark_idle(snapshot))
         seen = {j.id: j.version for j in snapshot.jobs}  # reasons and starts only for the jobs as the policy saw them
         reasons = {w.job_id: w.reason for w in plan.waits}
@@ -325,6 +332,7 @@ class Controller:
     async def run_ended(self, node: str, status: RunStatus) -> None:
         job_id, attempt = status.job_id, status.attempt
         result = await self._record_end((job_id, attempt, node, status))
+        self.step_watches.run_ended(job_id, attempt, node)  # its srun's steps: their attachers hear the end
         if result.run_state is not None:
             for row in end_events([(job_id, attempt, node, status)], [result]):  # written with the end
                 emit(row)

@@ -30,6 +30,7 @@ from ..protocol import steps as wire
 from ..protocol.runspec import check_keys, nonneg_int, valid_signal
 from ..transport.rpc import ConnectionLost, RequestError, RpcError, RpcTable, refusing
 from .nodes import AGENT_ERRORS
+from . import step_tee
 
 if TYPE_CHECKING:
     from .service import Controller
@@ -62,11 +63,19 @@ class LiveStep:
     io: Any = None  # a client's step: its StepIO
     attached: asyncio.Event = field(default_factory=asyncio.Event)  # a client's step: its client is there
     uid: int | None = None  # a client's step: its owner (the unlaunched steps a user may have)
+    watch: Any = None  # its sattach clients and recent output (step_tee.StepWatch)
+    local: frozenset[int] = frozenset()  # a batch job's step: the tasks srun runs itself, on its origin
+    teeing: bool = False  # a batch job's step: its srun copies them to us (while a sattach is attached)
 
 
 def _remote(nodes, counts, origin: str) -> dict[int, str]:
     """The tasks not on srun's node: their node, by rank."""
     return {procid: name for procid, name in enumerate(task_nodes(nodes, counts)) if name != origin}
+
+
+def _local(nodes, counts, origin: str) -> frozenset[int]:
+    """The tasks on srun's node (srun runs them itself)."""
+    return frozenset(procid for procid, name in enumerate(task_nodes(nodes, counts)) if name == origin)
 
 
 class StepHub:
@@ -78,7 +87,9 @@ class StepHub:
         table = RpcTable()
         for name, fn in (("step_create", self.create), ("step_launch", self.launch), ("step_output", self.output),
                          ("step_exit", self.task_ended), ("step_signal", self.signal), ("step_end", self.end),
-                         ("job_resumable", self.resumable)):
+                         ("job_resumable", self.resumable), ("step_input", self.input),
+                         ("step_tee_data", self.tee_data),
+                         ("output_data", self.ctl.follows.data)):  # a batch job's output (follow.py)
             table.add(name, refusing(fn, ValueError))  # SpecError and the like
         return table
 
@@ -95,10 +106,11 @@ class StepHub:
         return {"resumes": resumes}
 
     async def create(self, body: Any, node: str) -> dict:
-        check_keys("step_create body", body, ("job_id", "attempt", "uid", "request", "argv", "cwd", "env"))
+        check_keys("step_create body", body, ("job_id", "attempt", "uid", "request", "argv", "cwd", "env"), ("io",))
         job_id, attempt, uid = (nonneg_int(k, body[k]) for k in ("job_id", "attempt", "uid"))
         request = wire.step_request(body["request"])
         argv, cwd, env = wire.command(body)
+        io = wire.step_io(body.get("io"))  # srun's -i: which tasks read its stdin
         job = await self.ctl.db(self.ctl.repo.job_record, job_id)
         if job is None or job.uid != uid:
             raise RequestError(f"Unable to create step for job {job_id}: Invalid job id specified")
@@ -127,10 +139,11 @@ class StepHub:
             raise RequestError(f"Unable to create step for job {job_id}: Job/step already completing or completed")
         layout = replace(layout, step_id=step_id)
         master = self.ctl.addresses.get(layout.nodes[0], layout.nodes[0])
-        live = LiveStep(node, attempt, layout.nodes, _remote(layout.nodes, layout.counts, node))
+        live = LiveStep(node, attempt, layout.nodes, _remote(layout.nodes, layout.counts, node), io=io,
+                        local=_local(layout.nodes, layout.counts, node))
         self.live[(job_id, step_id)] = live
         live.start = {"job_id": job_id, "attempt": attempt, "layout": layout.to_wire(), "argv": argv,
-                      "cwd": cwd, "env": env, "master_addr": master}
+                      "cwd": cwd, "env": env, "master_addr": master, "io": io.to_wire()}
         self.ctl.events.record("step_start", job_id, node, step=f"{job_id}.{step_id}", name=step_name(argv),
                                tasks=layout.ntasks, nodes=compress(list(layout.nodes)))
         asyncio.get_running_loop().call_later(
@@ -191,8 +204,9 @@ class StepHub:
         if row is None:
             return None
         nodes = tuple(row["nodelist"].split(","))
-        remote = _remote(nodes, [int(c) for c in row["counts"].split(",")], row["origin"])
-        live = self.live[key] = LiveStep(row["origin"], row["attempt"], nodes, remote)
+        counts = [int(c) for c in row["counts"].split(",")]
+        live = self.live[key] = LiveStep(row["origin"], row["attempt"], nodes, _remote(nodes, counts, row["origin"]),
+                                         local=_local(nodes, counts, row["origin"]))
         return live
 
     async def _route(self, body: Any, node: str, procid: int) -> LiveStep:
@@ -207,16 +221,38 @@ class StepHub:
     async def output(self, body: Any, node: str) -> dict:
         procid = wire.output(body, "attempt")[2]
         live = await self._route(body, node, procid)
+        if live.origin != CLIENT_ORIGIN:  # kept for a sattach, as a client's step's (_to_client)
+            await step_tee.tee(live, "output", {k: body[k] for k in ("step_id", "task", "seq", "stream", "data")})
         return await self._forward(live, "step_output", body)
 
     async def task_ended(self, body: Any, node: str) -> dict:
         procid = wire.task_exit(body, "attempt")[2]
         live = await self._route(body, node, procid)
+        if live.origin != CLIENT_ORIGIN:
+            await step_tee.tee(live, "exit", {k: body[k] for k in ("step_id", "task", "exit_code", "signal")})
         reply = await self._forward(live, "step_exit", body)
         live.remote.pop(procid, None)
-        if not live.remote and live.origin != CLIENT_ORIGIN:  # a client's ends its own (client_steps.py)
+        # a client's step ends its own (client_steps.py); an attached one's goes with its end
+        if not live.remote and live.origin != CLIENT_ORIGIN and not step_tee.held(live):
             self.live.pop((body["job_id"], body["step_id"]), None)
         return reply
+
+    async def tee_data(self, body: Any, node: str) -> dict:
+        """srun's copy of its own tasks' output and ends (a batch job's step, while a sattach is
+        attached: step_watch.py asked for it), teed as the other nodes' are. The answer says
+        whether it is still wanted."""
+        check_keys("step_tee_data body", body, ("job_id", "attempt", "step_id", "lost", "events"))
+        job_id, attempt, step_id, lost = (nonneg_int(k, body[k]) for k in ("job_id", "attempt", "step_id", "lost"))
+        events = wire.tee_events(body["events"], step_id)
+        live = self.live.get((job_id, step_id))
+        if live is None or live.origin != node or live.attempt != attempt or not live.teeing:
+            return {"wanted": False}
+        if any(e.message["task"] not in live.local for e in events):
+            raise RequestError(f"step {job_id}.{step_id} has no such task on node {node}")
+        step_tee.lost(live, lost)
+        for e in events:
+            await step_tee.tee(live, e.kind, e.message, at=e.at)
+        return {"wanted": live.teeing}  # until the last attacher has gone (not "has come": it may be on its way)
 
     async def _forward(self, live: LiveStep, method: str, body: dict) -> dict:
         """To srun's agent; across a short break of its link (an agent restart), tried again."""
@@ -247,6 +283,7 @@ class StepHub:
         else:
             message = {k: body[k] for k in ("step_id", "task", "exit_code", "signal")}
             kind = "exit"
+        await step_tee.tee(live, kind, message)
         link = live.client
         if link is None or link.conn is None or link.conn.closed:
             # after a controller restart (or a break of the client's link) it comes back and
@@ -266,6 +303,24 @@ class StepHub:
             return {"delivered": False}
         return {"delivered": True}
 
+    async def input(self, body: Any, node: str) -> dict:
+        """srun's stdin (srun in a batch script) to its tasks on other nodes: all that read it, or
+        task `task` (-i N); srun's agent checked that this srun made the step."""
+        check_keys("step_input body", body, ("job_id", "step_id", "task", "data", "eof"))
+        key = (nonneg_int("job_id", body["job_id"]), nonneg_int("step_id", body["step_id"]))
+        task = None if body["task"] is None else nonneg_int("task", body["task"])
+        data, eof = wire.stdin_chunk(body)
+        live = await self._live(key)
+        if live is None or live.origin != node:
+            raise RequestError(f"step {key[0]}.{key[1]} is not running from node {node}")
+        nodes = sorted(set(live.remote.values())) if task is None else \
+            ([live.remote[task]] if task in live.remote else [])
+        message = {"job_id": key[0], "attempt": live.attempt, "step_id": key[1], "task": task, "data": data,
+                   "eof": eof}
+        results = await asyncio.gather(*(self._call(n, "step_input", message, FORWARD_TIMEOUT) for n in nodes),
+                                       return_exceptions=True)
+        return {"reached": sum(r.get("reached", 0) for r in results if isinstance(r, dict))}
+
     async def end(self, body: Any, node: str) -> dict:
         """srun's agent reports the step's end: its worst exit code, or that srun went first."""
         check_keys("step_end body", body, ("job_id", "attempt", "step_id", "exit_code", "signal", "cancelled"))
@@ -278,7 +333,9 @@ class StepHub:
         ended = await self.ctl.db(self.ctl.repo.steps.end, job_id, attempt, step_id, origin=node, state=state,
                                   exit_code=code, exit_signal=sig, now=time.time())
         if ended:
-            self.live.pop((job_id, step_id), None)  # a task that ended unreported keeps none behind
+            live = self.live.pop((job_id, step_id), None)  # a task that ended unreported keeps none behind
+            if live is not None:
+                step_tee.ended(live, (job_id, step_id), state, code, sig)
             self.ctl.events.record("step_end", job_id, node, step=f"{job_id}.{step_id}", state=state,
                                    exit_code=f"{code or 0}:{sig or 0}")
         return {"recorded": ended}

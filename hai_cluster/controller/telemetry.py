@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from ..config import TelemetryConfig
@@ -26,6 +26,7 @@ MAX_RUNS = 1024
 MAX_EVENTS = 1000
 FINISHED_KEPT = 10000  # ended runs remembered, so a late sample cannot reopen a rollup
 GAP_FACTOR = 3  # a sample later than this many intervals after the previous one follows a gap
+RECENT = 256  # per live run: its samples' (time, GPU utilizations) not yet taken by the idle reclaimer
 
 Key = tuple[int, int]  # (job id, attempt)
 
@@ -137,6 +138,9 @@ class Rollup:
     last_util: float | None = None  # the latest sample's mean over the run's GPUs
     last_gpu_mem_mb: int | None = None
     last_cpu: float | None = None
+    # (sample time, its GPUs' utilizations) for the idle reclaimer (controller/reclaim.py), which
+    # takes them every pass; bounded: a reclaimer that is off never takes them
+    recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=RECENT))
 
     def add(self, utils: list[float], power_w: float, dt: float, gpu_mem_mb: int | None, cpu: float | None,
             t: float, idle_below: float) -> None:
@@ -146,6 +150,7 @@ class Rollup:
             self.util_n += len(utils)
             self.util_max = max(utils) if self.util_max is None else max(self.util_max, max(utils))
             self.last_util = sum(utils) / len(utils)
+            self.recent.append((t, tuple(utils)))
             if idle_below > 0 and max(utils) < idle_below:
                 self.idle_since = t if self.idle_since is None else self.idle_since
             else:
@@ -255,6 +260,15 @@ class TelemetryHub:
     def is_idle(self, key: Key) -> bool:
         r = self.rollups.get(key)
         return bool(self.cfg.idle_util_below > 0 and r is not None and r.idle(self.cfg.idle_after))
+
+    def take_samples(self) -> dict[Key, list[tuple[float, tuple[float, ...]]]]:
+        """Every live run's samples since the last call: (time, GPU utilizations), oldest first."""
+        out = {}
+        for key, r in self.rollups.items():
+            if r.recent:
+                out[key] = list(r.recent)
+                r.recent.clear()
+        return out
 
     def idle_jobs(self) -> set[int]:
         return {k[0] for k in self.rollups if self.is_idle(k)}

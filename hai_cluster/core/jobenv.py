@@ -18,7 +18,7 @@ PORT_SPAN = 20000  # ports 10000-29999: below Linux's default ephemeral range (3
 _MANAGED = frozenset({
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HAI_PARTITION", "HAI_TIME_LIMIT",
     "SLURM_JOB_PARTITION", "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_CLUSTER_NAME", "SLURM_OPEN_MODE",
-    "SLURM_JOB_QOS",
+    "SLURM_JOB_QOS", "SLURM_OVERCOMMIT",
     "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_GPUS_PER_TASK",
     *(f"{prefix}_ARRAY_{what}" for prefix in ("HAI", "SLURM")
       for what in ("JOB_ID", "TASK_ID", "TASK_COUNT", "TASK_MIN", "TASK_MAX", "TASK_STEP")),
@@ -54,7 +54,8 @@ def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, 
                     array_indices: Sequence[int] = (), tasks_per_node: int = 1,
                     ntasks: int | None = None, ntasks_per_node: int | None = None,
                     gpus_per_task: int | None = None, cluster_name: str | None = None,
-                    open_mode: str | None = None, qos: str | None = None) -> dict[str, str]:
+                    open_mode: str | None = None, qos: str | None = None,
+                    overcommit: bool = False) -> dict[str, str]:
     """Environment for the script instance of rank `rank`, running on `node` with `gpus`.
 
     WORLD_SIZE is nnodes * max(1, GPUs on the node): the number of processes `torchrun
@@ -73,6 +74,8 @@ def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, 
     `ntasks_per_node`: as given), SLURM_NTASKS_PER_NODE and SLURM_GPUS_PER_TASK when given.
     """
     nnodes = len(nodelist)
+    # --overcommit: each node gives one task's CPUs (sbatch -O -n 64 -N 1: SLURM_CPUS_ON_NODE=1)
+    node_cpus = cpus_per_task if overcommit else tasks_per_node * cpus_per_task
     if not 0 <= rank < nnodes:
         raise ValueError(f"rank {rank} is outside a job of {nnodes} nodes")
     hosts = compress(nodelist)
@@ -110,8 +113,8 @@ def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, 
         "SLURM_RESTART_COUNT": str(restart_count),
         "SLURM_SUBMIT_DIR": submit_dir,
         "SLURM_CPUS_PER_TASK": str(cpus_per_task),
-        "SLURM_CPUS_ON_NODE": str(tasks_per_node * cpus_per_task),
-        "SLURM_JOB_CPUS_PER_NODE": per_node(tasks_per_node * cpus_per_task, nnodes),
+        "SLURM_CPUS_ON_NODE": str(node_cpus),
+        "SLURM_JOB_CPUS_PER_NODE": per_node(node_cpus, nnodes),
         "SLURM_TASKS_PER_NODE": per_node(tasks_per_node, nnodes),
         "SLURM_JOB_USER": user,
         "SLURMD_NODENAME": node,
@@ -130,6 +133,8 @@ def job_environment(base_env: Mapping[str, str], *, job_id: int, job_name: str, 
         env["SLURM_NTASKS_PER_NODE"] = str(ntasks_per_node)
     if gpus_per_task is not None:
         env["SLURM_GPUS_PER_TASK"] = str(gpus_per_task)
+    if overcommit:  # as sbatch exports it; the job's sruns read it as their -O
+        env["SLURM_OVERCOMMIT"] = "1"
     if open_mode is not None:  # --open-mode, as slurmctld passes it on to the job's sruns
         env["SLURM_OPEN_MODE"] = "a" if open_mode == "append" else "t"
     if cluster_name is not None:  # Slurm's ClusterName (the controller's cluster_name)
@@ -156,7 +161,7 @@ ALLOCATION_VARIABLES = (
     "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_NNODES",
     "SLURM_JOB_NUM_NODES", "SLURM_JOB_CPUS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS", "SLURM_NPROCS",
     "SLURM_NTASKS_PER_NODE", "SLURM_GPUS_PER_TASK", "SLURM_JOB_PARTITION", "SLURM_SUBMIT_DIR", "SLURM_CLUSTER_NAME",
-    "SLURM_JOB_QOS", "HAI_JOB_ID", "HAI_JOB_NAME", "HAI_NODELIST", "HAI_NNODES", "HAI_PARTITION", "HAI_TIME_LIMIT",
+    "SLURM_JOB_QOS", "SLURM_OVERCOMMIT", "HAI_JOB_ID", "HAI_JOB_NAME", "HAI_NODELIST", "HAI_NNODES", "HAI_PARTITION", "HAI_TIME_LIMIT",
 )
 
 

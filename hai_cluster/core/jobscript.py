@@ -113,6 +113,7 @@ _OPTIONS = [
     _Option("qos", "q", True, "qos"),
     _Option("nice", None, False, "nice"),  # --nice[=N]
     _Option("reservation", None, True, "reservation"),
+    _Option("overcommit", "O", False, "overcommit"),
     # sbatch's, with nothing to do here (docs/SLURM.md says why): accepted as they are
     _Option("get-user-env", None, False, "ignored"),  # the job already gets the submitter's environment
     _Option("wait-all-nodes", None, True, "ignored"),  # every node of a job starts together
@@ -126,7 +127,7 @@ _FLAG_VALUE_OPTIONS = {"get-user-env", "exclusive", "nice"}
 _FLAG_DEFAULTS = {"nice": 100, "no-requeue": False}  # what a flag given without its value means (else True)
 # sbatch options this cluster does not honour (yet): refused by name, told apart from a typo.
 UNSUPPORTED = {
-    "overcommit": False, "oversubscribe": False, "licenses": True, "deadline": True, "input": True,
+    "oversubscribe": False, "licenses": True, "deadline": True, "input": True,
     "export-file": True, "uid": True, "gid": True, "mincpus": True, "no-kill": False, "kill-on-invalid-dep": True,
     "propagate": False, "core-spec": True, "cores-per-socket": True, "sockets-per-node": True,
     "threads-per-core": True, "ntasks-per-core": True, "ntasks-per-socket": True, "ntasks-per-gpu": True,
@@ -139,7 +140,7 @@ UNSUPPORTED = {
 }
 _UNSUPPORTED_SHORT = {"i": "input",
                       "k": "no-kill", "F": "nodefile", "B": "extra-node-info", "S": "core-spec",
-                      "m": "distribution", "O": "overcommit", "s": "oversubscribe", "L": "licenses"}
+                      "m": "distribution", "s": "oversubscribe", "L": "licenses"}
 _LONG = {o.long: o for o in _OPTIONS}
 _SHORT = {o.short: o for o in _OPTIONS if o.short}
 
@@ -593,7 +594,8 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         raise JobScriptError(f"{g.where}{g.spelled}: a GPU share takes -C with per-node features only "
                              f"(no [a|b] or counts)")
 
-    mem_mb = _memory(values, origin, tasks_per_node * values.get("cpus", 1), gpus)
+    overcommit = values.get("overcommit", False)  # one task's CPUs per node, as Slurm allocates them
+    mem_mb = _memory(values, origin, values.get("cpus", 1) * (1 if overcommit else tasks_per_node), gpus)
     workdir = posixpath.normpath(posixpath.join(cwd, values.get("chdir", ".")))
     if script is None:
         text, default_name = WRAP_TEMPLATE.format(wrap), "wrap"
@@ -657,6 +659,7 @@ def parse_submission(script: str | None, option_args: Sequence[str], *, cwd: str
         qos=values.get("qos"),
         nice=values.get("nice", 0),
         reservation=values.get("reservation"),
+        overcommit=overcommit,
         mail_type=values.get("mail_type", ()),
         mail_user=values.get("mail_user"),
         **share,

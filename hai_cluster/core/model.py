@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Mapping
 
+from .grace import DEFAULT_GRACE_SECONDS
 from .reasons import BEGIN_TIME, HELD_ADMIN, HELD_USER
 from .sizemodel import SizeModel
 from .states import JobState
@@ -19,14 +20,8 @@ if TYPE_CHECKING:
     from .reservation import Reservation
     from .sharing import GpuShare
 
-DEFAULT_GRACE_SECONDS = 60
-# The longest --grace any job may have: the agent refuses more (a job whose grace never ends
-# outlives its time limit, preemption and an admin's cancel); a cluster's max_grace is lower.
-MAX_GRACE_SECONDS = 3600
 PRIORITY_CLASSES = ("urgent", "high", "normal", "low")  # --priority, highest first
 PRIORITY_RANK = {name: rank for rank, name in enumerate(PRIORITY_CLASSES)}  # 0 = first in line
-DEFAULT_OUTPUT = "slurm-%j.out"  # sbatch's defaults: -o unset (and -e unset: the same file)
-DEFAULT_ARRAY_OUTPUT = "slurm-%A_%a.out"
 
 
 @dataclass(frozen=True)
@@ -103,6 +98,8 @@ class JobSpec:
     interactive: bool = False
     # ... that no client holds (salloc --no-shell): the controller does not end it as abandoned
     detached: bool = False
+    # -O/--overcommit: more tasks than CPUs; a node's share is one task's CPUs (Slurm's meaning)
+    overcommit: bool = False
 
     @property
     def tasks_per_node(self) -> int:
@@ -117,7 +114,8 @@ class JobSpec:
 
     @property
     def cpus_per_node(self) -> int:
-        return self.tasks_per_node * self.cpus_per_task
+        """CPUs each node gives the job: --overcommit asks one task's (the tasks share them)."""
+        return self.cpus_per_task if self.overcommit else self.tasks_per_node * self.cpus_per_task
 
     @property
     def reason_at_submission(self) -> str | None:
@@ -181,7 +179,8 @@ class NodeView:
     mig_used: frozenset[str] = frozenset()  # MIG instances (UUIDs) held by sharing runs
     features: frozenset[str] = frozenset()  # what -C/--constraint matches (agent.toml's agent.features)
     # Set by core.reservation.apply for the policy: the reservation it is in now, or the seconds
-    # until one starts on it (then only jobs whose time limit ends before may start here)
+    # until one starts on it (then only jobs whose time limit ends before may start here);
+    # overlapping windows (Flags=MAINT or OVERLAP): their names, comma-joined
     reservation: str | None = None
     free_for: float | None = None
 
@@ -226,6 +225,7 @@ class JobView:
     partition: str | None = None
     priority: str = "normal"
     tasks_per_node: int = 1
+    overcommit: bool = False  # -O: a rank takes one task's CPUs (JobSpec.cpus_per_node)
     hold: bool = False
     held_by_admin: bool = False
     restart_count: int = 0
@@ -258,7 +258,7 @@ class JobView:
     gpu_share: GpuShare | None = None  # a sharing job: one card share per rank (gpus_per_node is 0)
     gpu_charge: float = 0.0  # a sharing job's current run: GPU-equivalents charged (sharing.share_charge)
     mig: tuple[str, ...] = ()  # a sharing job on MIG cards: per rank of allocation, its instance ("" none)
-    interactive: bool = False  # salloc's or srun's allocation: ahead of batch jobs of its level (MLFQ)
+    interactive: bool = False  # salloc's or srun's allocation: ahead of batch jobs of its level (MLFQ) or class (FIFO)
     version: int = 0  # the store's row version: the applier starts a job only as the policy saw it
     name: str = ""  # its job name (--job-name): a key of the learned size model (core.sizemodel)
 
@@ -275,7 +275,7 @@ class JobView:
     @property
     def cpus_per_node(self) -> int:
         """What one rank (one node's share of the job) takes of the node's CPUs."""
-        return self.tasks_per_node * self.cpus_per_task
+        return self.cpus_per_task if self.overcommit else self.tasks_per_node * self.cpus_per_task
 
     def rank_cpus(self, node_cpus: int) -> int:
         """CPUs one rank takes on a node with node_cpus: all of them for an --exclusive job."""

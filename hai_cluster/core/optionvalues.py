@@ -10,7 +10,8 @@ from typing import Any, Callable, Mapping
 from .dependency import DependencyError, parse_dependency
 from .hostlist import expand
 from .jobids import DEFAULT_MAX_ARRAY_SIZE, ArrayError, parse_array
-from .model import MAX_GRACE_SECONDS, PRIORITY_CLASSES
+from .grace import MAX_GRACE_SECONDS
+from .model import PRIORITY_CLASSES
 from .constraint import ConstraintError, parse_constraint
 from .runtimes import RUNTIMES
 from .sharing import QOS_CLASSES
@@ -303,18 +304,18 @@ def value_parsers(env: Mapping[str, str], now: float | None = None,
 
 
 MAIL_TYPES = ("BEGIN", "END", "FAIL", "REQUEUE", "ALL", "NONE", "ARRAY_TASKS", "TIME_LIMIT", "TIME_LIMIT_50",
-              "TIME_LIMIT_80", "TIME_LIMIT_90")
+              "TIME_LIMIT_80", "TIME_LIMIT_90", "IDLE")  # IDLE: ours, the idle reclamation's warning
 MAIL_NOT_YET = ("INVALID_DEPEND", "STAGE_OUT")
 _MAIL_USER = re.compile(r"[A-Za-z0-9._%+=-]+(@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*)?")
 
 
 def _mail_types(text: str) -> tuple[str, ...]:
-    """--mail-type=END,FAIL: sbatch's names (ALL: BEGIN, END, FAIL, REQUEUE here); NONE: none."""
+    """--mail-type=END,FAIL: sbatch's names (ALL: BEGIN, END, FAIL, REQUEUE and our IDLE here); NONE: none."""
     names = [t.strip().upper() for t in text.split(",") if t.strip()]
     for name in names:
         if name in MAIL_NOT_YET:
             raise BadValue(f"{name} mails are not supported yet (BEGIN, END, FAIL, REQUEUE, ALL, ARRAY_TASKS, "
-                           f"TIME_LIMIT, TIME_LIMIT_50/80/90 are)")
+                           f"TIME_LIMIT, TIME_LIMIT_50/80/90, IDLE are)")
         if name not in MAIL_TYPES:
             raise BadValue(f"invalid mail type {name!r}; expected some of {', '.join(MAIL_TYPES)}")
     return () if "NONE" in names or not names else tuple(dict.fromkeys(names))

@@ -15,7 +15,8 @@ from __future__ import annotations
 import posixpath
 import re
 
-from .model import DEFAULT_ARRAY_OUTPUT, DEFAULT_OUTPUT
+DEFAULT_OUTPUT = "slurm-%j.out"  # sbatch's defaults: -o unset (and -e unset: the same file)
+DEFAULT_ARRAY_OUTPUT = "slurm-%A_%a.out"
 
 NO_VAL = 4294967294  # what Slurm prints for %a when the job is not part of an array
 _MAX_WIDTH = 10

@@ -51,6 +51,7 @@ class StepRequest:
     gpus_per_task: int | None = None
     nodelist: tuple[str, ...] = ()  # -w: these nodes must be in the step
     exclude: tuple[str, ...] = ()  # -x
+    overcommit: bool = False  # -O (or SLURM_OVERCOMMIT, which a -O job exports): more tasks than CPUs
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ def _layout(alloc: Allocation, req: StepRequest, step_id: int, warnings: list[st
                         f"--ntasks-per-node.")
     base, extra = divmod(ntasks, nnodes)
     counts = [base + (1 if i < extra else 0) for i in range(nnodes)]
-    if max(counts) > per_node:
+    if max(counts) > per_node and not req.overcommit:
         raise StepError(f"Unable to create step for job {job}: More processors requested than permitted")
     tasks: list[Task] = []
     procid = 0

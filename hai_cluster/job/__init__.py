@@ -71,7 +71,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NOTICE_RECHECK", "NotInHaiJob", "atomic_write", "cancelled", "checkpoint_dir", "control_dir",
-    "deadline", "install", "is_hai_job", "job_id", "latest_checkpoint", "load_checkpoint",
+    "deadline", "idle_warning", "install", "is_hai_job", "job_id", "latest_checkpoint", "load_checkpoint",
     "notice", "preempt_signal", "preempted", "reason", "restart_count", "save_checkpoint",
     "should_checkpoint", "time_left",
 ]
@@ -226,6 +226,23 @@ def notice() -> dict | None:
     """
     install()
     return _look()
+
+
+def idle_warning() -> dict | None:
+    """The idle reclamation's warning, if the job has one now ({idle_for, threshold, window, grace,
+    action, time, message}): its GPUs sat under the threshold for the window, and it is cancelled
+    (or requeued) after the grace unless they get busy. The agent removes it once they are busy
+    again. Reads the file each call (it never stops the job by itself: should_checkpoint() stays
+    as it was)."""
+    d = os.environ.get("HAI_CONTROL_DIR")
+    if not d:
+        return None
+    try:
+        with open(os.path.join(d, "idle"), "rb") as f:
+            found = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def preempted() -> bool:

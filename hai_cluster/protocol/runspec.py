@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..core.jobids import MAX_ID
-from ..core.model import MAX_GRACE_SECONDS
+from ..core.grace import MAX_GRACE_SECONDS
 from ..core.runtimes import REFERENCE_RUNTIMES, RUNTIMES, needs_image
 
 REASONS = ("cancel", "preempt", "requeue", "node_fail", "timeout", "launch_failed", "lost", "oom",

@@ -9,6 +9,7 @@ forwards what it was sent to the one it belongs to.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ..core.steps import StepIO, StepRequest
@@ -38,18 +39,21 @@ def _names(where: str, v: Any) -> tuple[str, ...]:
 
 
 def step_request(d: Any) -> StepRequest:
-    check_keys("step request", d, REQUEST_FIELDS)
+    check_keys("step request", d, REQUEST_FIELDS, ("overcommit",))  # optional: older sruns lack it
+    if not isinstance(d.get("overcommit", False), bool):
+        raise SpecError("overcommit must be true or false")
     return StepRequest(nodes=_pos_or_none("nodes", d["nodes"]), ntasks=_pos_or_none("ntasks", d["ntasks"]),
                        ntasks_per_node=_pos_or_none("ntasks_per_node", d["ntasks_per_node"]),
                        cpus_per_task=_pos_or_none("cpus_per_task", d["cpus_per_task"]),
                        gpus_per_task=_pos_or_none("gpus_per_task", d["gpus_per_task"]),
-                       nodelist=_names("nodelist", d["nodelist"]), exclude=_names("exclude", d["exclude"]))
+                       nodelist=_names("nodelist", d["nodelist"]), exclude=_names("exclude", d["exclude"]),
+                       overcommit=d.get("overcommit", False))
 
 
 def request_to_wire(r: StepRequest) -> dict:
     return {"nodes": r.nodes, "ntasks": r.ntasks, "ntasks_per_node": r.ntasks_per_node,
             "cpus_per_task": r.cpus_per_task, "gpus_per_task": r.gpus_per_task,
-            "nodelist": list(r.nodelist), "exclude": list(r.exclude)}
+            "nodelist": list(r.nodelist), "exclude": list(r.exclude), "overcommit": r.overcommit}
 
 
 def command(d: dict) -> tuple[list[str], str, dict[str, str]]:
@@ -126,3 +130,46 @@ def stdin_chunk(d: Any) -> tuple[bytes, bool]:
     if not isinstance(eof, bool):
         raise SpecError("eof must be true or false")
     return data, eof
+
+
+# -- sattach on a batch job's step: srun's own node's tasks' output, copied to the controller --
+
+MAX_TEE_EVENTS = 1024  # events of one step_tee_data message (or of srun's replay)
+MAX_TEE_BYTES = 256 * 1024  # output bytes of one such message (srun sends smaller batches)
+
+
+@dataclass(frozen=True)
+class TeeEvent:
+    """A task's output chunk or end, as srun copies it for sattach; `at`: when srun read it
+    (seconds since the epoch), to interleave a replay with the other nodes' output."""
+    kind: str  # "output" or "exit"
+    at: float
+    message: dict  # the event as the attacher gets it: step_id, task, and seq/stream/data or exit_code/signal
+
+    def to_wire(self) -> dict:
+        return {"kind": self.kind, "at": self.at, **{k: v for k, v in self.message.items() if k != "step_id"}}
+
+
+def tee_events(d: Any, step_id: int) -> list[TeeEvent]:
+    """The events of srun's copy of its own tasks' output (`step_tee` reply, `step_tee_data`)."""
+    if not isinstance(d, list) or len(d) > MAX_TEE_EVENTS:
+        raise SpecError(f"events must be a list of at most {MAX_TEE_EVENTS}")
+    events, total = [], 0
+    for e in d:
+        if not isinstance(e, dict) or e.get("kind") not in ("output", "exit"):
+            raise SpecError("each event must be a map with kind 'output' or 'exit'")
+        at = e.get("at")
+        if not isinstance(at, (int, float)) or isinstance(at, bool) or not 0 <= at < 1e11:
+            raise SpecError("at must be a time in seconds")
+        body = {k: v for k, v in e.items() if k not in ("kind", "at")}
+        if e["kind"] == "output":
+            _, _, task, stream, data = output({**body, "job_id": 0, "step_id": step_id})
+            total += len(data)
+            message = {"step_id": step_id, "task": task, "seq": body["seq"], "stream": stream, "data": data}
+        else:
+            _, _, task, code, sig = task_exit({**body, "job_id": 0, "step_id": step_id})
+            message = {"step_id": step_id, "task": task, "exit_code": code, "signal": sig}
+        events.append(TeeEvent(e["kind"], float(at), message))
+    if total > MAX_TEE_BYTES:
+        raise SpecError(f"events carry more than {MAX_TEE_BYTES} bytes of output")
+    return events

@@ -1,8 +1,9 @@
 """Priority-then-FIFO policy with gang placement (Slurm's sched/builtin behaviour).
 
-Jobs are considered in order of priority class, then submit time. The first job that cannot
-start blocks the jobs behind it in the same partition (reason `Priority`), so a large job is
-never starved by a stream of small ones; it shows `Resources` itself.
+Jobs are considered in order of priority class (interactive jobs first within it), then submit
+time. The first job that cannot start blocks the jobs behind it in the same partition (reason
+`Priority`), so a large job is never starved by a stream of small ones; it shows `Resources`
+itself.
 """
 from __future__ import annotations
 
@@ -24,9 +25,11 @@ class FifoPolicy:
 
 
 def service_order(pending: Iterable[JobView]) -> list[JobView]:
-    """Pending jobs in the order FIFO serves them (and sprio's PRIORITY follows): class, --nice,
-    submit time, id."""
-    return sorted(pending, key=lambda j: (PRIORITY_RANK.get(j.priority, 2), j.nice, j.submit_time, j.id))
+    """Pending jobs in the order FIFO serves them (and sprio's PRIORITY follows): class,
+    interactive jobs (salloc, srun) before batch ones of their class (a person waits on them),
+    --nice, submit time, id."""
+    return sorted(pending, key=lambda j: (PRIORITY_RANK.get(j.priority, 2), not j.interactive, j.nice,
+                                          j.submit_time, j.id))
 
 
 def decide(snapshot: Snapshot) -> Plan:

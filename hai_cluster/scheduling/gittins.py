@@ -134,16 +134,21 @@ class Ranker:
         rate = service_rate(job)
         return job.attained(now) / rate if rate > 0 else 0.0
 
+    def _probs(self, kind: tuple) -> tuple:
+        """The kind's learned bin probabilities and their prefix sums (memoized for the pass)."""
+        probs = self.model.distribution(*kind).probs
+        pkey = ("prefix", kind)
+        prefix = self._memo.get(pkey)
+        if prefix is None:
+            prefix = self._memo[pkey] = _prefix(probs)
+        return probs, prefix
+
     def _kind_row(self, kind: tuple, b: int) -> tuple[float, int]:
         """(rank in GPU-seconds, level) of a job of this kind in age bin b."""
         key = ("row", kind, b)
         got = self._memo.get(key)
         if got is None:
-            probs = self.model.distribution(*kind).probs
-            pkey = ("prefix", kind)
-            prefix = self._memo.get(pkey)
-            if prefix is None:
-                prefix = self._memo[pkey] = _prefix(probs)
+            probs, prefix = self._probs(kind)
             rank = rank_row(probs, b, prefix) * kind[0]
             got = self._memo[key] = (rank, self.level_of_rank(rank))
         return got
@@ -179,11 +184,7 @@ class Ranker:
         key = ("tails", kind)
         got = self._memo.get(key)
         if got is None:
-            probs = self.model.distribution(*kind).probs
-            pkey = ("prefix", kind)
-            prefix = self._memo.get(pkey)
-            if prefix is None:
-                prefix = self._memo[pkey] = _prefix(probs)
+            probs, prefix = self._probs(kind)
             got = self._memo[key] = (probs, _tails(prefix[0]))
         return _finish_within(got[0], got[1], age, seconds)
 
@@ -202,12 +203,7 @@ class Ranker:
         key = ("fbound", kind, b, seconds)
         bound = self._memo.get(key)
         if bound is None:
-            probs = self.model.distribution(*kind).probs
-            pkey = ("prefix", kind)
-            prefix = self._memo.get(pkey)
-            if prefix is None:
-                prefix = self._memo[pkey] = _prefix(probs)
-            c0 = prefix[0]
+            c0 = self._probs(kind)[1][0]
             above = c0[-1] - c0[b + 1]
             if b >= _NEDGES or above <= 0:
                 bound = INF
@@ -245,8 +241,12 @@ class Ranker:
 
 
 def service_rate(job: JobView) -> float:
-    """What the job's service is counted on: its GPUs, or its share of a card."""
-    return job.gpus if job.gpu_share is None else (job.gpu_charge or job.gpu_share.fraction)
+    """What the job's service is counted on: its GPUs, or its share of a card: the charge of its
+    run, else what it asked (a fraction, or compute). A memory-only request not placed yet has no
+    charge before a card's size is known: 0 (no age; its distribution falls back to every job's)."""
+    if job.gpu_share is None:
+        return job.gpus
+    return job.gpu_charge or job.gpu_share.fraction or job.gpu_share.compute_percent / 100
 
 
 def explain(model: SizeModel, job: JobView, now: float, settings: RankSettings | None = None) -> dict:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.model import JobView
-from ..core.sizemodel import SizeModel
-from .gittins import explain, quantile_remaining, service_rate
+from ..core.sizemodel import SizeModel, bin_of
+from .gittins import Ranker, explain, quantile_remaining, service_rate
 from .mlfq import MlfqConfig
 
 
@@ -46,4 +46,11 @@ def standing(cfg: MlfqConfig, model: SizeModel, job: JobView, now: float) -> dic
     return {"order": "las", "level": level, "text": text, "learned": learned}
 
 
-
+def level_now(cfg: MlfqConfig, model: SizeModel, rate: float, user: str, name: str, attained: float) -> int:
+    """The level a job of `rate` GPUs (its share of a card) with `attained` GPU-seconds sits at in
+    the order the MLFQ runs: what hqueue's LEVEL and `hcontrol show job`'s Level= show, from the
+    job table's columns (no JobView). The same table a pass reads (Ranker's, per kind and age bin)."""
+    if cfg.order != "gittins":
+        return cfg.level_of(attained)
+    age = attained / rate if rate > 0 else 0.0
+    return Ranker(model, cfg.rank_settings)._kind_row((rate, user, name), bin_of(age))[1]

@@ -2,6 +2,7 @@
 frozen dataclass, checked when made (config.controller turns its errors into config errors)."""
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from dataclasses import dataclass
 
@@ -28,15 +29,14 @@ class MlfqConfig:
     # controller's telemetry) first, whatever their level.
     prefer_idle_victims: bool = False
     gpu_pack: str = "binpack"  # [gpu_sharing] pack: binpack | spread, for card shares (core.sharing)
-    # What sets a job's level: "gittins", its Gittins rank under the size distribution the cluster
-    # learned from its finished jobs (Snapshot.sizes; scheduling/gittins.py), levels `level_ratio`
-    # apart; or "las", its attained GPU-seconds against `thresholds` (Tiresias' 2D-LAS), with
-    # `quanta`. "gittins" is ahead of "las" on mean JCT on 7 of the 8 real traces measured (2 %
-    # behind on a saturated Philly VC; docs/BENCHMARKS.md), but its time slices are coarser (a run
-    # keeps its GPUs for min_run_restarts restart costs; levels start at 60 GPU-seconds, a factor 4
-    # apart): the default stays "las" until the demo, the tests and operators' settings that rely
-    # on short quanta are moved over.
-    order: str = "las"
+    # What sets a job's level: "gittins" (the default), its Gittins rank under the size distribution
+    # the cluster learned from its finished jobs (Snapshot.sizes; scheduling/gittins.py), levels
+    # `level_ratio` apart; or "las", its attained GPU-seconds against `thresholds` (Tiresias'
+    # 2D-LAS), with `quanta`. "gittins" is ahead of "las" on mean JCT on 7 of the 8 real traces
+    # measured (2 % behind on a saturated Philly VC; docs/BENCHMARKS.md). Its time slices follow
+    # restart_cost: a run keeps its GPUs for min_run_restarts restart costs, so a cluster (or a demo)
+    # whose checkpoints take a second time-slices within seconds.
+    order: str = "gittins"
     # Seconds of work a preempted job redoes when it resumes (checkpoint, restart, lost progress):
     # the price preemption weighs against its gain. hai-sim sets it to the replay's restart cost.
     restart_cost: float = 30.0
@@ -94,6 +94,9 @@ class MlfqConfig:
             raise ValueError(f"mlfq preempt_margin must be >= 1 (levels), got {self.preempt_margin!r}")
         if not 0 < self.finish_likely <= 1:
             raise ValueError(f"mlfq finish_likely must be a probability in (0, 1] (1: off), got {self.finish_likely!r}")
+        for key in ("restart_cost", "level_ratio", "min_run_restarts", "finish_window"):
+            if not math.isfinite(getattr(self, key)):  # (nan passes every comparison)
+                raise ValueError(f"mlfq {key} must be a finite number, got {getattr(self, key)!r}")
         for key in ("restart_cost", "min_run_restarts", "finish_window", "max_slowdown", "slowdown_floor",
                     "max_preemptions", "lift_factor", "lift_floor"):
             if getattr(self, key) < 0:

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import click
 
 from ..core.hostlist import expand
-from ..core.reservation import Reservation
+from ..core.reservation import PERIODS, Reservation, ReservationError, parse_flags
 from ..scheduling.registry import POLICIES, SHARING_POLICIES, make_policy
 from .cluster import Cluster, parse_cluster
 from .engine import PolicyError, SimulationError
@@ -104,13 +104,18 @@ def mlfq_from_toml(path: str):
 @click.option("--json", "json_path", metavar="FILE", help="summary as JSON")
 @click.option("--plot", "plot_path", metavar="FILE.png", help="JCT CDF and utilization over time (matplotlib)")
 @click.option("--mlfq-config", metavar="FILE.toml", help="controller.toml (or its [scheduler] table) for mlfq")
-@click.option("--reservation", "reservations", multiple=True, metavar="NODES:START:SECONDS",
+@click.option("--reservation", "reservations", multiple=True, metavar="NODES:START:SECONDS[:FLAGS]",
               help="hold NODES (a hostlist of the cluster's node01...) from START (seconds on the trace's clock) "
-                   "for SECONDS, as scontrol create reservation does: no trace job may use them then")
+                   "for SECONDS, as scontrol create reservation does: no trace job may use them then; FLAGS "
+                   "as its Flags= (DAILY or WEEKLY: the window comes back every day or week)")
+@click.option("--known-sizes", is_flag=True,
+              help="a bound, not a cluster: the size model that mlfq's order reads is the trace's own "
+                   "distribution of job sizes from the start (still no job's own duration), learning "
+                   "nothing during the replay")
 @click.option("-o", "--option", "options", multiple=True, metavar="POLICY.KEY=VALUE",
               help="a policy setting, e.g. mlfq.quanta=[300,900,1800] or tiresias.thresholds=[3600,36000]")
 def run(trace, cluster_spec, gpu_sharing, policies, baseline, restart_cost, restart_cost_per_gpu, sweeps, load_scale,
-        limit, seed, vc, csv_path, json_path, plot_path, mlfq_config, reservations, options):
+        limit, seed, vc, csv_path, json_path, plot_path, mlfq_config, reservations, known_sizes, options):
     """Replay TRACE on a simulated cluster under each policy and compare them."""
     try:
         cluster = dataclasses.replace(parse_cluster(cluster_spec), gpu_sharing=gpu_sharing)
@@ -155,14 +160,14 @@ def run(trace, cluster_spec, gpu_sharing, policies, baseline, restart_cost, rest
     if not jobs:
         raise UsageProblem(f"no job in {trace} can run on {cluster}")
     try:
-        runs = _run_with_progress(jobs, cluster, names, pts, list(sweep), opts, held)
+        runs = _run_with_progress(jobs, cluster, names, pts, list(sweep), opts, held, known_sizes)
     except (PolicyError, SimulationError) as exc:
         raise SimFailure(str(exc)) from None
     from rich.console import Console
     from .report import render, summary_doc, write_csv, write_json, write_plot
     doc = summary_doc(runs, baseline=baseline, cluster=str(cluster), skipped=skipped,
                       trace={"path": trace, "format": tr.format, "jobs": len(jobs), "vc": vc, "limit": limit,
-                             "seed": seed})
+                             "seed": seed, "known_sizes": known_sizes})
     try:  # files first: a closed stdout (| head) must not lose them
         if csv_path:
             write_csv(csv_path, runs)
@@ -177,10 +182,11 @@ def run(trace, cluster_spec, gpu_sharing, policies, baseline, restart_cost, rest
 
 
 def sim_reservation(i: int, text: str, cluster: Cluster) -> Reservation:
-    """--reservation NODES:START:SECONDS -> a reservation no trace job belongs to (a window the
-    nodes are out of the trace's use: maintenance, a demo)."""
+    """--reservation NODES:START:SECONDS[:FLAGS] -> a reservation no trace job belongs to (a window
+    the nodes are out of the trace's use: maintenance, a demo), with scontrol's Flags=."""
     nodes, sep, rest = text.partition(":")
-    start, sep2, seconds = rest.partition(":")
+    start, sep2, rest = rest.partition(":")
+    seconds, _, flag_text = rest.partition(":")
     try:
         names = expand(nodes)
         begin, length = float(start), float(seconds)
@@ -191,13 +197,21 @@ def sim_reservation(i: int, text: str, cluster: Cluster) -> Reservation:
     if unknown := sorted(set(names) - set(cluster.node_names())):
         raise ValueError(f"--reservation {text}: {unknown[0]} is not a node of {cluster} "
                          f"({cluster.node_names()[0]}...)")
-    return Reservation(f"sim{i}", tuple(sorted(set(names))), begin, begin + length, users=("root",))
+    try:
+        flags = parse_flags(flag_text)
+    except ReservationError as exc:
+        raise ValueError(f"--reservation {text}: {exc}") from None
+    for f in flags:
+        if f in PERIODS and length > PERIODS[f]:
+            raise ValueError(f"--reservation {text}: a {f} window lasts at most {PERIODS[f]} s")
+    return Reservation(f"sim{i}", tuple(sorted(set(names))), begin, begin + length, users=("root",), flags=flags)
 
 
-def _run_with_progress(jobs, cluster: Cluster, names, pts, swept, opts, held=()):
+def _run_with_progress(jobs, cluster: Cluster, names, pts, swept, opts, held=(), known_sizes=False):
     """A rich progress bar (one line per run) on a terminal; silence when stderr is not one."""
     if not sys.stderr.isatty():
-        return run_all(jobs, cluster, names, pts, swept=swept, options=opts, reservations=held)
+        return run_all(jobs, cluster, names, pts, swept=swept, options=opts, reservations=held,
+                       known_sizes=known_sizes)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     progress = Progress(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
@@ -209,7 +223,8 @@ def _run_with_progress(jobs, cluster: Cluster, names, pts, swept, opts, held=())
             tasks[label] = progress.add_task(label, total=total)
         progress.update(tasks[label], completed=done)
     with progress:
-        return run_all(jobs, cluster, names, pts, swept=swept, options=opts, progress=update, reservations=held)
+        return run_all(jobs, cluster, names, pts, swept=swept, options=opts, progress=update, reservations=held,
+                       known_sizes=known_sizes)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

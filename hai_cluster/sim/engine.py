@@ -131,12 +131,26 @@ class _Job:
 
 def simulate(policy: Policy, jobs: Sequence[TraceJob], cluster: Cluster, *, restart_cost: float = 30.0,
              restart_cost_per_gpu: float = 0.0, progress: Callable[[int, int], None] | None = None,
-             max_rounds: int = 1000, reservations: Sequence[Reservation] = ()) -> SimResult:
+             max_rounds: int = 1000, reservations: Sequence[Reservation] = (),
+             known_sizes: bool = False) -> SimResult:
     """Replay `jobs` (in submit order, all fitting the cluster) through `policy`; `reservations`
-    (times on the trace's clock) hold their nodes in their windows, as in the controller."""
+    (times on the trace's clock) hold their nodes in their windows, as in the controller.
+
+    known_sizes: the size model (Snapshot.sizes) is the trace's own distribution of job sizes from
+    the first decision on, and learns nothing during the replay: what an order that reads the
+    distribution (mlfq's Gittins order) could do knowing it exactly, still without any job's own
+    duration. A bound to measure against, not a way to run a cluster."""
     engine = _Engine(policy, jobs, cluster, restart_cost, restart_cost_per_gpu, progress, max_rounds)
     engine.reservations = tuple(reservations)
+    if known_sizes:
+        engine.sizes, engine.learn = engine.trace_sizes(), False
     return engine.run()
+
+
+def size_fact(tj: TraceJob, gpus: float, service_s: float) -> FinishedJob:
+    """What the size model learns of one ended trace job on `gpus` (a trace's placeholder user is
+    no user)."""
+    return FinishedJob(gpus, service_s, tj.user if tj.user != "user" else "", tj.name)
 
 
 class _Engine:
@@ -168,8 +182,14 @@ class _Engine:
         self.events = self.decisions = 0
         self.policy_s = 0.0
         # Learned from the jobs that ended, in the order they ended, from nothing: as the controller
-        # feeds it (core.sizemodel).
+        # feeds it (core.sizemodel); or known from the start (simulate's known_sizes).
         self.sizes = SizeModel()
+        self.learn = True
+
+    def trace_sizes(self) -> SizeModel:
+        """The size model of every job of the trace (its true duration), none forgotten (no decay)."""
+        facts = [size_fact(j.trace, j.gpus, j.trace.duration) for j in self.jobs]
+        return observe(SizeModel(memory=1e6 * max(1, len(facts))), facts)
 
     # ---- the loop --------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -352,7 +372,7 @@ class _Engine:
         job.state = COMPLETED
         del self.views[job.id]
         tj = job.trace
-        self.sizes = observe(self.sizes, [FinishedJob(job.gpus, job.attained / job.gpus if job.gpus else 0.0,
-                                                      tj.user if tj.user != "user" else "", tj.name)])
+        if self.learn:
+            self.sizes = observe(self.sizes, [size_fact(tj, job.gpus, job.attained / job.gpus if job.gpus else 0.0)])
         self.records.append(JobRecord(job.id, tj.id, tj.submit, tj.duration, tj.gpus, job.gpus, job.first_start,
                                       t, job.restarts, job.busy, job.lost))

@@ -84,7 +84,7 @@ def render(doc: dict[str, Any], console) -> None:
     tr = doc["trace"]
     runs = doc["runs"]
     title = (f"{tr['path']} ({tr['format']}, {tr['jobs']} jobs) on {doc['cluster']}, "
-             f"baseline {doc['baseline']}")
+             f"baseline {doc['baseline']}" + (", sizes known (a bound)" if tr.get("known_sizes") else ""))
     table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("")
     for e in runs:

@@ -77,8 +77,9 @@ def _policy_options(name: str, opts: dict[str, Any], pt: Point) -> dict[str, Any
 def run_all(jobs: Sequence[TraceJob], cluster: Cluster, policies: Sequence[str], pts: Sequence[Point], *,
             swept: Sequence[str] = (), options: dict[str, dict[str, Any]] | None = None,
             progress: Callable[[str, int, int], None] | None = None,
-            reservations: Sequence[Reservation] = ()) -> list[Run]:
-    """All runs, sweep point by sweep point. `jobs` are in submit order and all fit the cluster."""
+            reservations: Sequence[Reservation] = (), known_sizes: bool = False) -> list[Run]:
+    """All runs, sweep point by sweep point. `jobs` are in submit order and all fit the cluster;
+    known_sizes: simulate's (the size model is the trace's own from the start)."""
     options = options or {}
     runs: list[Run] = []
     calm: dict[tuple, SimResult] = {}  # (policy, load scale) -> a run with no preemption
@@ -99,7 +100,7 @@ def run_all(jobs: Sequence[TraceJob], cluster: Cluster, policies: Sequence[str],
                            cluster,
                            restart_cost=pt.restart_cost, restart_cost_per_gpu=pt.restart_cost_per_gpu,
                            progress=None if progress is None else (lambda d, t, lb=label: progress(lb, d, t)),
-                           reservations=reservations)
+                           reservations=reservations, known_sizes=known_sizes)
             told_cost = name == "mlfq" and "restart_cost" not in options.get(name, {})
             if res.preemptions == 0 and not told_cost:
                 calm[key] = res  # (not a policy told the restart cost: it may act otherwise at another)

@@ -192,5 +192,10 @@ class FencedEngine:
     def connect(self):
         return self._engine.connect()
 
+    @property
+    def sa_engine(self) -> Engine:
+        """The engine itself: event listeners go on it (store/generation.py), not on this wrapper."""
+        return self._engine
+
     def __getattr__(self, name: str):
         return getattr(self._engine, name)

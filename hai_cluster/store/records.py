@@ -63,6 +63,7 @@ class JobRecord:
     nice: int
     reservation: str | None
     interactive: bool
+    overcommit: bool  # 0031: -O (JobSpec.overcommit)
     spec: JobSpec
 
     @classmethod

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any, Iterable, Mapping, Sequence
 
-from sqlalchemy import ColumnElement, Engine, and_, bindparam, delete, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, Engine, and_, bindparam, case, delete, func, insert, or_, select, update
 
 from ..core.constraint import FEATURE_NAME
 from ..core.dependency import Target, Targets, summarize
@@ -28,7 +28,7 @@ from .events import Journal, journal
 from .records import JobRecord, StartedRun
 from .schema import array_specs, gpus, jobs, nodes, run_ranks, runs
 from .steps import StepBook, close_open
-from .views import full_spec, job_columns, job_view, live_ranks, node_views, probe_view, spec_columns
+from .views import JobViews, full_spec, job_columns, job_view, live_ranks, node_views, probe_view, spec_columns
 
 ACTIVE = [s.value for s in ACTIVE_STATES]
 FINAL = [s.value for s in FINAL_STATES]
@@ -42,7 +42,7 @@ SNAPSHOT_COLUMNS = [jobs.c[name] for name in (
     "preemptible", "pending_since", "last_run_end", "time_limit", "runtime", "begin_time", "array_job_id",
     "array_task_limit", "dependency", "name", "account", "gpu_fraction", "gpu_mem_mb", "gpu_compute", "gpu_qos",
     "tasks_per_node", "resumes", "exclusive", "required_nodes", "excluded_nodes", "constraint", "qos", "nice", "reservation",
-    "interactive")]
+    "interactive", "overcommit")]
 # What job listings return: everything but the spec (script and environment can be large).
 LISTING_COLUMNS = [c for c in jobs.c if c.name not in ("spec", "spec_bytes")]
 
@@ -221,6 +221,7 @@ class Repository:
         # What of each pending job's dependency is still open, from pass to pass (one store
         # thread calls load_snapshot, so no lock).
         self._dependencies = DependencyBook()
+        self._views = JobViews()  # the last snapshot's, for the next (load_snapshot alone)
         self.steps = StepBook(engine)
 
     # ---- submission and user actions -------------------------------------------------------
@@ -338,7 +339,10 @@ class Repository:
             q = update(jobs).where(jobs.c.id == job_id, jobs.c.state.in_(ACTIVE))
             if request != "cancel":
                 q = q.where(jobs.c.state == JobState.RUNNING.value)
-            res = c.execute(q.values(end_request=request, end_reason=why, state=state.value,
+            # A second cancel (salloc letting go of an allocation already ended) keeps the first's
+            # reason: an idle reclamation's or a time limit's must not read "cancelled by <uid>".
+            reason = case((jobs.c.end_request == "cancel", jobs.c.end_reason), else_=why) if request == "cancel" else why
+            res = c.execute(q.values(end_request=request, end_reason=reason, state=state.value,
                                      version=jobs.c.version + 1))
             return res.rowcount == 1 and journal(c, events, True)
 
@@ -403,8 +407,7 @@ class Repository:
         held: dict[int, list] = {}  # job id -> its live ranks, in rank order
         for r in live:
             held.setdefault(r.job_id, []).append(r)
-        job_views = tuple(job_view(j, held.get(j.id, ()), waits.get(j.id)) for j in job_rows)
-        return Snapshot(now=now, jobs=job_views, nodes=nodes_now, reservations=held_for)
+        return Snapshot(now=now, jobs=self._views.build(job_rows, held, waits), nodes=nodes_now, reservations=held_for)
 
     def probe(self, spec: JobSpec, *, user: str, partition: str, now: float, account: str) -> JobView:
         """--test-only: the job as the policy would see it if it were submitted now, its

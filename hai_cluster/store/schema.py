@@ -87,6 +87,8 @@ jobs = Table(
     Column("reservation", String(64)),  # 0024: --reservation (core.reservation)
     # 0028: an allocation of salloc or srun (JobSpec.interactive): the interactive class
     Column("interactive", Boolean, nullable=False, default=False, server_default=false()),
+    # 0031: -O/--overcommit: a rank takes one task's CPUs (JobSpec.overcommit)
+    Column("overcommit", Boolean, nullable=False, default=False, server_default=false()),
 )
 
 # 0013: an array's spec, stored once for all its tasks. A task's own `spec` holds only what was
@@ -124,6 +126,10 @@ runs = Table(
     Column("cpu_seconds", Float),
     Column("max_rss_kb", BigInteger),
     Column("ave_rss_kb", BigInteger),
+    # 0030: the run's idle clock (scheduling/idle.py), in telemetry sample times, so that a restarted
+    # controller goes on with it: its idle stretch's first sample, and when it was warned
+    Column("idle_since", Float),
+    Column("idle_warned", Float),
     UniqueConstraint("job_id", "attempt", name="uq_runs_job_attempt"),
 )
 
@@ -236,6 +242,7 @@ reservations = Table(
     Column("end_time", Float, nullable=False),
     Column("users", JSON, nullable=False),
     Column("accounts", JSON, nullable=False),
+    Column("flags", JSON),  # 0031: Flags= (core.reservation.FLAGS); None: none (rows from before)
     Column("created_by", String(64)),
     Column("created_at", Float),
 )

@@ -46,7 +46,8 @@ class DevCluster:
         self.env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "HAI_CONTROLLER": self.socket}
 
     def cli(self, *argv: str, timeout: float = 600) -> str:
-        p = subprocess.run([str(BIN / argv[0]), *argv[1:]], env=self.env, cwd=self.work, capture_output=True,
+        program = python_argv(argv[0]) if argv[0].endswith(PYTHON) else [str(BIN / argv[0])]
+        p = subprocess.run([*program, *argv[1:]], env=self.env, cwd=self.work, capture_output=True,
                            text=True, timeout=timeout)
         if p.returncode != 0:
             raise RuntimeError(f"{' '.join(argv[:3])} ... failed ({p.returncode}): {p.stderr.strip()}")
@@ -264,3 +265,74 @@ def measure(jobs: int = 500, submitters: int = 4, reps: int = 1, latency_jobs: i
     finally:
         c.down()
     return r
+
+
+# The listings tools poll (squeue, sacct): the commands and the formats timed, ours and Slurm's alike.
+LISTINGS = (("squeue", ()), ("squeue", ("-h", "-o", "%i|%T")),
+            ("sacct", ("-P", "-o", "JobID,State,Elapsed")), ("sacct", ()))
+# bin/squeue and bin/sacct are the compiled ones where a C compiler was (native/squeue.c, sacct.c);
+# the Python ones, which they run for the forms they leave to Python, are timed beside them under
+# these names
+PYTHON = "[Python]"
+PYTHON_SQUEUE, PYTHON_SACCT = "squeue" + PYTHON, "sacct" + PYTHON
+
+
+def python_argv(name: str) -> list[str]:
+    """The Python program behind a compiled one (PYTHON_SQUEUE, PYTHON_SACCT), run as it runs it."""
+    prog = name.removesuffix(PYTHON)
+    return [sys.executable, "-P", "-c", f"import sys; sys.argv[0] = {prog!r}; "
+            f"from hai_cluster.cli.{prog} import main; raise SystemExit(main())"]
+
+
+OUR_LISTINGS = LISTINGS + ((PYTHON_SQUEUE, ()), (PYTHON_SQUEUE, ("-h", "-o", "%i|%T")),
+                           (PYTHON_SACCT, ("-P", "-o", "JobID,State,Elapsed")), (PYTHON_SACCT, ()))
+
+
+def time_listings(run, reps: int, between=None, listings=LISTINGS) -> dict:
+    """{command line: [seconds]} for each of `listings`, reps times, the commands interleaved;
+    between(): called before each round (a write, so that no listing is the one kept before it)."""
+    times: dict[str, list[float]] = {" ".join((cmd, *args)): [] for cmd, args in listings}
+    for _ in range(reps):
+        for cmd, args in listings:
+            if between is not None:
+                between()
+            t = time.monotonic()
+            ok = run(cmd, *args)
+            if ok is not False:
+                times[" ".join((cmd, *args))].append(time.monotonic() - t)
+    return times
+
+
+def test_listing(c: DevCluster, sizes=(1000, 10000), reps: int = 20) -> dict:
+    """squeue and sacct with `size` held jobs: polled (nothing changes between calls: the controller
+    serves the listing it keeps until the store's next write) and right after a write (one job
+    cancelled before each call: the store is read again). The jobs are written straight into the
+    store (seed_held_jobs), all but one: the last goes through hsubmit, a write of the controller's
+    own, which is what ends a kept listing (store/generation.py)."""
+    c.cancel_all()
+    out: dict = {}
+    have = 0
+    for size in sizes:
+        seed_held_jobs(c, size - have - 1)
+        c.submit("--hold", "--job-name=held", "--wrap=true")
+        have = size
+        seen = len(c.cli("squeue", "-h", "-t", "PD", "-o", "%i").split())
+        polled = time_listings(lambda *a: c.cli(*a), reps, listings=OUR_LISTINGS)
+        ids = iter(c.cli("squeue", "-h", "-t", "PD", "-o", "%i").split())
+        rounds = max(3, reps // 4)
+        after_write = time_listings(lambda *a: c.cli(*a), rounds, between=lambda: c.cli("scancel", next(ids)),
+                                    listings=OUR_LISTINGS)
+        have -= len(OUR_LISTINGS) * rounds
+        log(f"listing {seen} jobs: " + ", ".join(f"{k} {statistics.median(v) * 1000:.0f} ms"
+                                                   for k, v in polled.items()))
+        out[str(size)] = {"pending_seen": seen, "polled_s": polled, "after_write_s": after_write}
+    c.cancel_all()
+    return out
+
+
+def measure_listing(sizes=(1000, 10000), reps: int = 20) -> dict:
+    c = DevCluster(nodes=4, gpus_per_node=8, tick=1.0)
+    try:
+        return test_listing(c, sizes, reps)
+    finally:
+        c.down()

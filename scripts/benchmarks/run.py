@@ -58,7 +58,8 @@ def section_preemption(args) -> str:
 SECTIONS = {"decide": section_decide, "preemption": section_preemption,
             "simulation": lambda args: simulation.section(), "slurm": vs_slurm.section,
             "telemetry": telemetry.section, "shepherd": lambda args: shepherd_start.section(reps=3),
-            "dependencies": dependency_pass.section, "steps": steps.section, "interactive": interactive.section}
+            "dependencies": dependency_pass.section, "steps": steps.section, "interactive": interactive.section,
+            "listing": vs_slurm.listing_section}
 
 
 def rewrite(name: str, body: str, command: str) -> None:
@@ -86,6 +87,8 @@ def main() -> None:
     g.add_argument("--latency-gap", type=float, default=5.0)
     g.add_argument("--pending", type=int, default=1000, help="held jobs for d (hqueue, hcancel)")
     g.add_argument("--pending-large", type=int, default=10000, help="held jobs for the large hqueue table (0: skip)")
+    g.add_argument("--listing-sizes", default="1000,10000", help="listing: jobs in the table, comma list")
+    g.add_argument("--listing-reps", type=int, default=20, help="listing: calls of each command per size")
     g.add_argument("--slurm", choices=["live", "saved", "none"], default="live",
                    help="run the Slurm peer now (default), use its saved baseline, or measure only hai-cluster")
     g.add_argument("--slurm-results", metavar="JSON", help="a Slurm peer bench results file to compare with")

@@ -101,3 +101,61 @@ def run_live(jobs: int, submitters: int, reps: int, latency_jobs: int, latency_i
             _peer("down", timeout=120)
         except RuntimeError as exc:
             log(f"./down failed: {exc}")
+
+
+def run_listing(sizes, reps: int) -> dict:
+    """The peer's squeue (and sacct, where it has accounting) with `size` held jobs each (below
+    MaxJobCount), timed as cluster_ops.time_listings times ours. Its jobs go through sbatch, its
+    own submission path; the peer starts cold and is stopped whatever happens."""
+    from .cluster_ops import time_listings
+
+    if not (PEER / "up").exists():
+        raise RuntimeError(f"no Slurm peer at {PEER}")
+    conf = re.search(r"^export SLURM_CONF=(\S+)$", _peer("up"), re.M)
+    if not conf:
+        raise RuntimeError("the Slurm peer's up printed no SLURM_CONF")
+    env = {**os.environ, "SLURM_CONF": conf.group(1)}
+    work = Path(conf.group(1)).parent.parent / "bench"
+    work.mkdir(exist_ok=True)
+
+    def run(cmd: str, *args: str, check: bool = True):
+        p = subprocess.run([cmd, *args], env=env, cwd=work, capture_output=True, text=True, timeout=600)
+        if p.returncode != 0:
+            if check:
+                raise RuntimeError(f"{cmd} {' '.join(args)} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
+            return False
+        return p.stdout
+
+    out: dict = {}
+    try:
+        have = 0
+        probe = subprocess.run(["sacct", "-n"], env=env, cwd=work, capture_output=True, text=True, timeout=60)
+        accounting = probe.returncode == 0 and "disabled" not in probe.stderr  # the peer runs no slurmdbd
+        log(f"sacct: {'accounting on' if accounting else 'no accounting: ' + probe.stderr.strip()[:100]}")
+        for size in sizes:
+            n = min(size, SLURM_MAX_PENDING)
+            log(f"sbatch --hold × {n - have} (the peer's own submission path)")
+            for _ in range(n - have):
+                run("sbatch", "--parsable", "--hold", "--output=/dev/null", f"--chdir={work}", "--job-name=held",
+                    "--wrap=true")
+            have = n
+            seen = len(run("squeue", "-h", "-t", "PD", "-o", "%i").split())
+            times = time_listings(lambda cmd, *a: run(cmd, *a) if cmd != "sacct" or accounting else False, reps)
+            log(f"listing {seen} jobs: " + ", ".join(f"{k} {sorted(v)[len(v) // 2] * 1000:.0f} ms"
+                                                       for k, v in times.items() if v))
+            out[str(size)] = {"pending_seen": seen, "polled_s": times, "accounting": accounting}
+        return {"results": out, "version": _version(env)}
+    finally:
+        try:
+            run("scancel", "--state=PENDING", "--user=root", check=False)
+        finally:
+            log("./down")
+            try:
+                _peer("down", timeout=300)
+            except RuntimeError as exc:
+                log(f"./down failed: {exc}")
+
+
+def _version(env) -> str:
+    p = subprocess.run(["sinfo", "--version"], env=env, capture_output=True, text=True)
+    return p.stdout.strip() if p.returncode == 0 else "Slurm"

@@ -153,3 +153,53 @@ def section(a) -> str:
         "what is timed); Slurm's 9,990 go through sbatch after a cold restart (its MaxJobCount is 10,000). "
         "Both advertise 64 CPUs per node, whatever the machine has (`agent.cpus`; Slurm's `CPUs=`).\n\n"
         + table(ours, slurm, a))
+
+
+def listing_section(a) -> str:
+    """squeue and sacct with 1,000 and 10,000 jobs, ours and the Slurm peer's, p50 and p95."""
+    sizes = [int(x) for x in a.listing_sizes.split(",")]
+    ours = cluster_ops.measure_listing(sizes, a.listing_reps)
+    slurm, note = None, ""
+    if a.slurm == "live":
+        try:
+            slurm = slurm_peer.run_listing(sizes, a.listing_reps)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            note = f" The Slurm peer's run failed ({str(exc)[:200]})."
+    fd, name = tempfile.mkstemp(prefix=f"hai-bench-listing-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"hai": ours, "slurm": slurm}, f, indent=1)
+    print(f"[vs_slurm] raw values: {name}", file=sys.stderr)
+    theirs = (slurm or {}).get("results", {})
+    lines = ["| jobs | command | hai p50 | hai p95 | hai right after a write, p50 / p95 | Slurm p50 | Slurm p95 "
+             "| hai / Slurm (p50) |", "|---|---|---|---|---|---|---|---|"]
+    ms = lambda v: f"{v * 1000:.0f} ms"  # noqa: E731
+    for size in sizes:
+        mine, their = ours[str(size)], theirs.get(str(size), {})
+        for cmd, times in mine["polled_s"].items():
+            after = mine["after_write_s"][cmd]
+            python = cmd.split(" ", 1)[0].endswith(cluster_ops.PYTHON)
+            slurm_cmd = cmd.replace(cluster_ops.PYTHON, "", 1)
+            t = their.get("polled_s", {}).get(slurm_cmd) or []
+            p50 = statistics.median(times)
+            s50 = statistics.median(t) if t else None
+            jobs = f"{mine['pending_seen']}" + (f" (Slurm: {their['pending_seen']})"
+                                                if their and their["pending_seen"] != mine["pending_seen"] else "")
+            cell = slurm_cmd.replace("|", "\\|")  # a | in a table cell, even in code, ends the cell
+            label = f"`{cell}`" + (" (Python)" if python else "")
+            lines.append(f"| {jobs} | {label} | {ms(p50)} | {ms(pct(times, 95))} | {ms(statistics.median(after))} / "
+                         f"{ms(pct(after, 95))} | {ms(s50) if t else '—'} | {ms(pct(t, 95)) if t else '—'} | "
+                         f"{_compare(p50, s50, False)} |")
+    version = (slurm or {}).get("version") or "Slurm"
+    no_acct = any(not v.get("accounting", True) for v in theirs.values())
+    return ("### squeue and sacct with 1,000 and 10,000 jobs, hai-cluster and Slurm\n\n"
+            f"hai-cluster: `hai-dev up --nodes 4 --gpus-per-node 8` (SQLite), held jobs (all but one written "
+            f"straight into the store, the last through `hsubmit`); each command a process, {a.listing_reps} "
+            "calls each, the commands interleaved. `squeue` and `sacct` are the compiled front ends where "
+            "they were built (`hai_cluster/native/squeue.c`, `sacct.c`: the controller renders the text), "
+            "*(Python)* the Python squeue or sacct they fall back to, timed beside them. *Polled*: nothing changes between calls, as when a "
+            "tool polls a quiet queue: the controller serves the listing it keeps until the store's next write. "
+            "*Right after a write*: one job cancelled before each call (the store is read again). "
+            f"Slurm: {version}, the peer in `../shared/peers/slurm` (cold start, held jobs through `sbatch`, "
+            "below its MaxJobCount), measured right after, on the same machine."
+            + (" The peer runs no slurmdbd (`AccountingStorageType=accounting_storage/none`): its sacct "
+               "has no data, so sacct has no Slurm column." if no_acct else "") + note + "\n\n" + "\n".join(lines))

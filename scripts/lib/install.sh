@@ -62,10 +62,10 @@ ensure_venv() {  # the package in /opt/hai-cluster/venv; sets venv_changed=1 whe
         echo "$want" > "$venv/.hai-cluster-source"
         venv_changed=1
         changed "installed hai-cluster from $source_path into $venv"
-        # The C programs (hsubmit, hai-jobexec) where a compiler is (none is installed for them).
+        # The C programs (hsubmit, squeue, sacct, hai-jobexec) where a compiler is (none is installed for them).
         if command -v "${CC:-cc}" >/dev/null 2>&1; then
             if "$venv/bin/python" -m hai_cluster.native.build >/dev/null; then
-                changed "compiled the C hsubmit and hai-jobexec into $venv/bin"
+                changed "compiled the C hsubmit, squeue, sacct and hai-jobexec into $venv/bin"
             else
                 say "warning: a C program did not compile (above); its Python way stays"
             fi
@@ -85,7 +85,7 @@ install_docs() {  # the checkout's docs and example configs beside the venv
 # --link-commands; Slurm's (sbatch squeue ...) only with --slurm-names too, and never over a file
 # that is not one of our links (a real Slurm client stays what `sbatch` runs).
 OUR_COMMANDS="hsubmit hqueue hcancel hinfo hacct hcontrol hstat hshare"
-SLURM_COMMANDS="sbatch srun salloc squeue scancel sinfo sacct scontrol sshare sprio"
+SLURM_COMMANDS="sbatch srun salloc sattach squeue scancel sinfo sacct scontrol sshare sprio"
 link_commands() {  # WHICH: "ours" or "ours slurm"
     local dir=$R/usr/local/bin venv=/opt/hai-cluster/venv/bin names=$OUR_COMMANDS c dest
     case $1 in *slurm*) names="$names $SLURM_COMMANDS" ;; esac

@@ -26,12 +26,22 @@ ensure_packages() {
     fi
 }
 
-# ensure_venv SPEC: .venv with `pip install -e SPEC`, skipped when nothing changed since last time.
+# ensure_venv SPEC [ALSO...]: .venv with `pip install -e SPEC`, skipped when nothing changed since
+# last time. ALSO: specs that install is known to cover (".[test]" covers "."), stamped with it, so
+# that a later `ensure_venv ALSO` (the quickstart, run by the tests while others run beside it)
+# finds the venv current and does not reinstall the package under the running tests' feet.
 # The system interpreter comes first: the CLI and jobs run as unprivileged users, who must be able
 # to execute the venv's python (an interpreter under /root, e.g. from pyenv, is not).
+venv_stamp() { echo "$venv/.hai-install-stamp-$(echo "$1" | tr -c 'a-z' '_')"; }
+venv_want() {  # BASE SPEC: what the stamp of SPEC's install says when it is current
+    { echo "$repo $1 $2 compat"; cat setup.cfg conf/constraints.txt; cat pyproject.toml 2>/dev/null || true; } \
+        | sha256sum | cut -d' ' -f1
+}
 py_ok() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; }
 ensure_venv() {
-    local spec=$1 python= candidate base stamp want installed=0
+    local spec=$1 python= candidate base stamp want installed=0 also
+    shift
+    local covered=("$@")
     if [ -n "${PYTHON:-}" ] && ! py_ok "$PYTHON"; then
         echo "$0: PYTHON=$PYTHON is not a Python >= 3.11" >&2
         exit 1
@@ -45,14 +55,13 @@ ensure_venv() {
     fi
     base=$("$python" -c 'import os, sys; print(os.path.realpath(sys.executable))')
     venv=$repo/.venv
-    stamp=$venv/.hai-install-stamp-$(echo "$spec" | tr -c 'a-z' '_')
+    stamp=$(venv_stamp "$spec")
     if ! py_ok "$venv/bin/python" || [ "$(sed -n 's/^executable = //p' "$venv/pyvenv.cfg" 2>/dev/null)" != "$base" ]; then
         echo "$0: creating $venv with $base" >&2
         rm -rf "$venv"
         "$python" -m venv "$venv"
     fi
-    want=$( { echo "$repo $base $spec compat"; cat setup.cfg conf/constraints.txt; cat pyproject.toml 2>/dev/null || true; } \
-            | sha256sum | cut -d' ' -f1)
+    want=$(venv_want "$base" "$spec")
     if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
         echo "$0: installing $spec into $venv" >&2
         # compat: a plain path in a .pth file. The default editable mode installs an import hook
@@ -61,13 +70,19 @@ ensure_venv() {
         "$venv/bin/python" -m pip install -q --disable-pip-version-check -c conf/constraints.txt -e "$spec" \
             --config-settings editable_mode=compat
         echo "$want" > "$stamp"
+        for also in "${covered[@]}"; do
+            venv_want "$base" "$also" > "$(venv_stamp "$also")"
+        done
         installed=1
     fi
-    # The C programs (hsubmit over pip's Python launcher, hai-jobexec), after an install (which
-    # puts the launcher back) or an edit of a source; without a compiler the Python ways stay
+    # The C programs (hsubmit, squeue and sacct over pip's Python launchers, hai-jobexec), after an install
+    # (which puts the launchers back) or an edit of a source; without a compiler the Python ways stay
     # (docs/OPERATIONS.md).
     if [ $installed = 1 ] || [ "$repo/hai_cluster/native/hsubmit.c" -nt "$venv/bin/hsubmit" ] \
-            || [ "$repo/hai_cluster/native/jobexec.c" -nt "$venv/bin/hai-jobexec" ]; then
+            || [ "$repo/hai_cluster/native/jobexec.c" -nt "$venv/bin/hai-jobexec" ] \
+            || [ "$repo/hai_cluster/native/squeue.c" -nt "$venv/bin/squeue" ] \
+            || [ "$repo/hai_cluster/native/sacct.c" -nt "$venv/bin/sacct" ] \
+            || [ "$repo/hai_cluster/native/client.h" -nt "$venv/bin/squeue" ]; then
         "$venv/bin/python" -m hai_cluster.native.build >&2
     fi
 }

@@ -14,17 +14,15 @@ from pathlib import Path
 
 from hai_cluster.cli.client import ClientError, ControllerClient
 
+from ..infra import users
+
 BIN = Path(sys.executable).parent
 TEST_USER = "haitest"
 OTHER_USER = "haiother"
 
 
 def ensure_user(name: str) -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True)
-        return pwd.getpwnam(name)
+    return users.ensure_user(name)
 
 
 def user_dir(base: Path, user: str) -> Path:
@@ -45,6 +43,42 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1, what: str 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
+
+
+def user_processes(user: str, workdir: Path) -> list[str]:
+    """'PID ARGS' of each process of `user` that belongs to the cluster in `workdir`: its working
+    directory is below it, or its environment names it (a job's HAI_SUBMIT_DIR and checkpoint dir
+    do, whatever the job did with its cwd). Not every process of the user: other test processes
+    (pytest-xdist workers) run clusters of their own, each in its own directory, at the same time."""
+    uid = ensure_user(user).pw_uid
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # gone meanwhile: not left
+            continue
+        # a zombie has no cwd or environment left: it is the cluster's if its parent is
+        if _in_cluster(int(stat[1]) if stat[0] == b"Z" else int(pid), workdir):
+            found.append(f"{pid} {'<defunct>' if stat[0] == b'Z' else args}")
+    return found
+
+
+def _in_cluster(pid: int, workdir: Path) -> bool:
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return False
+    mark = os.fsencode(str(workdir))
+    return cwd == str(workdir) or cwd.startswith(f"{workdir}/") or mark in environ or mark in cmdline
 
 
 class Daemon:

@@ -27,6 +27,7 @@ def cluster(ssh_nodes):
     os.chmod(devices.parent, 0o755)  # bwrap binds them as the user
     fake_gpu_nodes(devices, 2)  # the agents' device_dir: /dev/nvidia0, nvidia1, nvidiactl, nvidia-uvm
     c = start_ssh_cluster(ssh_nodes, gpus_per_node=2, agent_toml=f'[isolation]\ndevice_dir = "{devices}"\n')
+    c.device_dir = devices
     yield c
     c.close()
     shutil.rmtree(devices.parent, ignore_errors=True)
@@ -65,6 +66,36 @@ def test_a_bwrap_job_runs_in_its_image_as_the_user(cluster, image):
     assert fields["nvd"] == fields["gpus"] and len(fields["nvd"]) == 1, out  # its one GPU
     fields = acct_fields(cluster, job_id)
     assert "COMPLETED" in fields and "0:0" in fields, fields
+
+
+def test_a_plain_process_job_opens_only_its_own_gpus_device_node(cluster):
+    """runtime "none": the device cgroup, not only CUDA_VISIBLE_DEVICES. The fake nodes have no
+    driver behind them: the job's own opens to ENXIO, the other card's is refused with EPERM (the
+    cgroup, before any driver), in the batch script and in an srun step alike."""
+    d = user_dir(cluster.workdir, TEST_USER)
+    devices = cluster.device_dir
+    probe = ("import errno, os, sys\n"
+             "for i in (0, 1):\n"
+             "    try:\n"
+             "        os.close(os.open(f'%s/nvidia{i}', os.O_RDWR)); print(i, 'open')\n"
+             "    except OSError as e:\n"
+             "        print(i, errno.errorcode[e.errno])\n" % devices)
+    (d / "devprobe.py").write_text(probe)
+    (d / "plain.sh").write_text(
+        "#!/bin/sh\n#SBATCH --gres=gpu:1\n#SBATCH -o plain-%j.out\n"
+        "echo GPU $SLURM_JOB_GPUS\npython3 devprobe.py\nsrun python3 devprobe.py\n")
+    job_id = cluster.submit("--runtime=none", "plain.sh", cwd=d)
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED", "CANCELLED")
+    out = (d / f"plain-{job_id}.out").read_text()
+    assert job["state"] == "COMPLETED", (job, out)
+    lines = out.splitlines()
+    gpu = int(lines[0].split()[1])
+    want = {f"{gpu} ENXIO", f"{1 - gpu} EPERM"}
+    assert set(lines[1:3]) == want and set(lines[3:5]) == want, out
+    # a job without GPUs opens neither
+    job_id = cluster.submit("--runtime=none", "-o", "nogpu-%j.out", "--wrap", "python3 devprobe.py", cwd=d)
+    assert cluster.wait_state(job_id, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    assert (d / f"nogpu-{job_id}.out").read_text().split("\n")[:2] == ["0 EPERM", "1 EPERM"]
 
 
 @pytest.mark.parametrize("runtime", ["bwrap", "runc", pytest.param("podman", marks=need_podman)])

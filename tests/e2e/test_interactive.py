@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from .harness import BIN, TEST_USER, start_ssh_cluster, user_dir, wait_for
+from .harness import BIN, TEST_USER, start_ssh_cluster, user_dir, user_processes, wait_for
 from .terminal import Terminal
 
 
@@ -29,18 +29,17 @@ def names(ssh_nodes):
     return sorted(n.name for n in ssh_nodes)
 
 
-def user_processes() -> list[str]:
-    out = subprocess.run(["ps", "-u", TEST_USER, "-o", "pid=,args="], capture_output=True, text=True).stdout
-    return [line.strip() for line in out.splitlines() if line.strip()]
 
 
 @pytest.fixture(autouse=True)
 def nothing_left(cluster):
-    """Every test ends with no job running and no process of the test user left, anywhere (the
-    nodes' namespaces share this machine's process table)."""
+    """Every test ends with no job running and no process of the test user left, on any node (the
+    nodes' namespaces share this machine's process table), of this cluster (other test workers
+    run their own at the same time)."""
     yield
     cluster.cancel_left()
-    wait_for(lambda: not user_processes(), 30, what=f"no process of {TEST_USER} left: {user_processes()}")
+    wait_for(lambda: not user_processes(TEST_USER, cluster.workdir), 30,
+             what=f"no process of {TEST_USER} left: {user_processes(TEST_USER, cluster.workdir)}")
 
 
 def env_of(cluster, **extra) -> dict:

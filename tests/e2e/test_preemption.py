@@ -13,12 +13,13 @@ from .harness import OTHER_USER, TEST_USER, start_ssh_cluster, user_dir, wait_fo
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = {"HAI_EXAMPLES": str(REPO / "examples")}
-# Tiny numbers so that a test sees jobs sink and get preempted within seconds: a 2-GPU job
-# reaches level 1 after 5 s and may then be preempted 3 s into a run.
+# The production order (gittins) with a restart cost of 0.5 s, so that a test sees preemptions
+# within seconds: a run may be preempted 5 s into it (10 restart costs) by a job at least a level
+# above it. Once the cluster has seen jobs end within seconds (the fixture's), a fresh job is
+# level 0 and one that has had 10 s of service sinks levels below it.
 SCHEDULER = """[scheduler]
 policy = "mlfq"
-thresholds = [10.0, 100000.0]
-quanta = [1.0, 3.0, 5.0]
+restart_cost = 0.5
 max_user_priority = "urgent"
 """
 
@@ -26,8 +27,17 @@ max_user_priority = "urgent"
 @pytest.fixture(scope="module")
 def cluster(ssh_nodes):
     c = start_ssh_cluster(ssh_nodes, gpus_per_node=2, scheduler_toml=SCHEDULER)
+    teach_short_jobs(c)
     yield c
     c.close()
+
+
+def teach_short_jobs(cluster, count: int = 3) -> None:
+    """Let the cluster see jobs end within seconds, as a busy one has: what it learns of job sizes
+    (the Gittins order's) then puts fresh jobs ahead of runs that have had 10 s of service."""
+    jobs = [cluster.submit("--gpus-per-node=1", "--wrap", "true") for _ in range(count)]
+    for j in jobs:
+        assert cluster.wait_state(j, "COMPLETED", "FAILED", timeout=60)["state"] == "COMPLETED"
 
 
 def steps_by_run(log: Path) -> dict[int, list[int]]:
@@ -45,7 +55,7 @@ def checkpoint_dir(cluster, job_id: int, user: str = TEST_USER) -> Path:
 
 def test_short_job_preempts_long_ones_which_resume_from_their_checkpoint(cluster):
     script = str(REPO / "examples" / "train_loop.sh")
-    a_jobs = [cluster.submit("--gpus-per-node=2", "--grace=20", "-o", f"a{i}-%j.out", script, "150", "0.1", "10",
+    a_jobs = [cluster.submit("--gpus-per-node=2", "--grace=20", "-o", f"a{i}-%j.out", script, "200", "0.1", "10",
                              env=EXAMPLES) for i in range(2)]
     for j in a_jobs:
         cluster.wait_state(j, "RUNNING")
@@ -53,7 +63,8 @@ def test_short_job_preempts_long_ones_which_resume_from_their_checkpoint(cluster
     wait_for(lambda: all("Preemptible=announced " in cluster.cli("scontrol", "show", "job", str(j)).stdout
                          for j in a_jobs), 30, what="the jobs to say they resume")
     b = cluster.submit("--gpus-per-node=2", "--wrap", "echo short job done", user=OTHER_USER)
-    # After A's runs sink to level 1 and their quantum is up, one of them makes way for B.
+    # Once A's runs have had 10 s of service (levels below fresh B) and held their GPUs for 10
+    # restart costs, one of them makes way for B.
     done = cluster.wait_state(b, "COMPLETED", "FAILED", timeout=90)
     assert done["state"] == "COMPLETED"
     for j in a_jobs:
@@ -69,13 +80,13 @@ def test_short_job_preempts_long_ones_which_resume_from_their_checkpoint(cluster
         steps = steps_by_run(checkpoint_dir(cluster, j) / "steps.log")
         # Each run continues exactly where the previous one checkpointed: nothing lost or repeated.
         flat = [s for run in sorted(steps) for s in steps[run]]
-        assert flat == list(range(1, 151))
+        assert flat == list(range(1, 201))
         assert sorted(steps) == list(range(job["restart_count"] + 1))
         acct = cluster.cli("hacct", "-X", "-j", str(j), "-P", "-n", "-o", "State,Restarts").stdout.splitlines()
         assert [line.split("|")[0] for line in acct] == ["PREEMPTED"] * job["restart_count"] + ["COMPLETED"]
         assert [line.split("|")[1] for line in acct] == [str(i) for i in range(len(acct))]
         out = (user_dir(cluster.workdir, TEST_USER) / f"a{a_jobs.index(j)}-{j}.out").read_text()
-        assert "done: steps=150" in out  # output of every run lands in the same file
+        assert "done: steps=200" in out  # output of every run lands in the same file
     # The history says who was preempted, for whom and why, and what followed.
     first = cluster.cli("hcontrol", "show", "events", str(preempted[0]), user="root").stdout
     assert f"event=preempted job={preempted[0]} for_job={b} by=scheduler" in first
@@ -110,11 +121,13 @@ def test_no_requeue_job_is_never_preempted(cluster, ssh_nodes):
     proc = cluster.cli("hcontrol", "requeue", str(pinned), check=False)
     assert proc.returncode != 0 and "--no-requeue" in proc.stderr
     newcomer = cluster.submit("--gpus-per-node=2", "--wrap", "true", user=OTHER_USER)
-    # Long past the pinned job's quantum and level change, it still runs its first run.
+    # Long past the pinned job's minimum run and below the newcomer's level, it still runs its first run.
     wait_for(lambda: cluster.job(pinned)["attained_now"] > 40, 30, what="the pinned job to sink")
     row = cluster.cli("hqueue", "-h", "-o", "%i %t %L %R", "-j", f"{pinned},{newcomer}").stdout.splitlines()
     nodes = compress(sorted(cluster.agents))  # hai-n[1-2], or haiK-n[1-2] beside another test run
-    assert [r.split() for r in row] == [[str(pinned), "R", "1", nodes], [str(newcomer), "PD", "0", "(Resources)"]]
+    rows = [r.split() for r in row]
+    assert [[r[0], r[1], r[3]] for r in rows] == [[str(pinned), "R", nodes], [str(newcomer), "PD", "(Resources)"]]
+    assert int(rows[0][2]) > int(rows[1][2])  # the newcomer would preempt it if it could
     assert len(cluster.job(pinned)["runs"]) == 1
     cluster.cli("hcancel", str(pinned))
     assert cluster.wait_state(newcomer, "COMPLETED", timeout=30)["state"] == "COMPLETED"
@@ -153,7 +166,7 @@ def test_a_job_that_never_said_it_resumes_is_not_time_sliced_but_an_urgent_one_t
     try:
         cluster.wait_state(legacy, "RUNNING")
         newcomer = cluster.submit("--gpus-per-node=2", "--wrap", "true", user=OTHER_USER)
-        # Long past its quantum at level 1 it keeps its GPUs: a preemption would lose its work
+        # Long past its minimum run, levels below the newcomer, it keeps its GPUs: a preemption would lose its work
         wait_for(lambda: cluster.job(legacy)["attained_now"] > 30, 30, what="the legacy job to sink")
         assert cluster.job(newcomer)["state"] == "PENDING" and len(cluster.job(legacy)["runs"]) == 1
         assert "Preemptible=no " in cluster.cli("scontrol", "show", "job", str(legacy)).stdout

@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from .harness import OTHER_USER, TEST_USER, Cluster, ensure_user, start_local_cluster, user_dir, wait_for
+from ..infra import users
+from .harness import OTHER_USER, TEST_USER, Cluster, start_local_cluster, user_dir, wait_for
 
 OPERATOR = "haioper"
 OPS_GROUP = "haiops"
@@ -19,10 +19,7 @@ DENIED = "Access/permission denied"
 
 
 def ensure_operator() -> None:
-    if subprocess.run(["getent", "group", OPS_GROUP], capture_output=True).returncode != 0:
-        subprocess.run(["groupadd", OPS_GROUP], check=True)
-    ensure_user(OPERATOR)
-    subprocess.run(["usermod", "-a", "-G", OPS_GROUP, OPERATOR], check=True)
+    users.ensure_group_member(OPERATOR, OPS_GROUP)
 
 
 @pytest.fixture(scope="module")

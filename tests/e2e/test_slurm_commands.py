@@ -186,8 +186,8 @@ def test_sbatch_variables_sit_between_directives_and_command_line(cluster):
     k = int(cluster.cli("sbatch", "--parsable", "-o", "/dev/null", "--hold", "-t", "9", "timed.sh", env=env).stdout)
     assert cluster.cli("squeue", "-h", "-j", f"{j},{k}", "-o", "%i %j %l").stdout.splitlines() == [
         f"{j} fromenv 7:00", f"{k} fromenv 9:00"]
-    res = cluster.cli("sbatch", "--wrap", "true", env={"SBATCH_OVERCOMMIT": "1"}, check=False)
-    assert res.returncode == 1 and "SBATCH_OVERCOMMIT: sets --overcommit, which is not supported" in res.stderr
+    res = cluster.cli("sbatch", "--wrap", "true", env={"SBATCH_GPU_FREQ": "high"}, check=False)
+    assert res.returncode == 1 and "SBATCH_GPU_FREQ: sets --gpu-freq, which is not supported" in res.stderr
     cluster.cli("scancel", str(j), str(k))
 
 
@@ -227,6 +227,26 @@ def test_squeue_default_columns_and_formats_are_slurm_s(cluster):
     cluster.cli("scancel", str(j), str(p))
 
 
+def test_polled_listings_follow_every_change(cluster):
+    """A tool polls the same squeue and sacct command line; the controller keeps a listing until
+    the store's next write (controller/listing_cache.py): each change shows at the next poll."""
+    poll_q = ("squeue", "-h", "-o", "%i|%T|%r", "-u", TEST_USER)
+    poll_a = ("sacct", "-X", "-n", "-P", "-o", "JobID,State,JobName", "-u", TEST_USER)
+    before = cluster.cli(*poll_q).stdout
+    assert cluster.cli(*poll_q).stdout == before  # polled again, nothing changed
+    j = int(cluster.cli("sbatch", "--parsable", "--hold", "-J", "polled", "-o", "/dev/null",
+                        "--wrap", "exec sleep 1000", user=TEST_USER).stdout)
+    assert f"{j}|PENDING|JobHeldUser\n" in cluster.cli(*poll_q).stdout
+    assert f"{j}|PENDING|polled\n" in cluster.cli(*poll_a).stdout
+    cluster.cli("scontrol", "release", str(j), user=TEST_USER)
+    wait_for(lambda: f"{j}|RUNNING|None\n" in cluster.cli(*poll_q).stdout, 30, what="the release to show")
+    assert f"{j}|RUNNING|polled\n" in cluster.cli(*poll_a).stdout
+    cluster.cli("scancel", str(j), user=TEST_USER)
+    wait_for(lambda: str(j) not in cluster.cli(*poll_q).stdout, 30, what="the cancel to show")
+    wait_for(lambda: f"{j}|CANCELLED by {pwd.getpwnam(TEST_USER).pw_uid}|polled\n" in cluster.cli(*poll_a).stdout, 30,
+             what="sacct to show the cancel")
+
+
 def test_sacct_columns_parsable_and_state_filter(cluster):
     j = int(cluster.cli("sbatch", "--parsable", "-J", "averyveryverylongname", "-o", "/dev/null",
                         "--wrap", "exit 3").stdout)
@@ -257,7 +277,9 @@ def test_sacct_reports_what_the_jobs_cgroup_was_charged(cluster):
     out = cluster.cli("sacct", "-X", "-n", "-P", "-j", str(j), "-o", "JobID,MaxRSS,AveRSS,AveCPU,TotalCPU").stdout
     job_id, max_rss, ave_rss, ave_cpu, total_cpu = out.strip().split("|")
     assert job_id == str(j) and max_rss == ave_rss  # one rank
-    kib = int(max_rss[:-1]) * {"K": 1, "M": 1024}[max_rss[-1]] if max_rss[-1] in "KM" else -1
+    # Slurm's convert_num_unit: a whole number, or two decimals where a half was divided ("99.50M")
+    assert re.fullmatch(r"\d+(\.\d\d)?[KM]", max_rss), out
+    kib = float(max_rss[:-1]) * {"K": 1, "M": 1024}[max_rss[-1]]
     assert 96 << 10 <= kib < 256 << 10, out
     m = re.fullmatch(r"(\d\d):(\d\d)\.(\d{3})", total_cpu)  # sacct's MM:SS.mmm under an hour
     assert m and 60 * int(m[1]) + int(m[2]) >= 1, out

@@ -77,6 +77,21 @@ def test_default_columns_and_the_policys_order(cluster, queue):
     assert by_priority[0] == str(queue["high"]) and by_priority[-3:] == [str(queue[k]) for k in ("niced", "low", "ran")]
 
 
+def test_squeue_priority_is_sprios(cluster, queue):
+    """squeue's %Q is sprio's PRIORITY and %p the same over 2^32-1, as squeue prints them
+    ("%16.14f"); a held job's is 0, as Slurm's; the running ones (no place in the order) 0."""
+    sprio = {int(line.split()[0]): int(line.split()[2]) for line in cluster.cli("sprio", "-h").stdout.splitlines()}
+    lines = cluster.cli("squeue", "-h", "-o", "%i|%Q|%p|%T").stdout.splitlines()
+    seen = {int(i): (q, p, state) for i, q, p, state in (line.split("|") for line in lines)}
+    for job, prio in sprio.items():
+        assert seen[job][:2] == (str(prio), f"{prio / 4294967295:16.14f}")
+    assert seen[queue["held"]][:2] == ("0", "0.00000000000000")
+    assert all(q == "0" for q, _p, state in seen.values() if state == "RUNNING")
+    header = cluster.cli("squeue", "-O", "prioritylong:10,priority:.17", "-j", str(queue["high"])).stdout.splitlines()
+    assert header == ["PRIORITY  " + "PRIORITY".rjust(17), f"{sprio[queue['high']]:<10}" +
+                      f"{sprio[queue['high']] / 4294967295:16.14f}".rjust(17)]
+
+
 def test_fairshare_is_sshares_factor(cluster, queue):
     def mine():  # the user's row, once the controller's decayed usage has been refreshed (10 s)
         rows = [r for r in cluster.cli("sshare", "-P", "-n").stdout.splitlines() if f"|{TEST_USER}|" in r]

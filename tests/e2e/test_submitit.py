@@ -12,16 +12,21 @@ from .harness import OTHER_USER, TEST_USER, start_ssh_cluster, user_dir, wait_fo
 
 pytest.importorskip("submitit")
 DRIVER = Path(__file__).with_name("clients") / "submitit_driver.py"
+# The production order (gittins) with a restart cost of 0.5 s, so that a run may be preempted
+# 5 s into it (10 restart costs) for a job of a higher level.
 SCHEDULER = """[scheduler]
 policy = "mlfq"
-thresholds = [10.0, 100000.0]
-quanta = [1.0, 3.0, 5.0]
+restart_cost = 0.5
 """
 
 
 @pytest.fixture(scope="module")
 def cluster(ssh_nodes):
     c = start_ssh_cluster(ssh_nodes, gpus_per_node=2, scheduler_toml=SCHEDULER)
+    # Jobs that end within seconds, as a busy cluster has seen: what it learns of job sizes (the
+    # Gittins order's) then puts a fresh job ahead of a run that has had 10 s of service.
+    for j in [c.submit("--gpus-per-node=1", "--wrap", "true") for _ in range(3)]:
+        assert c.wait_state(j, "COMPLETED", "FAILED", timeout=60)["state"] == "COMPLETED"
     yield c
     c.close()
 
@@ -58,6 +63,8 @@ def test_checkpointable_job_is_preempted_and_resumes_from_its_checkpoint(cluster
     assert cluster.wait_state(short, "COMPLETED", timeout=90)["state"] == "COMPLETED"
     # counted to the end over two runs: the second went on from the pickled count
     assert drive(cluster, "count-result", job) == "count (150, [0, 1])"
+    # the result file is written before the job's process ends: its run's end is recorded after
+    assert cluster.wait_state(int(job), "COMPLETED", "FAILED", timeout=60)["state"] == "COMPLETED"
     runs = cluster.job(int(job))["runs"]
     assert [r["state"] for r in runs] == ["PREEMPTED", "COMPLETED"]
     # the stop signal reached the task once (the agent signals every process; srun does not pass

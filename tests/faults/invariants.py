@@ -2,14 +2,13 @@
 
 After a scenario: every acknowledged job ends exactly once, COMPLETED (requeued through every
 failure); no GPU was held by two runs at once (from what the jobs themselves saw, with the run end
-times the agents' shepherds recorded); no process of the test user is left behind."""
+times the agents' shepherds recorded); no process of the test user is left behind by the cluster."""
 from __future__ import annotations
 
 import random
-import subprocess
 from pathlib import Path
 
-from tests.e2e.harness import TEST_USER, user_dir, wait_for
+from tests.e2e.harness import TEST_USER, user_dir, user_processes, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL")
@@ -64,7 +63,7 @@ def check_invariants(cluster, acked: list[int], context: str, timeout: float = 3
         for h2, g2, s2, e2, n2 in holds[i + 1:]:
             if h1 == h2 and g1 & g2:
                 assert e1 <= s2 or e2 <= s1, f"runs {n1} and {n2} shared GPUs {g1 & g2} on {h1} ({context})"
-    # Nothing of the user is left running.
-    wait_for(lambda: subprocess.run(["pgrep", "-u", TEST_USER], capture_output=True).returncode == 1, 60, 0.5,
-             f"no process of {TEST_USER} left ({context})")
+    # Nothing of the user is left running (of this cluster: other test workers run their own).
+    wait_for(lambda: not user_processes(TEST_USER, cluster.workdir), 60, 0.5,
+             f"no process of {TEST_USER} left ({context}): {user_processes(TEST_USER, cluster.workdir)}")
     return jobs

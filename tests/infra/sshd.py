@@ -111,7 +111,8 @@ class SshdHandle:
         _stop_process(self.proc)
 
 
-def _config_text(address: str, port: int, workdir: Path, host_key: Path, authorized_keys: Path) -> str:
+def _config_text(address: str, port: int, workdir: Path, host_key: Path, authorized_keys: Path,
+                 use_pam: bool = False) -> str:
     return f"""\
 # written by tests/infra/sshd.py
 ListenAddress {address}:{port}
@@ -123,7 +124,7 @@ PermitRootLogin prohibit-password
 PubkeyAuthentication yes
 PasswordAuthentication no
 KbdInteractiveAuthentication no
-UsePAM no
+UsePAM {"yes" if use_pam else "no"}
 StrictModes no
 AllowStreamLocalForwarding yes
 # Not "no": sshd then disables every local forward, direct-streamlocal included
@@ -138,9 +139,12 @@ MaxStartups 100:30:200
 
 
 def start_sshd(network: TestNetwork | None, node: str, workdir: str | os.PathLike, *,
-               port: int | None = None, timeout: float = 30.0) -> SshdHandle:
+               port: int | None = None, timeout: float = 30.0, pam_root: Path | None = None) -> SshdHandle:
     """Start sshd for `node`: inside its namespace (port 22 by default) or, with no network,
-    on 127.0.0.1 at a spare port. Returns once the port answers with an SSH banner."""
+    on 127.0.0.1 at a spare port. Returns once the port answers with an SSH banner.
+
+    pam_root: UsePAM yes, with pam_root/etc/pam.d and pam_root/etc/profile.d in place of the
+    system's (bind mounts in a mount namespace of sshd's own: the system's files are untouched)."""
     if os.geteuid() != 0:
         raise SshdError("sshd for tests needs root")
     missing = missing_binaries()
@@ -151,18 +155,32 @@ def start_sshd(network: TestNetwork | None, node: str, workdir: str | os.PathLik
     os.makedirs(PRIVSEP_DIR, mode=0o755, exist_ok=True)  # sshd refuses to start without it
 
     if network is not None:
-        address = network.node(node).address
+        address, spare = network.node(node).address, False
         port = port or 22
     else:
-        address = "127.0.0.1"
+        address, spare = "127.0.0.1", port is None
         port = port or spare_port(address)
 
     host_key = keygen(workdir / "ssh_host_ed25519_key", comment=f"host@{node}")
     authorized_keys = workdir / "authorized_keys"
     authorized_keys.touch()
     config = workdir / "sshd_config"
-    config.write_text(_config_text(address, port, workdir, host_key, authorized_keys))
     log = workdir / "sshd.log"
+    # A spare port can be taken between choosing and binding it (by another test process): retry.
+    for attempt in range(5):
+        try:
+            return _start(network, node, address, port, workdir, config, host_key, authorized_keys, log, timeout,
+                          pam_root)
+        except SshdError as exc:
+            if not spare or attempt == 4 or "Address already in use" not in str(exc):
+                raise
+            port = spare_port(address)
+    raise AssertionError("not reached")
+
+
+def _start(network: TestNetwork | None, node: str, address: str, port: int, workdir: Path, config: Path,
+           host_key: Path, authorized_keys: Path, log: Path, timeout: float, pam_root: Path | None) -> SshdHandle:
+    config.write_text(_config_text(address, port, workdir, host_key, authorized_keys, use_pam=pam_root is not None))
 
     # Check the config first: a bad config then fails with sshd's own message, not a timeout.
     check = subprocess.run([SSHD, "-t", "-f", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -171,7 +189,12 @@ def start_sshd(network: TestNetwork | None, node: str, workdir: str | os.PathLik
         raise SshdError(f"sshd -t rejected {config}: {check.stdout.strip()}")
 
     argv = [SSHD, "-D", "-e", "-f", str(config)]
+    if pam_root is not None:
+        binds = " && ".join(f"mount --bind {pam_root}/etc/{d} /etc/{d}" for d in ("pam.d", "profile.d"))
+        argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", f'{binds} && exec "$@"',
+                "sh", *argv]
     with open(log, "ab") as logf:
+        log_from = logf.tell()
         if network is not None:
             proc = network.popen(node, argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
         else:
@@ -180,26 +203,36 @@ def start_sshd(network: TestNetwork | None, node: str, workdir: str | os.PathLik
     handle = SshdHandle(name=node, address=address, port=port, workdir=workdir, config=config,
                         host_key=host_key, authorized_keys=authorized_keys, log=log, proc=proc)
     try:
-        _wait_banner(handle, timeout)
+        _wait_banner(handle, timeout, log_from)
     except BaseException:
         handle.stop()
         raise
     return handle
 
 
-def _wait_banner(handle: SshdHandle, timeout: float) -> None:
+def _wait_banner(handle: SshdHandle, timeout: float, log_from: int = 0) -> None:
+    """Wait for sshd's "Server listening" line (in what it logged since log_from: this start's),
+    then for its banner. The line first: with a spare port, another test process's server may have
+    taken the port, and its banner must not be taken for ours."""
     deadline = time.monotonic() + timeout
     last = "no attempt"
+    listening = f"Server listening on {handle.address} port {handle.port}.".encode()
     while True:
         if handle.proc.poll() is not None:
             raise SshdError(f"sshd for {handle.name} exited with {handle.proc.returncode}:\n{handle.log_tail()}")
         try:
-            with socket.create_connection((handle.address, handle.port), timeout=2.0) as s:
-                s.settimeout(2.0)
-                banner = s.recv(64)
-                if banner.startswith(b"SSH-"):
-                    return
-                last = f"unexpected banner {banner!r}"
+            with open(handle.log, "rb") as f:
+                f.seek(log_from)
+                logged = listening in f.read()
+            if not logged:
+                last = "sshd has not logged that it listens"
+            else:
+                with socket.create_connection((handle.address, handle.port), timeout=2.0) as s:
+                    s.settimeout(2.0)
+                    banner = s.recv(64)
+                    if banner.startswith(b"SSH-"):
+                        return
+                    last = f"unexpected banner {banner!r}"
         except OSError as exc:
             last = str(exc)
         if time.monotonic() > deadline:

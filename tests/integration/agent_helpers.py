@@ -25,6 +25,7 @@ import pytest
 from hai_cluster.agent import spool
 from hai_cluster.transport.rpc import RpcConnection
 from tests.e2e.harness import shepherd_start_toml
+from tests.infra import users
 
 TEST_USER = "haitest"
 _job_ids = itertools.count(1)
@@ -36,12 +37,7 @@ def need_root() -> None:
 
 
 def ensure_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(TEST_USER)
-    except KeyError:
-        # another test process may be creating it right now: trust the passwd file, not the rc
-        subprocess.run(["useradd", "-m", "-s", "/bin/sh", TEST_USER], check=False)
-        return pwd.getpwnam(TEST_USER)
+    return users.ensure_user(TEST_USER)
 
 
 def wait_for(pred: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:

@@ -60,10 +60,10 @@ def test_hello_reports_how_limits_are_enforced(agent):
 
     hello = run(body())
     iso = hello["isolation"]
-    assert set(iso) == {"memory", "cpu", "pids", "kill", "freeze"}
+    assert set(iso) == {"memory", "cpu", "pids", "kill", "freeze", "devices"}
     assert all(iso[k] in ("v1", "v2") for k in iso), f"this machine has cgroups, yet: {iso}"
     if os.path.exists("/sys/fs/cgroup/unified/cgroup.procs"):  # hybrid: v2 beside the v1 controllers
-        assert iso["kill"] == "v2" and iso["freeze"] == "v2"
+        assert iso["kill"] == "v2" and iso["freeze"] == "v2" and iso["devices"] == "v2"
     assert hello["runtimes"][0] == "none" and hello["default_runtime"] == "none"
 
 
@@ -210,7 +210,7 @@ def test_without_cgroups_jobs_still_run_unlimited():
 
     try:
         hello, ended = run(body())
-        assert hello["isolation"] == dict.fromkeys(("memory", "cpu", "pids", "kill", "freeze"))
+        assert hello["isolation"] == dict.fromkeys(("memory", "cpu", "pids", "kill", "freeze", "devices"))
         assert ended["exit_code"] == 0 and ended["reason"] is None, ended
         assert open(spec["stdout"]).read() == "survived\n"
         assert "no usable cgroups" in agent.log.read_text()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hai_cluster.agent import cgroups
+from hai_cluster.agent import cgroups, devcgroup
 from hai_cluster.agent.isolation import NodeIsolation
 from hai_cluster.protocol.runspec import RunSpec, SpecError
 from hai_cluster.agent.runtimes import Context, inner
@@ -24,6 +24,7 @@ HYBRID = """cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0
 cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0
 cgroup /sys/fs/cgroup/pids cgroup rw,relatime,pids 0 0
 cgroup /sys/fs/cgroup/freezer cgroup rw,relatime,freezer 0 0
+cgroup /sys/fs/cgroup/devices cgroup rw,relatime,devices 0 0
 cgroup /sys/fs/cgroup/systemd cgroup rw,relatime,name=systemd 0 0
 cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
 """
@@ -33,7 +34,7 @@ COMOUNTED = "cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,nosuid,cpu,cpuacct 0 0\
 def test_mounts_are_read_per_controller():
     assert cgroups.parse_mounts(HYBRID) == ("/sys/fs/cgroup/unified", {
         "cpu": "/sys/fs/cgroup/cpu", "memory": "/sys/fs/cgroup/memory", "pids": "/sys/fs/cgroup/pids",
-        "freezer": "/sys/fs/cgroup/freezer"})
+        "freezer": "/sys/fs/cgroup/freezer", "devices": "/sys/fs/cgroup/devices"})
     assert cgroups.parse_mounts(COMOUNTED) == (None, {"cpu": "/sys/fs/cgroup/cpu,cpuacct"})
     assert cgroups.parse_mounts("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n") == ("/sys/fs/cgroup", {})
 
@@ -56,8 +57,10 @@ def test_pure_v2_gets_every_limit_from_v2(tmp_path, monkeypatch):
         for f in ("cgroup.subtree_control", "cgroup.kill", "cgroup.freeze"):
             Path(path, f).touch()
     monkeypatch.setattr(cgroups.os, "makedirs", makedirs)
+    monkeypatch.setattr(devcgroup, "v2_usable", lambda: True)  # the kernel's answer, not this machine's
     caps = cgroups.detect("hai/n1", mounts)
-    assert caps.summary() == {"memory": "v2", "cpu": "v2", "pids": "v2", "kill": "v2", "freeze": "v2"}
+    assert caps.summary() == {"memory": "v2", "cpu": "v2", "pids": "v2", "kill": "v2", "freeze": "v2",
+                              "devices": "v2"}
     assert (root / "cgroup.subtree_control").read_text() == "+pids"  # each one written in turn
     assert (root / "hai" / "n1" / "cgroup.subtree_control").read_text() == "+pids"
     cg = cgroups.RunCgroup(caps, "7.0")

@@ -247,3 +247,22 @@ def test_a_mig_share_sees_its_instance_alone(tmp_path):
             shares.prepare(RunSpec.from_wire({**BASE, "gpus": [0], "gpu_share": bad}))
     with pytest.raises(SpecError, match="MIG instance UUID"):
         RunSpec.from_wire({**BASE, "gpus": [0], "gpu_share": {**SHARE, "mig": 3}})
+
+
+@pytest.mark.parametrize("isolation", ["none", "mig", "mps"])
+def test_an_adopted_ssh_session_gets_every_variable_of_the_jobs_share(tmp_path, monkeypatch, isolation):
+    """adopt's env file carries what prepare() set (the card's UUID or MIG instance, the MPS pipe
+    and limits), so CUDA in the session goes through the job's share, not around it."""
+    from hai_cluster.agent.adopt import env_text
+
+    cfg = AgentConfig(name="n", spool=str(tmp_path), sharing=SharingConfig(gpus=(0,), allow_unisolated=True))
+    layout = (("MIG-x", "3g.40gb", 40960, 42),)
+    shares = Shares(cfg, [GpuInfo(0, "GPU-a", "sim", 81920, shareable=True, isolation=isolation, mig=layout)])
+    monkeypatch.setattr(shares.mps, "ensure", lambda card, uuid, uid, gid: tmp_path / "pipe")
+    share = {**SHARE, "qos": "best-effort", "compute": 30, **({"mig": "MIG-x"} if isolation == "mig" else {})}
+    env = dict(shares.prepare(RunSpec.from_wire({**BASE, "gpus": [0], "gpu_share": share})).environment)
+    added = {k: v for k, v in env.items() if k != "A"}
+    assert len(added) >= 5 and ("CUDA_MPS_PIPE_DIRECTORY" in added) == (isolation == "mps")
+    text = env_text(env)
+    for k, v in added.items():
+        assert f"export {k}={v}\n" in text, (k, text)

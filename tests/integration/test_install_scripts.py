@@ -93,8 +93,8 @@ def test_install_controller_makes_its_files_and_is_idempotent(wheel, tmp_path):
         assert os.access(venv / "bin" / name, os.X_OK), name
     assert (venv / "share/hai-cluster/migrations/versions/0001_initial.py").exists()  # a wheel install migrates
     if shutil.which("cc"):  # scripts/test installs gcc: hsubmit is the C one, built from the wheel's source
-        assert is_compiled(venv / "bin/hsubmit") and is_compiled(venv / "bin/hai-jobexec")
-        assert "compiled the C hsubmit and hai-jobexec" in first.stdout
+        assert all(is_compiled(venv / "bin" / name) for name in ("hsubmit", "squeue", "sacct", "hai-jobexec"))
+        assert "compiled the C hsubmit, squeue, sacct and hai-jobexec" in first.stdout
     cfg = root / "etc/hai/controller.toml"
     parsed = tomllib.loads(cfg.read_text())
     assert parsed.get("nodes", []) == []  # the example nodes are commented out, not live
@@ -444,7 +444,7 @@ def test_db_commands_run_by_root_run_as_the_store_s_owner():
         state.mkdir(mode=0o700)
         os.chown(state, user.pw_uid, user.pw_gid)
         cfg = base / "controller.toml"
-        cfg.write_text(f'[controller]\ndatabase = "sqlite:///{state}/hai.db"\n')
+        cfg.write_text(f'[controller]\ndatabase = "sqlite:///{state}/hai.db"\nrun_as = "haitest"\n')
         ctl = str(Path(sys.executable).parent / "hai-controller")
         up = subprocess.run([ctl, "db", "upgrade", "--config", str(cfg)], capture_output=True, text=True, timeout=120)
         assert up.returncode == 0, up.stderr
@@ -626,7 +626,8 @@ def test_a_controller_started_as_root_binds_its_socket_then_runs_as_the_store_s_
         os.chown(work, user.pw_uid, user.pw_gid)
         sock = run_dir / "controller.sock"
         cfg = base / "controller.toml"
-        cfg.write_text(f'[controller]\nsocket = "{sock}"\ndatabase = "sqlite:///{state}/hai.db"\n')
+        cfg.write_text(f'[controller]\nsocket = "{sock}"\ndatabase = "sqlite:///{state}/hai.db"\n'
+                       f'run_as = "haiother"\n')
         log = open(base / "controller.log", "wb")
         bin_dir = Path(sys.executable).parent
         proc = subprocess.Popen([str(bin_dir / "hai-controller"), "--config", str(cfg)], stdout=log,
@@ -654,4 +655,35 @@ def test_a_controller_started_as_root_binds_its_socket_then_runs_as_the_store_s_
         if proc is not None:
             proc.kill()
             proc.wait()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_controller_started_as_root_refuses_a_store_owned_by_someone_else():
+    """The store's directory belongs to a user who is not run_as (here: the default, hai): root
+    does not become them (they could then act for every user), says why, and leaves no socket."""
+    from tests.e2e.harness import ensure_user
+
+    require_root("starting the controller as root")
+    squatter = ensure_user("haitest")
+    base = Path(tempfile.mkdtemp(prefix="hai-root-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        state, run_dir = base / "state", base / "run"
+        state.mkdir(mode=0o700)
+        os.chown(state, squatter.pw_uid, squatter.pw_gid)
+        run_dir.mkdir(mode=0o755)
+        sock = run_dir / "controller.sock"
+        cfg = base / "controller.toml"
+        cfg.write_text(f'[controller]\nsocket = "{sock}"\ndatabase = "sqlite:///{state}/hai.db"\n')
+        bin_dir = Path(sys.executable).parent
+        done = subprocess.run([str(bin_dir / "hai-controller"), "--config", str(cfg)], capture_output=True,
+                              text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert done.returncode == 2, done
+        assert f"{state} belongs to haitest, not to the controller's user hai ([controller] run_as)" in done.stderr
+        assert not sock.exists() and list(state.iterdir()) == []  # nothing made, nothing opened
+        upgrade = subprocess.run([str(bin_dir / "hai-controller"), "--config", str(cfg), "db", "upgrade"],
+                                 capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert upgrade.returncode != 0 and "belongs to haitest" in upgrade.stderr, upgrade
+        assert list(state.iterdir()) == []
+    finally:
         shutil.rmtree(base, ignore_errors=True)

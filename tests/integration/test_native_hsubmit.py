@@ -385,7 +385,7 @@ def test_build_that_fails_to_compile_leaves_hsubmit_alone(tmp_path):
         pytest.skip("no C compiler")
     launcher = tmp_path / "hsubmit"
     launcher.write_text("#!/usr/bin/python3\n")
-    proc = build(tmp_path, CC="cc", CFLAGS="-DHAI_TIMEOUT_SECONDS=(")  # breaks hsubmit.c alone
+    proc = build(tmp_path, CC="cc", CFLAGS="-DHAI_TIMEOUT_SECONDS=(")  # breaks client.h's programs alone
     assert proc.returncode == 1
     assert "failed" in proc.stderr and "unchanged" in proc.stderr
     assert launcher.read_text() == "#!/usr/bin/python3\n"

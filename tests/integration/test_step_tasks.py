@@ -5,7 +5,7 @@ import asyncio
 import os
 import signal
 
-from hai_cluster.job.tasks import MAX_LINE, NodeTasks, describe_end
+from hai_cluster.job.tasks import MAX_LINE, NodeTasks, describe_end, descendants
 
 
 def run_tasks(argv, count=2, cwd="/tmp", signal_after=None):
@@ -117,13 +117,25 @@ def test_a_task_on_a_terminal_gets_its_keys_size_and_signals_as_it_comes():
                 await asyncio.sleep(0.05)
             raise AssertionError(f"{text!r} not shown: {b''.join(out)!r}")
         await shown(b"P$ ")
+
+        async def sleeping(timeout: float = 10.0):
+            for _ in range(int(timeout / 0.05)):
+                for pid in descendants(tasks.procs[0].pid):
+                    try:
+                        with open(f"/proc/{pid}/cmdline", "rb") as f:
+                            if f.read() == b"sleep\x0030\x00":
+                                return
+                    except OSError:
+                        pass
+                await asyncio.sleep(0.05)
+            raise AssertionError(f"no sleep 30 under the shell: {b''.join(out)!r}")
         await tasks.write_input(0, b"tty -s && stty size\r", False)
         await shown(b"24 80\r\n")  # not line-buffered: the prompt came without a newline
         assert tasks.resize(40, 120)
         await tasks.write_input(0, b"stty size\r", False)
         await shown(b"40 120\r\n")
         await tasks.write_input(0, b"sleep 30; echo slept\r", False)
-        await asyncio.sleep(0.5)
+        await sleeping()  # a loaded machine may start it late: Ctrl-C before it would go to the shell
         await tasks.write_input(0, b"\x03", False)  # Ctrl-C: the foreground sleep, not the shell
         await tasks.write_input(0, b"echo rc=$?\r", False)
         await shown(b"rc=130")

@@ -43,7 +43,7 @@ def spec(**kw):
 
 
 def test_migrations_match_the_schema_and_go_down_and_up(engine):
-    assert current_revision(engine) == head_revision() == "0028"
+    assert current_revision(engine) == head_revision() == "0031"
     insp = inspect(engine)
     for table in metadata.sorted_tables:
         assert {c["name"] for c in insp.get_columns(table.name)} == {c.name for c in table.columns}
@@ -475,3 +475,22 @@ def test_a_filtered_listing_walks_only_the_states_its_values_hold(repo, engine):
     assert len(statements) == 64  # one loose scan per user, no walk
     assert [j["id"] for j in repo.jobs_page(users=["u1", "x"], limit=10).rows] == [a, a + 1]
     assert [j["id"] for j in repo.jobs_page(users=["u1"], states=["PENDING"], limit=10).rows] == [a + 1]
+
+
+def test_a_snapshot_reuses_the_views_of_unchanged_pending_jobs_only(repo):
+    """Each pass rebuilds only what changed (store/views.py JobViews): an untouched pending job's
+    view is the last pass's object, a held, updated or started one's is built anew and says so."""
+    a = repo.submit(spec(gpus_per_node=1), user="u", uid=1000, gid=1000, partition="gpu", now=10)
+    b = repo.submit(spec(gpus_per_node=1), user="u", uid=1000, gid=1000, partition="gpu", now=11)
+    c = repo.submit(spec(gpus_per_node=1), user="u", uid=1000, gid=1000, partition="gpu", now=12)
+    first = {j.id: j for j in repo.load_snapshot(20).jobs}
+    assert repo.set_hold(b, True, admin=False) is None
+    assert repo.update_pending(c, {"nice": 5}) is None
+    repo.start_run(a, Placement(("a",), ((0,),)), now=21)
+    second = {j.id: j for j in repo.load_snapshot(22).jobs}
+    assert second[b] is not first[b] and second[b].hold and not first[b].hold
+    assert second[c] is not first[c] and second[c].nice == 5
+    assert second[a].state == JobState.RUNNING and second[a].allocation == (("a", (0,)),)
+    third = {j.id: j for j in repo.load_snapshot(23).jobs}
+    assert third[b] is second[b] and third[c] is second[c]  # unchanged: the same objects
+    assert third[a] is not second[a]  # a running job's view is built with its ranks each pass

@@ -173,6 +173,15 @@ def test_mlfq_uses_the_configured_pack():
         MlfqConfig(gpu_pack="fill")
 
 
+@pytest.mark.parametrize("order", ["gittins", "las"])
+def test_mlfq_starts_memory_only_and_compute_requests_in_either_order(order):
+    """A memory-only request has no charge before a card is given: the Gittins order ranks it all
+    the same (it crashed the pass once), beside a fraction and a compute request."""
+    jobs = (sharing(1, mem=30 * 1024), sharing(2, compute=30, mem=8192), sharing(3, 0.25))
+    plan = MlfqPolicy(MlfqConfig(order=order)).decide(Snapshot(now=0.0, jobs=jobs, nodes=(node(cards=1),)))
+    assert sorted(s.job_id for s in plan.starts) == [1, 2, 3]
+
+
 # ---- topology ------------------------------------------------------------------------------------
 
 def topo_node(used=()):

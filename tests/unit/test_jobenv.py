@@ -123,3 +123,18 @@ def test_array_task_variables_and_slurm_aliases():
 def test_a_job_outside_an_array_has_no_array_variables_even_if_the_submitter_had_them():
     e = env({"SLURM_ARRAY_TASK_ID": "3", "HAI_ARRAY_JOB_ID": "7"})
     assert not [k for k in e if "_ARRAY_" in k]
+
+
+def test_overcommit_sets_slurms_variables():
+    from hai_cluster.core.jobenv import allocation_variables, job_environment
+    env = job_environment({"SLURM_OVERCOMMIT": "stale"}, job_id=5, job_name="j", user="ann", partition=None,
+                          nodelist=["n1"], rank=0, node="n1", gpus=[], cpus_per_task=1, restart_count=0,
+                          checkpoint_dir="/c", submit_dir="/s", master_addr="n1", time_limit=None,
+                          tasks_per_node=64, ntasks=64, overcommit=True)
+    assert (env["SLURM_OVERCOMMIT"], env["SLURM_CPUS_ON_NODE"], env["SLURM_JOB_CPUS_PER_NODE"],
+            env["SLURM_TASKS_PER_NODE"], env["SLURM_NTASKS"]) == ("1", "1", "1", "64", "64")
+    assert allocation_variables(env)["SLURM_OVERCOMMIT"] == "1"  # salloc's command has it too
+    plain = job_environment({"SLURM_OVERCOMMIT": "1"}, job_id=5, job_name="j", user="ann", partition=None,
+                            nodelist=["n1"], rank=0, node="n1", gpus=[], cpus_per_task=1, restart_count=0,
+                            checkpoint_dir="/c", submit_dir="/s", master_addr="n1", time_limit=None, tasks_per_node=4)
+    assert "SLURM_OVERCOMMIT" not in plain and plain["SLURM_CPUS_ON_NODE"] == "4"

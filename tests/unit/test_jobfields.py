@@ -9,7 +9,8 @@ FULL = {"id": 7, "partition": "gpu", "name": "train", "user": "ann", "code": "R"
         "reason": "None", "gpus_per_node": 4, "cpus_per_task": 3, "tasks_per_node": 2, "priority": "high", "restart_count": 1,
         "level": 2, "array_job_id": 5, "array_task_id": 2, "account": "ml", "gpu_fraction": 0.25, "gpu_mem_mb": None,
         "gpu_compute": None, "gpu_qos": None, "gpu_share_mb": 20480, "gpu_util": 87.5, "gpu_mem_used_mb": 4096,
-        "idle": True, "preemptible": True, "resumes": "signal", "interactive": True}
+        "idle": True, "idle_for": 750, "idle_limit": 1800, "preemptible": True, "resumes": "signal",
+        "interactive": True, "overcommit": False}
 
 
 @pytest.mark.parametrize("letter", sorted(FIELDS))

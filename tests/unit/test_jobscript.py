@@ -494,3 +494,12 @@ def test_node_choice():
         True, ("gpu01", "gpu02", "gpu03"), ("gpu09",), 3)  # -N defaults to -w's count
     assert parse(None, "--wrap", "run", "-w", "a", "-N", "3").nodes == 3  # a, and two more
     assert parse(None, "--wrap", "run").exclusive is False
+
+
+def test_overcommit_asks_one_tasks_cpus_per_node_as_slurm():
+    spec = parse(None, "-O", "-n", "64", "-N", "1", "--wrap=env")
+    assert (spec.overcommit, spec.tasks_per_node, spec.cpus_per_node) == (True, 64, 1)
+    spec = parse("#!/bin/sh\n#SBATCH --overcommit\n#SBATCH -n 8 -c 4 -N 2\n", "--mem-per-cpu=100")
+    assert (spec.tasks_per_node, spec.cpus_per_node, spec.mem_mb) == (4, 4, 400)
+    assert parse(None, "-n", "8", "--wrap=x").cpus_per_node == 8
+    assert parse(None, "-n", "8", "--wrap=x", env={**ENV, "SBATCH_OVERCOMMIT": "1"}).cpus_per_node == 1

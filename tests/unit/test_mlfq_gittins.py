@@ -161,3 +161,39 @@ def test_an_old_job_goes_first_preempts_a_young_run_and_is_not_preempted_when_ru
     snap = with_sizes(snapshot(3700.0, [node("a", gpus=1)], [old_run, pending(3, t=3600.0)]), model)
     assert not MlfqPolicy(cfg).decide(snap).preempts
     assert MlfqPolicy(replace(cfg, lift_factor=0.0)).decide(snap).preempts
+
+
+@pytest.mark.parametrize("order", ["gittins", "las"])
+def test_the_level_hqueue_shows_is_the_level_a_pass_serves(order):
+    # hqueue's LEVEL (learned.level_now, from the job table's columns) is the level the pass
+    # orders and preempts by, in either order; the default order is gittins.
+    from hai_cluster.scheduling.learned import level_now
+    assert MlfqConfig().order == "gittins"
+    cfg = MlfqConfig(order=order, thresholds=(100.0, 1000.0), quanta=(10.0, 50.0, 100.0))
+    model = rebuild([FinishedJob(1, 20.0)] * 30 + [FinishedJob(4, 5000.0, user="u")] * 10)
+    jobs = [pending(1, gpus=1), pending(2, gpus=4, attained=800.0), pending(3, gpus=2, attained=40_000.0),
+            running(4, [("a", [0, 1])], start=0.0, attained=0.0), running(5, [("b", [0])], start=500.0, attained=30.0)]
+    snap = with_sizes(snapshot(2000.0, [node("a"), node("b")], jobs), model)
+    p = MlfqPass(cfg, snap)
+    served = {j.id: level for j, level, _ in p.queue()}
+    served.update({j.id: p.level(j) for j in p.running})
+    shown = {j.id: level_now(cfg, model, j.gpus, j.user, j.name, j.attained(2000.0)) for j in jobs}
+    assert shown == served
+    assert len(set(shown.values())) > 1  # (levels that differ: the comparison means something)
+
+
+@pytest.mark.parametrize("key", ["restart_cost", "level_ratio", "min_run_restarts", "finish_window"])
+def test_settings_that_are_not_finite_numbers_are_refused(key):
+    with pytest.raises(ValueError, match=f"mlfq {key} must be a finite number"):
+        MlfqConfig(**{key: float("nan")})
+
+
+def test_hai_dev_refuses_a_restart_cost_that_is_not_a_finite_number_before_touching_anything(tmp_path):
+    from click.testing import CliRunner
+
+    from hai_cluster.dev import main
+    target = tmp_path / "dev"
+    for bad in ("nan", "inf", "-1"):
+        got = CliRunner().invoke(main, ["up", "--dir", str(target), "--restart-cost", bad])
+        assert got.exit_code == 2 and "--restart-cost" in got.output, got.output
+        assert not target.exists()

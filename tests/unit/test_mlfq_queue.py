@@ -1,8 +1,9 @@
 """The MLFQ pass orders its pending jobs by groups and stable sorts (mlfq.MlfqPass.queue); the
 order must be exactly that of the one sort key it replaces, compared here on random queues with
-every field of the key in play: classes, levels (the lowest one round-robin), best-effort shares,
+every field of the key in play: classes, levels, interactive jobs, (the lowest one round-robin), best-effort shares,
 fair-share factors, equal submit times, with and without the starvation guard."""
 import math
+from dataclasses import replace
 import random
 
 import pytest
@@ -25,7 +26,8 @@ def reference_order(d: MlfqPass) -> list[tuple[int, int, int]]:
         rr = (j.last_run_end or -math.inf) if level == d.cfg.levels - 1 else 0.0
         share = d.snap.fairshare.get((j.account, j.user), 1.0) if d.snap.fairshare else 1.0
         best_effort = j.gpu_share is not None and j.gpu_share.qos == "best-effort"
-        keyed.append(((0 if rank == 0 else 1, level, rank, best_effort, rr, -share, j.submit_time, j.id),
+        keyed.append(((0 if rank == 0 else 1, level, not j.interactive, rank, best_effort, rr, -share, j.submit_time,
+                       j.id),
                       (j.id, level, rank)))
     return [out for _, out in sorted(keyed)]
 
@@ -51,7 +53,7 @@ def random_snapshot(seed: int) -> Snapshot:
             gpus_per_node=0 if share else rng.choice([1, 2, 8]), gpu_share=share,
             priority=rng.choice(PRIORITIES),
             attained_gpu_seconds=rng.choice([0.0, 0.0, rng.uniform(0, 100_000)]),
-            last_run_end=rng.choice([None, 0.0, 70_000.0, rng.uniform(0, now)])))
+            last_run_end=rng.choice([None, 0.0, 70_000.0, rng.uniform(0, now)]), interactive=rng.random() < 0.2))
     return Snapshot(now=now, jobs=tuple(jobs), nodes=(), fairshare=fairshare)
 
 
@@ -63,3 +65,53 @@ def test_queue_is_the_order_of_the_single_key(seed, starvation):
     queued = [(j.id, level, rank) for j, level, rank in MlfqPass(cfg, snap).queue()]
     assert queued == reference_order(MlfqPass(cfg, snap))
     assert len(queued) == len(snap.jobs)
+
+
+# Issue 23: jobs of salloc / srun (JobView.interactive) start ahead of batch jobs of their level,
+# in both MLFQ orders and in the FIFO-like policies, and never ahead of a higher level or class.
+def _node(gpus=4):
+    from hai_cluster.core.model import GpuInfo, NodeView
+    return NodeView(name="a", gpus=tuple(GpuInfo(i, f"a{i}", "sim", 1) for i in range(gpus)), cpus=64,
+                    mem_mb=10**6, partitions=("gpu",))
+
+
+def _job(jid, t, interactive=False, priority="normal", attained=0.0):
+    return JobView(id=jid, user="u", name="x", state=JobState.PENDING, submit_time=t, pending_since=t, nodes=1,
+                   gpus_per_node=4, partition="gpu", priority=priority, attained_gpu_seconds=attained,
+                   interactive=interactive, time_limit=3600.0)
+
+
+def _started(policy, jobs, now=10.0):
+    from hai_cluster.scheduling.plan import Start
+    plan = policy.decide(Snapshot(now=now, jobs=tuple(jobs), nodes=(_node(),)))
+    return [a.job_id for a in plan.actions if isinstance(a, Start)]
+
+
+def _policies():
+    from hai_cluster.scheduling.registry import make_policy
+    return {"mlfq-gittins": make_policy("mlfq", order="gittins"), "mlfq-las": make_policy("mlfq", order="las"),
+            "fifo": make_policy("fifo"), "backfill": make_policy("backfill")}
+
+
+@pytest.mark.parametrize("name", ["mlfq-gittins", "mlfq-las", "fifo", "backfill"])
+def test_an_interactive_job_starts_ahead_of_an_older_batch_job_of_its_level(name):
+    policy = _policies()[name]
+    batch, session = _job(1, 0.0), _job(2, 5.0, interactive=True)
+    assert _started(policy, [batch, session]) == [2]
+    assert _started(policy, [batch, replace(session, interactive=False)]) == [1]  # submit order otherwise
+    # an urgent job still goes first (under FIFO any higher class does: tested below)
+    assert _started(policy, [replace(batch, priority="urgent"), session]) == [1]
+
+
+@pytest.mark.parametrize("order", ["gittins", "las"])
+def test_an_interactive_job_does_not_pass_a_batch_job_of_a_higher_level(order):
+    policy = _policies()[f"mlfq-{order}"]
+    fresh = _job(1, 0.0)
+    session = _job(2, 5.0, interactive=True, attained=400_000.0)  # (its earlier runs sank it)
+    assert _started(policy, [fresh, session]) == [1]
+
+
+def test_sprio_order_follows_interactive_first_under_fifo():
+    from hai_cluster.scheduling.fifo import service_order
+    jobs = [_job(1, 0.0), _job(2, 5.0, interactive=True), _job(3, 1.0, priority="high")]
+    assert [j.id for j in service_order(jobs)] == [3, 2, 1]

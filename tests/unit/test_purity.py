@@ -17,7 +17,8 @@ def loaded_after(imports: str) -> set[str]:
 
 @pytest.mark.parametrize("module", ["hai_cluster.scheduling.registry", "hai_cluster.core.model",
                                     "hai_cluster.core.jobscript", "hai_cluster.core.resources",
-                                    "hai_cluster.core.outcome", "hai_cluster.core.jobenv"])
+                                    "hai_cluster.core.outcome", "hai_cluster.core.jobenv",
+                                    "hai_cluster.scheduling.idle", "hai_cluster.config.idle"])
 def test_core_and_scheduling_import_no_io(module):
     loaded = loaded_after(f"import {module}")
     assert not [m for m in IO_MODULES if m in loaded]
@@ -40,6 +41,15 @@ def test_hsubmit_imports_stay_light():
     heavy = ("typing", "dataclasses", "inspect", "click", "socket", "enum", "selectors", "msgpack", "datetime",
              "collections", "re")
     assert not [m for m in heavy if m in loaded]
+
+
+def test_squeue_and_sacct_start_without_click():
+    """Tools poll them all day: their common options are parsed without click (cli/fastargs.py),
+    nor do they import what only another column or -s needs (the sharing model, hqueue)."""
+    for module in ("hai_cluster.cli.squeue", "hai_cluster.cli.sacct"):
+        loaded = loaded_after(f"import {module}")
+        assert not [m for m in ("click", "hai_cluster.core.model", "hai_cluster.cli.hqueue", "hai_cluster.cli.hacct")
+                    if m in loaded], module
 
 
 def test_cli_launchers_import_only_their_command():

@@ -56,6 +56,9 @@ ALLOWED = {
         "(after setresuid: " + AS_USER + ")"),
     ("hai_cluster/agent/mps.py", "MpsControl._make_dirs"): (
         "sharing.run_dir, the operator's path (root's, checked by fstat); everything below it by fd (safefs)"),
+    ("hai_cluster/agent/adopt.py", "Adopter._env_dir"): (
+        "[adopt] env_dir, the operator's path, made if missing; then opened O_NOFOLLOW and checked root's "
+        "by fstat, and everything in it by fd"),
     ("hai_cluster/agent/simgpu.py", "_EventSet.read"): "the simulated backend's event file, from the agent's config",
     ("hai_cluster/agent/runtimes/bwrap.py", "Bwrap.prepare"): RUN_DIR,
     ("hai_cluster/agent/runtimes/runc.py", "Runc.prepare"): RUN_DIR,

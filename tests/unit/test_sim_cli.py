@@ -100,6 +100,8 @@ def test_plot_file_is_written(tmp_path):
     (["{trace}", "--no-such-flag"], "No such option"),
     (["{trace}", "--reservation", "node01:0"], "expected NODES:START:SECONDS"),
     (["{trace}", "--cluster", "2x1", "--reservation", "node7:0:10"], "node7 is not a node of"),
+    (["{trace}", "--cluster", "2x1", "--reservation", "node01:0:10:BOGUS"], "Error parsing flags BOGUS"),
+    (["{trace}", "--cluster", "2x1", "--reservation", "node01:0:90000:DAILY"], "a DAILY window lasts at most"),
 ])
 def test_errors_are_one_line_and_exit_2(tmp_path, capsys, args, message):
     paths = {"trace": trace(tmp_path), "bad": trace(tmp_path, "x,y\n1,2\n", "bad.csv")}
@@ -136,3 +138,51 @@ def test_a_reservation_window_keeps_every_policy_off_its_nodes(tmp_path):
     assert run(trace(tmp_path), "--cluster", "2x1", "-p", "fifo", "--json", str(out)) == 0
     free = {r["policy"]: r for r in json.loads(out.read_text())["runs"]}["fifo"]
     assert free["summary"]["mean_jct"] < runs["fifo"]["summary"]["mean_jct"]  # two nodes without it
+
+
+def test_a_daily_window_comes_back_in_the_replay(tmp_path):
+    """node01 held 0-100 s every day: a 1-GPU job submitted at 86400 s waits for it to end, the
+    same job with a one-off window does not."""
+    t = tmp_path / "late.csv"
+    t.write_text("submit_time,duration,gpus\n86400,10,1\n86400,10,1\n")
+    out = tmp_path / "s.json"
+    assert run(str(t), "--cluster", "2x1", "-p", "fifo", "--reservation", "node01:0:100:daily", "--json", str(out)) == 0
+    daily = json.loads(out.read_text())["runs"][0]["summary"]
+    assert run(str(t), "--cluster", "2x1", "-p", "fifo", "--reservation", "node01:0:100", "--json", str(out)) == 0
+    once = json.loads(out.read_text())["runs"][0]["summary"]
+    assert once["makespan"] == pytest.approx(10) and daily["makespan"] == pytest.approx(20)
+
+
+def test_mlfq_without_options_replays_what_the_shipped_controller_config_runs(tmp_path):
+    # `hai-sim -p mlfq` is the production default (the Gittins order), the same replay as the
+    # [scheduler] table of conf/controller.toml, and not the attained-service order's.
+    from pathlib import Path
+    conf = Path(__file__).resolve().parents[2] / "conf" / "controller.toml"
+    jobs = "submit_time,duration,gpus\n" + "".join(f"{i * 200},{d},{g}\n" for i, (d, g) in enumerate(
+        [(20000, 8), (600, 1), (30000, 4), (300, 2), (9000, 8), (1200, 1), (700, 4), (50, 1)] * 3))
+    t = trace(tmp_path, jobs)
+
+    def summary(*extra):
+        out = tmp_path / "s.json"
+        assert run(t, "--cluster", "1x8", "-p", "mlfq", "--baseline", "mlfq", *extra, "--json", str(out)) == 0
+        return json.loads(out.read_text())["runs"][0]["summary"]
+
+    default = summary()
+    assert default == summary("--mlfq-config", str(conf)) == summary("-o", 'mlfq.order="gittins"')
+    assert default != summary("-o", 'mlfq.order="las"')
+    assert MlfqConfig().order == "gittins"
+
+
+def test_known_sizes_bound_from_the_command_line(tmp_path, capsys):
+    """--known-sizes: mlfq reads the trace's own size distribution from the start (20 jobs of
+    1000 s: none is preempted), said in the JSON and the table's title."""
+    path = trace(tmp_path, "submit_time,duration,gpus\n" + "".join(f"{100 * i},1000,1\n" for i in range(20)))
+    out = {}
+    for flag in ("", "--known-sizes"):
+        out[flag] = tmp_path / f"s{flag}.json"
+        assert run(path, "--cluster", "1x1", "-p", "mlfq", "--restart-cost", "0", "-o", "mlfq.level_ratio=1.1",
+                   *([flag] if flag else []), "--json", str(out[flag])) == 0
+    learned, known = (json.loads(out[f].read_text()) for f in ("", "--known-sizes"))
+    mlfq = {d["trace"]["known_sizes"]: next(r for r in d["runs"] if r["policy"] == "mlfq") for d in (learned, known)}
+    assert mlfq[False]["summary"]["preemptions"] >= 10 and mlfq[True]["summary"]["preemptions"] == 0
+    assert " ".join(capsys.readouterr().out.split()).count("sizes known (a bound)") == 1  # the title, wrapped or not

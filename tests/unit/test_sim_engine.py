@@ -223,3 +223,34 @@ def test_every_policy_finishes_every_job_exactly_once_without_overbooking(specs,
         assert max(b for _, b in res.timeline) <= 8
         if name in ("fifo", "sjf", "backfill"):
             assert res.preemptions == 0
+
+
+def test_known_sizes_give_the_policy_the_traces_own_distribution_and_learn_nothing():
+    trace = jobs((0, 10, 1), (0, 1000, 2), (5, 20, 1))
+    spied = []
+
+    def fn(snap):
+        spied.append(snap.sizes)
+        pending = sorted((j for j in snap.jobs if j.state == JobState.PENDING), key=lambda j: j.id)
+        return Plan(tuple(Start(j.id, first_free(snap, j.gpus), "t") for j in pending[:1] if first_free(snap, j.gpus)))
+    simulate(Scripted(fn), trace, Cluster(1, 2), known_sizes=True)
+    assert spied and all(s is spied[0] for s in spied)  # the same model throughout: nothing learned
+    assert spied[0].seen == 3 and spied[0].hists["g1"].total == pytest.approx(2)
+    assert spied[0].distribution(2).source == "g2"
+    spied.clear()
+    simulate(Scripted(fn), trace, Cluster(1, 2))
+    assert spied[0].seen == 0 and spied[-1].seen == 2  # learned as jobs end (the last one's end is not decided on)
+
+
+def test_mlfq_knowing_that_every_job_runs_1000_s_lets_the_oldest_finish():
+    """Jobs that all run 1000 s: learned from nothing (the log-uniform prior, attained-service
+    order) each newcomer preempts the run; knowing the distribution, a run closer to its end
+    keeps its GPU and the jobs finish in arrival order."""
+    trace = jobs(*((100 * i, 1000, 1) for i in range(20)))
+
+    def replay(known):
+        return simulate(make_policy("mlfq", restart_cost=0.0, level_ratio=1.1), trace, Cluster(1, 1),
+                        restart_cost=0, known_sizes=known)
+    learned, known = replay(False), replay(True)
+    assert learned.preemptions >= 10
+    assert known.preemptions == 0 and [jct(known)[f"j{i + 1}"] for i in range(3)] == [1000, 1900, 2800]

@@ -153,3 +153,17 @@ def test_srun_exports_the_tasks_per_node_it_keeps():
     assert kept_per_node(env_defaults(ntasks_per_node=1)) is None  # -n 4 from the job: dropped, with a warning
     assert kept_per_node(env_defaults()) == 2
     assert kept_per_node(StepRequest(nodes=2, ntasks_per_node=3)) == 3
+
+
+def test_overcommit_lets_a_step_run_more_tasks_than_the_allocations_cpus():
+    one_cpu = Allocation(8, ("n1",), 1, 1, ((0,),))  # sbatch -O -n 16: one CPU on its node
+    with pytest.raises(StepError, match="More processors requested than permitted"):
+        plan_step(one_cpu, StepRequest(ntasks=16), 0)
+    layout, warnings = plan_step(one_cpu, StepRequest(ntasks=16, overcommit=True), 0)
+    assert layout.counts == (16,) and [t.localid for t in layout.tasks] == list(range(16)) and warnings == []
+    back = wire.step_request(wire.request_to_wire(StepRequest(ntasks=16, overcommit=True)))
+    assert back.overcommit is True
+    old = {k: v for k, v in wire.request_to_wire(StepRequest(ntasks=2)).items() if k != "overcommit"}
+    assert wire.step_request(old).overcommit is False  # an srun from before -O
+    with pytest.raises(SpecError, match="overcommit must be true or false"):
+        wire.step_request({**old, "overcommit": "yes"})

@@ -27,7 +27,7 @@ class BackfillPolicy:
         now = snapshot.now
         ws = Workspace(snapshot.nodes)
         pending = sorted((j for j in snapshot.jobs if j.state == JobState.PENDING),
-                         key=lambda j: (PRIORITY_RANK.get(j.priority, 2), j.submit_time, j.id))
+                         key=lambda j: (PRIORITY_RANK.get(j.priority, 2), not j.interactive, j.submit_time, j.id))
         started: list[tuple[JobView, Placement]] = []
         actions = []
         head: JobView | None = None

@@ -53,12 +53,17 @@ def main(mode: str, folder: str, *args: str) -> None:
         jobs = executor(folder, nodes=1, tasks_per_node=1).map_array(square, [1, 2, 3])
         print("map", [j.result() for j in jobs], len({j.job_id.split("_")[0] for j in jobs}))
     elif mode == "cancel":
-        job = executor(folder, nodes=1, tasks_per_node=1).submit(time.sleep, 1000)
-        while job.state != "RUNNING":
-            time.sleep(0.3)
+        # submitit's job ignores SIGTERM (its handler lets it pass: Slurm sends it to every step of a
+        # preempted job), so a cancel ends with the SIGKILL after the grace, 60 s by default (Slurm:
+        # KillWait, 30 s); a short one keeps the wait under the test's 60 s
+        job = executor(folder, nodes=1, tasks_per_node=1,
+                       slurm_additional_parameters={"grace": 5}).submit(time.sleep, 1000)
+        # forced sacct calls: submitit's own polling backs off to a call a minute
+        while job.get_info(mode="force").get("State") != "RUNNING":
+            time.sleep(0.5)
         job.cancel()
-        while not job.done():
-            time.sleep(0.3)
+        while not job.done(force_check=True):
+            time.sleep(0.5)
         print("cancel", job.state.split()[0])
     elif mode == "count":
         job = executor(folder, nodes=2, tasks_per_node=1, gpus_per_node=2).submit(Count(), int(args[0]))
