@@ -306,6 +306,30 @@ class RunCgroup:
                 mem = None
         return cpu, mem
 
+    def oom_notifier(self) -> int | None:
+        """v1: an eventfd the kernel makes readable when this cgroup runs out of memory (a limit
+        reached here or above). v1 counts an OOM kill only in the victim's own cgroup, and the
+        cgroup a container runtime made below this one goes, its count with it, when the
+        container ends: often before the next look (a shell that outlives its OOM-killed child
+        ends the container within the shepherd's one-second wake-up). v2 needs none: its
+        memory.events here counts kills below too, and stays. None where there is nothing to
+        watch or the kernel refuses."""
+        d = self._dir("memory")
+        if d is None or self.caps.features["memory"] != "v1":
+            return None
+        efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        try:
+            ofd = os.open(f"{d}/memory.oom_control", os.O_RDONLY | os.O_CLOEXEC)
+            try:  # the kernel keeps the eventfd, not this fd
+                _write(f"{d}/cgroup.event_control", f"{efd} {ofd}")
+            finally:
+                os.close(ofd)
+        except OSError as exc:
+            log.warning("cannot watch %s for OOM events: %s", d, exc)
+            os.close(efd)
+            return None
+        return efd
+
     def oom_kills(self) -> int:
         d = self._dir("memory")
         if d is None:

@@ -42,6 +42,7 @@ class Containment:
         self.ctx: runtimes.Context | None = None
         self.launch: runtimes.Launch | None = None
         self.oom_seen = False
+        self.oom_event = False  # the cgroup's OOM eventfd fired (cgroup v1)
         self.recorded: dict | None = None  # what RECORD holds
 
     def setup(self, groups: list[int], env: dict[str, str], script: str, control: str) -> runtimes.Launch:
@@ -131,11 +132,23 @@ class Containment:
 
     def oom(self) -> bool:
         """True once the kernel killed a process of the run for memory (checked each wakeup)."""
-        if not self.oom_seen and self.cgroup is not None and self.cgroup.oom_kills() > 0:
+        if not self.oom_seen and self.cgroup is not None and (self.oom_event or self.cgroup.oom_kills() > 0):
             self.oom_seen = True
             log.warning("job %s.%s: OOM kill in its cgroup (limit %s MiB)", self.spec.job_id,
                         self.spec.attempt, self.spec.mem_mb)
         return self.oom_seen
+
+    def oom_notifier(self) -> int | None:
+        """An fd that becomes readable when the run's cgroup runs out of memory (cgroup v1)."""
+        return self.cgroup.oom_notifier() if self.cgroup is not None else None
+
+    def oom_notified(self, fd: int) -> None:
+        """The notifier's event: oom() says so from now on."""
+        try:
+            os.read(fd, 8)
+            self.oom_event = True
+        except BlockingIOError:
+            pass
 
     def oom_message(self) -> str:
         if self.spec.mem_mb is not None:

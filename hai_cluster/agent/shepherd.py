@@ -305,6 +305,8 @@ class Shepherd:
             for key, _ in self.sel.select(max(timeout, 0)):
                 if key.data == "wake":
                     woke |= self.drain_wakeups(key.fd)
+                elif key.data == "oom":
+                    self.box.oom_notified(key.fd)
                 else:
                     self.on_exec_pipe(key.fd, buf)
             self.reap()
@@ -418,6 +420,9 @@ class Shepherd:
             self.box.teardown()
             self.finish(self.status())
             return 0
+        oom_fd = self.box.oom_notifier()
+        if oom_fd is not None:
+            self.sel.register(oom_fd, selectors.EVENT_READ, "oom")
         exec_r, exec_w = os.pipe()  # both CLOEXEC: exec success closes exec_w in the child
         pid = start_job(spec, launch, groups, exec_w, self.box.procs_files(), self.box.node.rlimits)
         os.close(exec_w)
@@ -434,6 +439,8 @@ class Shepherd:
         self.supervise(exec_r)
         self.cleanup()
         self.release_main()
+        if oom_fd is not None:  # an OOM the loop had no turn to read
+            self.box.oom_notified(oom_fd)
         self.box.oom()  # an OOM kill of the main process may have been what ended it
         status = self.status()
         failure = self.box.setup_failure(self.wait_status) if self.launch_error is None else None

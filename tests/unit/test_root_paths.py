@@ -38,6 +38,7 @@ ALLOWED = {
     ("hai_cluster/agent/cgroups.py", "detect"): CGROUPFS,
     ("hai_cluster/agent/cgroups.py", "RunCgroup.create"): CGROUPFS,
     ("hai_cluster/agent/cgroups.py", "RunCgroup.remove"): CGROUPFS,
+    ("hai_cluster/agent/cgroups.py", "RunCgroup.oom_notifier"): CGROUPFS,
     ("hai_cluster/agent/cgroups.py", "adopt_delegated"): CGROUPFS + " (the agent's own leaf in its delegated cgroup)",
     ("hai_cluster/agent/isolation.py", "NodeIsolation.release"): CGROUPFS,
     ("hai_cluster/agent/fencing.py", "EpochGate._load"): SPOOL,
