@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,11 +104,15 @@ def run_live(jobs: int, submitters: int, reps: int, latency_jobs: int, latency_i
             log(f"./down failed: {exc}")
 
 
-def run_listing(sizes, reps: int) -> dict:
-    """The peer's squeue (and sacct, where it has accounting) with `size` held jobs each (below
-    MaxJobCount), timed as cluster_ops.time_listings times ours. Its jobs go through sbatch, its
-    own submission path; the peer starts cold and is stopped whatever happens."""
+def run_listing(sizes, reps: int, accounting: bool = True) -> dict:
+    """The peer's squeue and sacct with `size` pending jobs each (below MaxJobCount), timed as
+    cluster_ops.time_listings times ours. Its jobs go through sbatch, its own submission path; the
+    peer starts cold and is stopped whatever happens. With `accounting` (slurm_accounting: a
+    slurmdbd for the run) the jobs wait behind one job that holds every node, since sacct lists
+    no held job (a held job has no eligible time); without it, or where that setup fails, they
+    are held and sacct has no Slurm time."""
     from .cluster_ops import time_listings
+    from .slurm_accounting import Accounting
 
     if not (PEER / "up").exists():
         raise RuntimeError(f"no Slurm peer at {PEER}")
@@ -127,28 +132,55 @@ def run_listing(sizes, reps: int) -> dict:
         return p.stdout
 
     out: dict = {}
+    acct = Accounting(Path(conf.group(1)), int(os.environ.get("SLURM_PEER_PORT", "16817"))) if accounting else None
     try:
+        if acct is not None:
+            try:
+                acct.start()
+            except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                log(f"no accounting for the peer: {exc}")
+                acct.stop()
+                acct = None
         have = 0
         probe = subprocess.run(["sacct", "-n"], env=env, cwd=work, capture_output=True, text=True, timeout=60)
-        accounting = probe.returncode == 0 and "disabled" not in probe.stderr  # the peer runs no slurmdbd
+        accounting = probe.returncode == 0 and "disabled" not in probe.stderr
         log(f"sacct: {'accounting on' if accounting else 'no accounting: ' + probe.stderr.strip()[:100]}")
+        if accounting:
+            nodes = len(run("sinfo", "-h", "-N", "-o", "%N").split())
+            blocker = run("sbatch", "--parsable", f"--nodes={nodes}", "--exclusive", "--output=/dev/null",
+                          f"--chdir={work}", "--job-name=blocker", "--wrap=sleep 100000").strip()
+            deadline = time.monotonic() + 120
+            while run("squeue", "-h", "-j", blocker, "-o", "%T").strip() != "RUNNING" and time.monotonic() < deadline:
+                time.sleep(0.5)
         for size in sizes:
             n = min(size, SLURM_MAX_PENDING)
-            log(f"sbatch --hold × {n - have} (the peer's own submission path)")
+            log(f"sbatch {'' if accounting else '--hold '}× {n - have} (the peer's own submission path)")
             for _ in range(n - have):
-                run("sbatch", "--parsable", "--hold", "--output=/dev/null", f"--chdir={work}", "--job-name=held",
-                    "--wrap=true")
+                run("sbatch", "--parsable", *([] if accounting else ["--hold"]), "--output=/dev/null",
+                    f"--chdir={work}", "--job-name=held", "--wrap=true")
             have = n
             seen = len(run("squeue", "-h", "-t", "PD", "-o", "%i").split())
+            if accounting:  # slurmctld sends its records to slurmdbd in the background
+                deadline = time.monotonic() + 300
+                while len(run("sacct", "-n", "-X", "-s", "PD", "-o", "JobID").split()) < seen \
+                        and time.monotonic() < deadline:
+                    time.sleep(2)
             times = time_listings(lambda cmd, *a: run(cmd, *a) if cmd != "sacct" or accounting else False, reps)
             log(f"listing {seen} jobs: " + ", ".join(f"{k} {sorted(v)[len(v) // 2] * 1000:.0f} ms"
                                                        for k, v in times.items() if v))
-            out[str(size)] = {"pending_seen": seen, "polled_s": times, "accounting": accounting}
+            out[str(size)] = {"pending_seen": seen, "polled_s": times, "accounting": accounting,
+                              "sacct_rows": len(run("sacct", "-n", "-X", "-o", "JobID").split()) if accounting
+                              else None}
         return {"results": out, "version": _version(env)}
     finally:
         try:
-            run("scancel", "--state=PENDING", "--user=root", check=False)
+            run("scancel", "--user=root", check=False)
         finally:
+            if acct is not None:
+                try:
+                    acct.stop()
+                except (OSError, RuntimeError) as exc:
+                    log(f"stopping the peer's accounting failed: {exc}")
             log("./down")
             try:
                 _peer("down", timeout=300)

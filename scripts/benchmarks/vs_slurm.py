@@ -199,7 +199,11 @@ def listing_section(a) -> str:
             "*(Python)* the Python squeue or sacct they fall back to, timed beside them. *Polled*: nothing changes between calls, as when a "
             "tool polls a quiet queue: the controller serves the listing it keeps until the store's next write. "
             "*Right after a write*: one job cancelled before each call (the store is read again). "
-            f"Slurm: {version}, the peer in `../shared/peers/slurm` (cold start, held jobs through `sbatch`, "
-            "below its MaxJobCount), measured right after, on the same machine."
-            + (" The peer runs no slurmdbd (`AccountingStorageType=accounting_storage/none`): its sacct "
-               "has no data, so sacct has no Slurm column." if no_acct else "") + note + "\n\n" + "\n".join(lines))
+            f"Slurm: {version}, the peer in `../shared/peers/slurm` (cold start, jobs through `sbatch`, below "
+            "its MaxJobCount), measured right after, on the same machine"
+            + (": its sacct could not be given accounting (`scripts/benchmarks/slurm_accounting.py`), so its jobs "
+               "are held and sacct has no Slurm column." if no_acct else
+               ", with accounting for the run (`scripts/benchmarks/slurm_accounting.py`: a slurmdbd on a private "
+               "MariaDB); its jobs pending behind one job that holds every node, not held: Slurm's sacct lists "
+               "no held job (it has no eligible time), so its scheduler has them to consider, as a busy "
+               "cluster's has.") + note + "\n\n" + "\n".join(lines))
