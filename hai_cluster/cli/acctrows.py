@@ -108,6 +108,13 @@ def step_rows(run: dict, steps: list[dict], job: dict) -> list[dict]:
     return rows
 
 
+def derived_exit(steps) -> tuple[int, int]:
+    """Slurm's DerivedExitCode of a run: its srun steps' highest end, compared as wait statuses
+    (an exit code above any signal), (0, 0) with none; the batch script's own end is not one."""
+    raw = max((((s["exit_code"] or 0) & 0xff) << 8 | (s["exit_signal"] or 0) & 0x7f for s in steps), default=0)
+    return raw >> 8, raw & 0x7f
+
+
 def rows_for(reply: dict, with_steps: bool = True) -> list[dict]:
     """Flat rows: one per run (and its steps), plus one for each job waiting for its (next) run or
     ended unrun."""
@@ -124,7 +131,7 @@ def rows_for(reply: dict, with_steps: bool = True) -> list[dict]:
         state = r["state"] if r["end_time"] else job["state"]  # a live run shows the job's state
         by_job.setdefault(r["job_id"], []).append({
             **r, "state": state, "now": now, "submit_time": job["submit_time"], "user": job["user"],
-            "cpus": cpus(job)})
+            "cpus": cpus(job), "derived_exit": derived_exit(steps_of.get(r["id"], ()))})
     rows = []
     for job in reply["jobs"]:
         runs = by_job.get(job["id"], [])

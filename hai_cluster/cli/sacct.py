@@ -34,18 +34,49 @@ def _job(r: dict) -> dict:
     return r.get("job") or {}
 
 
+def _mem(mb: int) -> str:
+    """MiB as sacct prints ReqMem and a TRES's mem (1024M is 1G)."""
+    return slurm_bytes(mb << 20)
+
+
 def _alloc_tres(r: dict) -> str:
+    """Slurm 22.05's, checked against the peer with slurmdbd: a job's line has billing (and the
+    GPUs and memory it holds), a step's none of billing and the GPUs, and mem=0 without --mem."""
     if not r.get("start_time") and r.get("step") is None:
         return ""
     job = _job(r)
     nodes = len([n for n in (r.get("nodelist") or "").split(",") if n]) or job.get("nodes", 1)
-    parts = {"billing": r["cpus"], "cpu": r["cpus"], "node": nodes}
-    gpus = _charged(r) if r.get("step") is None else 0
-    if gpus:
-        parts["gres/gpu"] = f"{gpus:g}"
-    if job.get("mem_mb") and r.get("step") is None:
-        parts["mem"] = f"{job['mem_mb'] * nodes}M"
+    mem = (job.get("mem_mb") or 0) * nodes
+    if r.get("step") is not None:
+        parts = {"cpu": r["cpus"], "mem": _mem(mem) if mem else "0", "node": nodes}
+    else:
+        parts = {"billing": r["cpus"], "cpu": r["cpus"], "node": nodes}
+        if gpus := _charged(r):
+            parts["gres/gpu"] = f"{gpus:g}"
+        if mem:
+            parts["mem"] = _mem(mem)
     return ",".join(f"{k}={v}" for k, v in sorted(parts.items()))
+
+
+def _state(r: dict) -> str:
+    if r.get("step") is not None and r["state"] == "FAILED" and r.get("exit_signal"):
+        return "CANCELLED"  # a step a signal ended, as Slurm records it
+    return SLURM_STATE.get(r["state"], None) or OURS["state"](r)
+
+
+def _exit_code(r: dict) -> str:
+    """A job Slurm ended itself (scancel, its time limit) shows 0:0 on its own line: the batch
+    script's end, by the signal, comes after the job's and is on the batch step's line alone."""
+    if r.get("step") is None and r["state"] in ("CANCELLED", "TIMEOUT") and r.get("start_time"):
+        return "0:0"
+    return OURS["exitcode"](r)
+
+
+def _derived_exit_code(r: dict) -> str:
+    if r.get("step") is not None:
+        return ""
+    code, sig = r.get("derived_exit") or (0, 0)
+    return f"{code}:{sig}"
 
 
 def _kib(kib: int | None) -> str:
@@ -74,10 +105,11 @@ FIELDS = {
                                       or _job(r).get("nodes", 1))),
     "NTasks": (8, True, _tasks),
     "AllocTRES": (10, False, _alloc_tres),
-    "ReqMem": (10, False, lambda r: f"{_job(r)['mem_mb']}M" if _job(r).get("mem_mb") else "0"),
-    "State": (10, False, lambda r: SLURM_STATE.get(r["state"], None) or OURS["state"](r)),
-    "ExitCode": (8, False, OURS["exitcode"]),
-    "DerivedExitCode": (15, False, lambda r: "" if r.get("step") is not None else OURS["exitcode"](r)),
+    "ReqMem": (10, False, lambda r: "" if r.get("step") is not None else
+               _mem(_job(r)["mem_mb"]) if _job(r).get("mem_mb") else "0"),
+    "State": (10, False, _state),
+    "ExitCode": (8, False, _exit_code),
+    "DerivedExitCode": (15, False, _derived_exit_code),
     "Elapsed": (10, False, lambda r: slurm_duration(_elapsed(r))),
     "ElapsedRaw": (10, True, lambda r: str(_elapsed(r))),
     "Timelimit": (10, False, lambda r: "" if r.get("step") is not None else
