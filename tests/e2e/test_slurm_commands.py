@@ -232,7 +232,9 @@ def test_polled_listings_follow_every_change(cluster):
     the store's next write (controller/listing_cache.py): each change shows at the next poll."""
     poll_q = ("squeue", "-h", "-o", "%i|%T|%r", "-u", TEST_USER)
     poll_a = ("sacct", "-X", "-n", "-P", "-o", "JobID,State,JobName", "-u", TEST_USER)
-    before = cluster.cli(*poll_q).stdout
+    # the jobs an earlier test cancelled end first (a COMPLETING one would change between polls)
+    (before,) = wait_for(lambda: (out,) if "|COMPLETING|" not in (out := cluster.cli(*poll_q).stdout) else None,
+                         60, what="earlier tests' jobs to end")
     assert cluster.cli(*poll_q).stdout == before  # polled again, nothing changed
     j = int(cluster.cli("sbatch", "--parsable", "--hold", "-J", "polled", "-o", "/dev/null",
                         "--wrap", "exec sleep 1000", user=TEST_USER).stdout)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import pytest
 
-from hai_cluster.agent import spool
+from hai_cluster.agent import contain, spool
 from hai_cluster.transport.rpc import RpcConnection
 from tests.e2e.harness import shepherd_start_toml
 from tests.infra import users
@@ -100,6 +100,10 @@ class Sandbox:
                 if isinstance(job, dict) and spool.same_process(job.get("pid"), job.get("starttime")):
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(job["pid"], signal.SIGKILL)
+                # a container's processes are in no group of ours: its cgroup and the runtime's
+                # cleanup (podman rm --force, runc delete) take them, as for a shepherd that died
+                with contextlib.suppress(Exception):
+                    contain.teardown_recorded(run_dir)
         if not os.environ.get("HAI_KEEP_TEST_DIRS"):  # set it to read agent and shepherd logs
             shutil.rmtree(self.base, ignore_errors=True)
 
