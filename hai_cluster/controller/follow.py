@@ -9,8 +9,9 @@ follower's connection, so the submit host needs no file system in common with th
 Only the job's owner (and root) may follow it. Each follow starts at the byte the follower asks
 for (sattach: 0, the file's beginning; after a controller restart or a requeue, the byte it has
 reached), so nothing is lost or repeated across either: a job that ended while its follower was
-away (offset > 0) is read to its file's end (output_rest) and then ended. A pending job is answered with its state,
-and a running one whose node is not connected (yet) with why (the follower asks again later).
+away (offset > 0) is read to its file's end (output_rest) and then ended, unless its node is gone
+too (then the follower is told). A pending job is answered with its state, and a running one
+whose node is not connected (yet) with why (the follower asks again later).
 Bounds: MAX_FOLLOWERS per job and one follow per connection; the bytes are offered, not queued
 (RpcConnection.offer): one that finds no room is answered "busy" and the agent reads nothing more
 from the file until it is taken.
@@ -86,7 +87,7 @@ class OutputFollows:
                 raise RequestError("Could not get job step info: Job/step already completing or completed")
             return await self._start(link, job, job.nodelist_names[0], "output_rest", {
                 "job_id": job_id, "offset": offset, "path": _output_file(job), "user": job.user, "uid": job.uid,
-                "gid": job.gid})
+                "gid": job.gid}, wait=False)  # an ended job's node may never come back
         if state != JobState.RUNNING:
             return {"state": job.state}
         ranks = [r for r in await self.ctl.db(self.ctl.repo.live_ranks, job_id=job_id) if r.rank == 0]
@@ -95,9 +96,10 @@ class OutputFollows:
         return await self._start(link, job, ranks[0].node, "output_follow",
                                  {"job_id": job_id, "attempt": ranks[0].attempt, "offset": offset})
 
-    async def _start(self, link: Any, job: Any, node: str, method: str, body: dict) -> dict:
+    async def _start(self, link: Any, job: Any, node: str, method: str, body: dict, wait: bool = True) -> dict:
         """Registers the follower and starts its tail on `node`: its bytes and end come as
-        output_data; a reply without "node" tells the follower to ask again later."""
+        output_data; a reply without "node" tells the follower to ask again later (with `wait`:
+        the node is not connected, or the run's start or end is still being recorded)."""
         if getattr(link, "follow", None) is not None:
             raise RequestError("this connection already follows a job's output")
         if sum(1 for f in self.by_id.values() if f.job_id == job.id) >= MAX_FOLLOWERS:
@@ -116,8 +118,7 @@ class OutputFollows:
             reply = await link_.call(method, {**body, "follow_id": fid}, timeout=START_TIMEOUT)
         except Exception as exc:  # noqa: BLE001 - any failure is the follower's answer
             self._forget(follower, link)
-            if isinstance(exc, NodeUnavailable) or "; try again" in str(exc):  # ask again later: its agent
-                # has not reconnected (yet), or the run's start or end is still being recorded
+            if wait and (isinstance(exc, NodeUnavailable) or "; try again" in str(exc)):
                 return {"state": job.state, "waiting": str(exc).removesuffix("; try again")}
             raise RequestError(f"the output of job {job.id} cannot be followed: {exc}") from None
         return {"state": job.state, "node": node, "path": str(reply.get("path", ""))}

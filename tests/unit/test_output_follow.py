@@ -240,3 +240,29 @@ def test_a_job_that_ended_while_its_follower_was_away_is_read_to_its_end():
     else:
         raise AssertionError("an ended job was followed from its beginning")
     assert len(calls) == 1 and fresh.follow is None
+
+
+def test_an_ended_jobs_rest_on_a_node_that_is_gone_is_refused_not_waited_for():
+    """A job that ended (say NODE_FAIL) while its follower was away, its node not back: the
+    follower is told, instead of asking again for ever."""
+    from hai_cluster.controller.access import Caller
+    from hai_cluster.controller.nodes import NodeUnavailable
+    from hai_cluster.store.records import JobRecord
+
+    class Link:
+        async def call(self, method, body, timeout):
+            raise NodeUnavailable("node n2 is not responding")
+
+    spec = SimpleNamespace(interactive=False, stdout=None, workdir="/home/u")
+    job = SimpleNamespace(id=7, name="train", user="u", uid=1000, gid=100, state="NODE_FAIL", spec=spec,
+                          nodelist="n2", restart_count=0, array_job_id=None, array_task_id=None)
+    job.nodelist_names = JobRecord.nodelist_names.fget(job)
+    follows = _controller_follows(job, Link())
+    link = SimpleNamespace(conn=SimpleNamespace(write_timeout=1.0), follow=None)
+    try:
+        asyncio.run(follows.follow({"job_id": 7, "offset": 5}, Caller(uid=1000, gid=100, pid=1, user="u", link=link)))
+    except RequestError as exc:
+        assert str(exc) == "the output of job 7 cannot be followed: node n2 is not responding"
+    else:
+        raise AssertionError("an ended job's gone node was waited for")
+    assert follows.by_id == {} and link.follow is None
