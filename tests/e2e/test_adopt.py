@@ -10,6 +10,7 @@ haitest (a job there) and haiother (none), with the one key the test sshd accept
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -222,3 +223,33 @@ def find(marker: str) -> int | None:
         except OSError:
             pass
     return None
+
+
+def test_an_operator_in_allow_users_is_let_in_without_a_job(adopt_env):
+    """[adopt] allow_users: an operator with no job on the node gets in, into no job's cgroup (as
+    root does); taken out of the list again, the same login is refused."""
+    env = adopt_env
+    toml = env.cluster.workdir / env.node.name / "agent.toml"
+    original = toml.read_text()
+    assert original.count("[adopt]\n") == 1
+
+    def restart_agent(text: str) -> None:
+        toml.write_text(text)
+        agent = env.cluster.agents[env.node.name]
+        agent.stop()
+        agent.start()
+
+    try:
+        restart_agent(original.replace("[adopt]\n", f'[adopt]\nallow_users = ["{OTHER_USER}"]\n'))
+        # until the agent serves its socket again, a login is refused (PAM cannot ask it)
+        let_in = wait_for(lambda: (r := env.ssh(OTHER_USER, "cat /proc/self/cgroup; id -un")).returncode == 0 and r,
+                          60, interval=1, what="the agent, restarted with allow_users, to let the operator in")
+        assert let_in.stdout.split()[-1] == OTHER_USER
+        assert not re.search(r"/\d+\.\d+$", cgroup_v2(let_in.stdout)), let_in.stdout  # into no job
+    finally:
+        restart_agent(original)
+    refused = wait_for(lambda: (r := env.ssh(OTHER_USER, "true")).returncode == 255 and "no running job" in r.stderr
+                       and r, 60, interval=1, what="the agent, restarted without allow_users, to refuse")
+    assert f"Access denied by hai-cluster: you ({OTHER_USER}) have no running job on node {env.node.name}" \
+        in refused.stderr
+    env.cluster.wait_nodes(1)
