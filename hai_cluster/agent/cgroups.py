@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 LIMITS = ("memory", "cpu", "pids")
 FEATURES = (*LIMITS, "kill", "freeze", "devices")
 CPU_PERIOD = 100_000  # microseconds; quota = CPUs x period
+LIMIT_SLACK = 1 << 20  # a usage this close to the limit reached it (charges come in batches of pages)
 MIB = 1024 * 1024
 FREEZE_WAIT = 1.0  # seconds a freeze may take before we go on anyway
 
@@ -315,8 +316,8 @@ class RunCgroup:
         memory.events here counts kills below too, and stays. None where there is nothing to
         watch or the kernel refuses."""
         d = self._dir("memory")
-        if d is None or self.caps.features["memory"] != "v1":
-            return None
+        if d is None or self.caps.features["memory"] != "v1" or not self.mem_mb:
+            return None  # without a limit of its own, an event could only be an ancestor's OOM
         efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         try:
             ofd = os.open(f"{d}/memory.oom_control", os.O_RDONLY | os.O_CLOEXEC)
@@ -329,6 +330,24 @@ class RunCgroup:
             os.close(efd)
             return None
         return efd
+
+    def limit_reached(self) -> bool:
+        """v1: this cgroup's usage peaked at its own limit (max_usage_in_bytes, memory or memsw),
+        so an OOM event is its own, not one of a limit above it (which notifies every cgroup
+        below, whose peaks stay under their limits). Not memory.failcnt: this kernel (6.18)
+        leaves it 0."""
+        d = self._dir("memory")
+        if d is None:
+            return False
+        for kind in ("memory", "memory.memsw"):
+            try:
+                limit = int(_read(f"{d}/{kind}.limit_in_bytes"))
+                peak = int(_read(f"{d}/{kind}.max_usage_in_bytes"))
+            except (OSError, ValueError):
+                continue
+            if peak >= limit - LIMIT_SLACK:
+                return True
+        return False
 
     def oom_kills(self) -> int:
         d = self._dir("memory")

@@ -143,12 +143,13 @@ class Containment:
         return self.cgroup.oom_notifier() if self.cgroup is not None else None
 
     def oom_notified(self, fd: int) -> None:
-        """The notifier's event: oom() says so from now on."""
+        """The notifier's event: oom() says so from now on, if the run's own limit was reached."""
         try:
             os.read(fd, 8)
-            self.oom_event = True
         except BlockingIOError:
-            pass
+            return
+        if self.cgroup is not None and self.cgroup.limit_reached():
+            self.oom_event = True
 
     def oom_message(self) -> str:
         if self.spec.mem_mb is not None:
