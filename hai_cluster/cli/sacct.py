@@ -262,6 +262,12 @@ def query(env: Mapping[str, str], me_name: Callable[[], str], is_root: bool, now
         end = parse_datetime(endtime, now) if endtime else None
     except ValueError as exc:
         raise SacctError(str(exc)) from None
+    if wanted_states is not None and (starttime or endtime or not job_ids):
+        # -s asks which jobs were in those states during the window, which Slurm 22.05 makes
+        # now..now without -S, and S..S without -E (checked: `sacct -s F -S 00:00` lists nothing
+        # that ended since); -j without -S/-E: the jobs' states as they are
+        start = start if starttime else now
+        end = end if endtime else start
     if start is not None:
         body["since"] = start
     body["fields"] = list(ACCT_JOB_KEYS)
@@ -272,13 +278,34 @@ def query(env: Mapping[str, str], me_name: Callable[[], str], is_root: bool, now
 def shown_rows(q: Query, reply: dict) -> list[dict]:
     """The rows sacct prints, of an acct reply (its pages joined, made printable), in order."""
     jobs = {j["id"]: j for j in reply["jobs"]}
-    rows = [r for r in rows_for(reply, q.with_steps) if in_window(r, q.start, q.end)]
+    rows = rows_for(reply, q.with_steps)
     for r in rows:
         r["job"] = jobs.get(r["job_id"], {})
+    if q.states is None:
+        rows = [r for r in rows if in_window(r, q.start, q.end)]
+    else:  # a job (a run) is chosen by its state; its steps come with it, whatever theirs (as Slurm's)
+        chosen = {(r["job_id"], r["attempt"]) for r in rows if r.get("step") is None and _in_states(r, q)}
+        rows = [r for r in rows if (r["job_id"], r["attempt"]) in chosen]
     return [r for r in rows if (not q.names or r["job"].get("name") in q.names)
             and (not q.partitions or r["job"].get("partition") in q.partitions)
-            and (q.states is None or SLURM_STATE.get(r["state"], r["state"]).split()[0] in q.states)
             and (not q.steps_named or r.get("step") is None or FIELDS["JobID"][2](r) in q.steps_named)]
+
+
+def _in_states(r: dict, q: Query) -> bool:
+    """Whether a run (or a job waiting for one) was in one of -s's states during the window, as
+    Slurm 22.05 answers (checked with its slurmdbd): R, a run that ran in it (so -s R lists jobs
+    that have ended since); PD, a job that waited in it; an end state, a run that ended so in it.
+    Without a window (-j without -S/-E), the state it is in."""
+    state = SLURM_STATE.get(r["state"], r["state"]).split()[0]
+    if q.start is None and q.end is None:
+        return state in q.states
+    start, end = q.start, q.end
+    began, ended = r.get("start_time"), r.get("end_time")
+    if "RUNNING" in q.states and began is not None and began <= end and (ended or r["now"]) >= start:
+        return True
+    if "PENDING" in q.states and r["submit_time"] <= end and (began or ended or r["now"]) >= start:
+        return True
+    return state in q.states and ended is not None and start <= ended <= end
 
 
 def text_of(q: Query, rows: list[dict]) -> str:

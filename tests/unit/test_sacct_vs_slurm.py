@@ -79,3 +79,47 @@ def test_memory_reads_in_slurms_units_and_a_steps_line_has_no_billing():
                             "7.batch|batch|COMPLETED|0:0||cpu=1,mem=1G,node=1\n"
                             "7.0|true|COMPLETED|0:0||cpu=1,mem=1G,node=1\n")
     assert lines(reply, "JobID,ReqMem") == "7|1G\n7.batch|\n7.0|\n"
+
+
+def _states_reply():
+    """The peer's three jobs of the -s check: completed (with steps that a signal ended, that
+    failed and that completed), failed, cancelled; all ran and ended between 10:00 and now."""
+    jobs = [job(6, "stepjob", "COMPLETED", 0, None), job(2, "failjob", "FAILED", 3, None),
+            job(3, "longjob", "CANCELLED", 0, 15, reason="cancelled by 0")]
+    runs = [run(6, "COMPLETED", 0, None), run(2, "FAILED", 3, None), run(3, "CANCELLED", 0, 15)]
+    runs[2]["reason"] = "cancelled by 0"
+    for r, j in zip(runs, jobs):
+        j["submit_time"] = 1000.0
+        r.update(name=j["name"], start_time=1001.0, end_time=1010.0)
+    steps = [step(6, 0, "bash", "FAILED", 0, 9), step(6, 1, "bash", "FAILED", 3, None),
+             step(6, 2, "true", "COMPLETED", 0, None)]
+    for st in steps:
+        st.update(start_time=1002.0, end_time=1003.0)
+    return {"now": 2000.0, "jobs": jobs, "runs": runs, "steps": steps}
+
+
+def ids(**options):
+    import time
+    at = {k: time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(v)) for k, v in options.items() if k.endswith("time")}
+    kw = dict(allusers=True, users=None, me=False, job_ids=None, starttime=None, endtime=None, states=None, names=None,
+              partitions=None, fmt="JobID", long_=False, allocations=False, noheader=True, parsable2=True,
+              parsable1=False)
+    kw.update({**options, **at})
+    q = sacct.query({}, lambda: "root", True, 2000.0, **kw)
+    return sacct.text_of(q, sacct.shown_rows(q, _states_reply())).split()
+
+
+def test_a_state_filter_asks_what_was_in_that_state_during_the_window_as_slurm_does():
+    """What Slurm 22.05's sacct listed for the same three jobs (peer with slurmdbd): -s chooses
+    jobs, each with all its steps; the window is now..now without -S and S..S without -E; R is
+    "ran during the window"; -j without -S/-E takes the states as they are."""
+    assert ids(states=("F",)) == []
+    assert ids(states=("F",), starttime=900.0) == []
+    assert ids(states=("F",), starttime=900.0, endtime=2000.0) == ["2", "2.batch"]
+    assert ids(states=("CA",), starttime=900.0, endtime=2000.0) == ["3", "3.batch"]
+    assert ids(states=("CD",), starttime=900.0, endtime=2000.0) == ["6", "6.batch", "6.0", "6.1", "6.2"]
+    assert ids(states=("R,F",), starttime=900.0, endtime=2000.0) == ["6", "6.batch", "6.0", "6.1", "6.2", "2",
+                                                                   "2.batch", "3", "3.batch"]
+    assert ids(states=("F",), job_ids=("2",)) == ["2", "2.batch"]
+    assert ids(states=("F",), job_ids=("2",), starttime=900.0) == []
+    assert ids(states=("R",), starttime=1011.0, endtime=2000.0) == []  # ended before the window
