@@ -134,6 +134,11 @@ class Cluster:
         finally:
             client.close()
 
+    def job_ids(self) -> list[int]:
+        """Every job's id: what a refused submission must leave as it was (the jobs themselves may
+        be moving on meanwhile: an earlier test's job ending)."""
+        return [j["id"] for j in self.call("jobs", {"all": True})["jobs"]]
+
     def job(self, job_id: int) -> dict:
         return self.call("show_job", {"job_id": job_id})["job"]
 

@@ -123,8 +123,8 @@ def test_hcontrol_show_job_for_a_task_and_for_the_whole_array(cluster):
     ("a", "invalid task index or range 'a'"),
 ])
 def test_bad_array_values_are_refused_and_submit_nothing(cluster, value, message):
-    before = cluster.call("jobs", {"all": True})["jobs"]
+    before = cluster.job_ids()
     res = cluster.cli("hsubmit", f"--array={value}", "--wrap", "true", check=False)
     assert res.returncode != 0
     assert f"--array={value}: invalid job array specification" in res.stderr and message in res.stderr
-    assert cluster.call("jobs", {"all": True})["jobs"] == before
+    assert cluster.job_ids() == before

@@ -102,10 +102,10 @@ def test_singleton_runs_one_job_of_a_name_at_a_time(cluster):
     ("afterwards:1", "invalid dependency type 'afterwards'"),
 ])
 def test_unknown_or_bad_dependency_is_refused_and_submits_nothing(cluster, value, message):
-    before = cluster.call("jobs", {"all": True})["jobs"]
+    before = cluster.job_ids()
     res = cluster.cli("hsubmit", f"--dependency={value}", "--wrap", "true", check=False)
     assert res.returncode != 0 and message in res.stderr
-    assert cluster.call("jobs", {"all": True})["jobs"] == before
+    assert cluster.job_ids() == before
 
 
 def test_kill_invalid_depend_cancels_the_job():

@@ -36,11 +36,11 @@ def test_default_partition_is_marked_in_hinfo_with_time_limits(cluster):
 
 
 def test_time_limit_over_the_partition_max_time_is_refused(cluster):
-    before = cluster.call("jobs", {"all": True})["jobs"]
+    before = cluster.job_ids()
     res = cluster.cli("hsubmit", "-p", "short", "-t", "20:00", "--wrap", "true", check=False)
     assert res.returncode != 0
     assert "Requested time limit is invalid" in res.stderr and "MaxTime=10:00 of partition short" in res.stderr
-    assert cluster.call("jobs", {"all": True})["jobs"] == before
+    assert cluster.job_ids() == before
     j = cluster.submit("-p", "short", "--hold", "--wrap", "true")  # no -t: the partition's MaxTime
     assert cluster.cli("hqueue", "-h", "-j", str(j), "-o", "%l").stdout.strip() == "10:00"
     cluster.cli("hcancel", str(j))
@@ -57,10 +57,10 @@ def test_time_limit_over_the_partition_max_time_is_refused(cluster):
 
 
 def test_user_not_allowed_in_a_partition_is_refused(cluster):
-    before = cluster.call("jobs", {"all": True})["jobs"]
+    before = cluster.job_ids()
     res = cluster.cli("hsubmit", "-p", "private", "--wrap", "true", check=False)
     assert res.returncode != 0 and f"Access/permission denied: user {TEST_USER} may not use partition private" in res.stderr
-    assert cluster.call("jobs", {"all": True})["jobs"] == before
+    assert cluster.job_ids() == before
     mine = cluster.submit("-p", "private", "-o", "/dev/null", "--wrap", "true", user=OTHER_USER)
     assert cluster.wait_state(mine, "COMPLETED", "FAILED")["state"] == "COMPLETED"
     # a list keeps the partitions that take the job

@@ -153,8 +153,8 @@ def test_environment_has_hai_and_slurm_aliases_including_restart_count(cluster):
     (["-e", "/root/sub/x-%j.err"], "-e /root/sub/x-%j.err"),
 ])
 def test_bad_values_are_refused_with_sbatch_messages_and_submit_nothing(cluster, argv, message):
-    before = cluster.call("jobs", {"all": True})["jobs"]
+    before = cluster.job_ids()
     res = cluster.cli("hsubmit", *argv, "--wrap", "true", check=False)
     assert res.returncode != 0 and res.stdout == ""
     assert res.stderr.startswith("hsubmit: error: ") and message in res.stderr, res.stderr
-    assert cluster.call("jobs", {"all": True})["jobs"] == before
+    assert cluster.job_ids() == before

@@ -89,9 +89,9 @@ def test_signal_arrives_that_long_before_the_limit_where_slurm_sends_it(cluster,
 
 
 def test_bad_time_and_signal_values_are_refused(cluster):
-    before = cluster.call("jobs", {"all": True})["jobs"]
+    before = cluster.job_ids()
     for argv, message in [(["--time=abc"], "--time=abc"), (["--signal=USR1@abc"], "--signal=USR1@abc"),
                           (["--signal=NOSUCH"], "--signal=NOSUCH")]:
         res = cluster.cli("hsubmit", *argv, "--wrap", "true", check=False)
         assert res.returncode != 0 and message in res.stderr, (argv, res.stderr)
-    assert cluster.call("jobs", {"all": True})["jobs"] == before
+    assert cluster.job_ids() == before
