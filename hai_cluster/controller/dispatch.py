@@ -30,14 +30,19 @@ def warn_to(spec: JobSpec) -> str:
     return "batch" if spec.signal_batch else "steps" if spec.script_once else "job"
 
 
+def output_names(job: JobRecord, node: str) -> dict:
+    """What a run's --output/--error pattern is expanded with on `node` (%j %x %u %N %r %A %a)."""
+    return dict(job_id=job.id, job_name=job.name, user=job.user, node=node, restart_count=job.restart_count,
+                array_job_id=job.array_job_id, array_task_id=job.array_task_id)
+
+
 def rank_spec(job: JobRecord, attempt: int, rank: int, nodelist: Sequence[str], gpus: Sequence[int],
               addresses: Mapping[str, str], mig: str | None = None, cluster_name: str | None = None) -> RunSpec:
     """What rank `rank` of the job's run `attempt` is sent; `mig`: the MIG instance it holds."""
     spec = job.spec
     node = nodelist[rank]
     array = dict(array_job_id=job.array_job_id, array_task_id=job.array_task_id)
-    names = dict(job_id=job.id, job_name=job.name, user=job.user, node=node,
-                 restart_count=job.restart_count, **array)
+    names = output_names(job, node)
     stdout = resolve_output_path(spec.stdout, spec.workdir, **names)
     stderr = resolve_output_path(spec.stderr, spec.workdir, **names) if spec.stderr else None
     # not the script: the step server (JobSpec.script_once); an allocation of salloc or srun has no

@@ -31,6 +31,7 @@ from ..protocol.runspec import check_keys, nonneg_int
 from ..transport.rpc import ConnectionLost, RequestError
 from .access import Caller
 from .client_steps import _id, delegating
+from .dispatch import output_names
 from .nodes import NodeUnavailable
 
 if TYPE_CHECKING:
@@ -56,10 +57,7 @@ class Follower:
 
 def _output_file(job: Any) -> str:
     """The --output file of the job's last run, as that run's launch named it (dispatch.rank_spec)."""
-    spec = job.spec
-    return resolve_output_path(spec.stdout, spec.workdir, job_id=job.id, job_name=job.name, user=job.user,
-                               node=job.nodelist_names[0], restart_count=job.restart_count,
-                               array_job_id=job.array_job_id, array_task_id=job.array_task_id)
+    return resolve_output_path(job.spec.stdout, job.spec.workdir, **output_names(job, job.nodelist_names[0]))
 
 
 class OutputFollows:

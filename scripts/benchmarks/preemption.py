@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .polling import wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
@@ -29,13 +31,7 @@ def _cli(env, *argv) -> str:
 
 
 def _wait(pred, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise RuntimeError("timed out")
+    return wait_until(pred, timeout, "a job's state")
 
 
 def _state(env, job) -> str:

@@ -12,8 +12,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from .polling import wait_until
 
 PACKAGES = ("mariadb-server", "slurmdbd")
 DB_PASSWORD = "peer-bench"  # a database on 127.0.0.1 of a throwaway peer, gone with it
@@ -24,11 +25,7 @@ def _log(msg: str) -> None:
 
 
 def _wait(check, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+    wait_until(check, seconds, what, interval=0.2)
 
 
 def _install() -> None:

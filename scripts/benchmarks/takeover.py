@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from hai_cluster.cli.client import ClientError, ControllerClient  # noqa: E402
+from scripts.benchmarks.polling import wait_until  # noqa: E402
 from tests.infra.postgres import PrivatePostgres  # noqa: E402
 
 
@@ -38,13 +39,7 @@ def _answer(sock: str):
 
 
 def _wait(pred, timeout: float = 120.0, interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(interval)
-    raise RuntimeError("timed out")
+    return wait_until(pred, timeout, "the controller", interval)
 
 
 def _daemon(module: str, config: Path, log: Path) -> subprocess.Popen:
